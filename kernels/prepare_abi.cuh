@@ -1,0 +1,45 @@
+// prepare_abi.cuh: the launch contract shared by every custom all-reduce kernel and the host.
+//
+// The host mirror is `prepare::kernels::AllReduceParams` (#[repr(C)]); keep the two identical.
+//
+// Memory each rank registers once and shares with its peers by CUDA IPC:
+//   buffer:  [0, scratch_offset)              input region: the message to reduce
+//            [scratch_offset, buffer_bytes)   scratch the algorithm needs (push slots, slices)
+//   signals: PREPARE_SIGNAL_WORDS 64-bit flags, written by peers with st.release.sys and read
+//            by the owner with ld.acquire.sys; zeroed once at allocation, never reset.
+//   state:   local only: state[0] is the sticky abort word, state[1 + b] block b's epoch.
+// Epochs live in device memory and advance on every launch, so a captured graph replays any
+// number of times. A spin that passes `timeout_ns` (against %globaltimer) stores an abort code
+// in state[0] and returns; every later launch sees it and returns at once.
+#pragma once
+
+#define PREPARE_MAX_RANKS 8
+#define PREPARE_MAX_BLOCKS 1024
+// Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end).
+#define PREPARE_SIGNAL_SETS 4
+// signals[set][source_rank][block]
+#define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
+#define PREPARE_STATE_WORDS (1 + PREPARE_MAX_BLOCKS)
+
+// Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | peer rank.
+#define PREPARE_ABORT_FLAG 0x8000000000000000ull
+#define PREPARE_ABORT_PEER_TIMEOUT 1ull
+
+struct AllReduceParams {
+    // buffers[r]: rank r's registered buffer mapped into this process; buffers[rank] is local.
+    unsigned char* buffers[PREPARE_MAX_RANKS];
+    // signals[r]: rank r's signal flags mapped into this process.
+    unsigned long long* signals[PREPARE_MAX_RANKS];
+    // This rank's state words (abort word and per-block epochs).
+    unsigned long long* state;
+    // Where the sum goes; local memory that does not alias the input region.
+    void* output;
+    // Elements in the message (any count up to the bucket's capacity; tails included).
+    unsigned long long elements;
+    // Byte offset of the scratch region inside every rank's buffer.
+    unsigned long long scratch_offset;
+    // Deadline for every spin, in nanoseconds of %globaltimer from the kernel's start.
+    unsigned long long timeout_ns;
+    unsigned int rank;
+    unsigned int world;
+};

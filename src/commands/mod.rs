@@ -1,0 +1,75 @@
+//! Command-line commands: each turns parsed flags into calls over the library and prints the
+//! result. Failures carry the exit code they map to.
+
+mod export;
+mod schema;
+mod show;
+mod validate;
+
+use clap::{Parser, Subcommand};
+
+/// Prepares collective-communication packages and picks the fastest exact all-reduce.
+#[derive(Debug, Parser)]
+#[command(name = "prepare", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validate ladder files and report every problem with its JSON path.
+    Validate(validate::Args),
+    /// Print a JSON Schema (the ladder's by default).
+    Schema(schema::Args),
+    /// Validate a ladder, compile its kernels and write a package.
+    Export(export::Args),
+    /// Show a package, its qualification and a choice.
+    Show(show::Args),
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Validate(args) => validate::run(&args),
+        Command::Schema(args) => schema::run(&args),
+        Command::Export(args) => export::run(&args),
+        Command::Show(args) => show::run(&args),
+    }
+}
+
+/// A failed command and the exit code it maps to.
+#[derive(Debug)]
+pub enum Failure {
+    /// The input was refused: invalid ladder, tampered or mismatched package, unfit device.
+    Refused(anyhow::Error),
+    /// The driver, NVRTC, NCCL or a peer failed.
+    Runtime(anyhow::Error),
+}
+
+impl Failure {
+    /// Exit code 1: the input was refused.
+    pub fn refused(error: impl Into<anyhow::Error>) -> Failure {
+        Failure::Refused(error.into())
+    }
+
+    /// Exit code 3: something failed at run time.
+    pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
+        Failure::Runtime(error.into())
+    }
+
+    /// The error to print.
+    pub fn error(&self) -> &anyhow::Error {
+        match self {
+            Failure::Refused(error) | Failure::Runtime(error) => error,
+        }
+    }
+
+    /// The process exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Refused(_) => 1,
+            Failure::Runtime(_) => 3,
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! Ladders: the JSON catalog of collective candidates for one collective, dtype, world size
+//! and set of architectures. Types here are the single source of the ladder's JSON Schema.
+
+mod validate;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use validate::{
+    validate_ladder_file, validate_ladder_text, Diagnostic, Rule, Stage, ValidationReport,
+};
+
+/// The ladder format versions this tool reads.
+pub const LADDER_FORMAT_VERSIONS: &[u32] = &[1];
+
+/// Every bucket boundary is a whole number of 16-byte vectors on every rank.
+pub const VECTOR_BYTES: u64 = 16;
+
+/// The only cluster size a clustered bucket may use.
+pub const CLUSTER_SIZE: u32 = 8;
+/// The launch geometry a clustered bucket must have.
+pub const CLUSTER_THREADS: u32 = 512;
+/// Blocks in a clustered bucket: eight clusters of eight.
+pub const CLUSTER_BLOCKS: u32 = 64;
+
+/// A collective catalog: profiles (named algorithms with parameters) and message-size buckets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "prepare collective ladder")]
+pub struct Ladder {
+    /// Optional reference to this schema, so editors check the file.
+    #[serde(rename = "$schema", default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    /// The ladder format; 1 is the only one so far.
+    pub format_version: u32,
+    /// A non-empty name that identifies the catalog.
+    pub name: String,
+    /// Free text for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The collective every candidate performs.
+    pub collective: Collective,
+    /// The element type of the message.
+    pub dtype: Dtype,
+    /// Ranks taking part, 2 to 8.
+    pub world_size: u32,
+    /// The architectures a package may be exported for; no other is accepted.
+    pub targets: Vec<Arch>,
+    /// A catalog without clustered buckets to use where this one's clustered buckets cannot run
+    /// (too few SMs, no cluster launch); named in the refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordinary_ladder: Option<String>,
+    /// Named algorithms with their parameters.
+    pub profiles: Vec<Profile>,
+    /// Message-size ranges in strictly increasing `max_bytes`; bucket i covers
+    /// (max_bytes[i-1], max_bytes[i]]. Larger messages use NCCL.
+    pub buckets: Vec<Bucket>,
+}
+
+/// A collective operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    /// Every rank ends with the element-wise sum of every rank's input.
+    AllReduce,
+}
+
+/// Element types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    /// bfloat16, summed in fp32 in rank order and rounded once to nearest even.
+    Bf16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            Dtype::Bf16 => 2,
+        }
+    }
+
+    /// The name used in kernel symbols and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A GPU architecture, as NVRTC names it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum Arch {
+    /// Ampere data centre (A100).
+    #[serde(rename = "sm_80")]
+    Sm80,
+    /// Ampere (RTX 30, A10, A40).
+    #[serde(rename = "sm_86")]
+    Sm86,
+    /// Ada (RTX 40, L4, L40).
+    #[serde(rename = "sm_89")]
+    Sm89,
+    /// Hopper (H100, H200).
+    #[serde(rename = "sm_90")]
+    Sm90,
+    /// Blackwell data centre (B200).
+    #[serde(rename = "sm_100")]
+    Sm100,
+    /// Blackwell GB202 (RTX PRO 6000, RTX 5090).
+    #[serde(rename = "sm_120")]
+    Sm120,
+    /// Blackwell GB10 (DGX Spark).
+    #[serde(rename = "sm_121")]
+    Sm121,
+}
+
+impl Arch {
+    /// Every architecture, in order.
+    pub const ALL: [Arch; 7] = [
+        Arch::Sm80,
+        Arch::Sm86,
+        Arch::Sm89,
+        Arch::Sm90,
+        Arch::Sm100,
+        Arch::Sm120,
+        Arch::Sm121,
+    ];
+
+    /// The NVRTC name (`sm_90`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm86 => "sm_86",
+            Arch::Sm89 => "sm_89",
+            Arch::Sm90 => "sm_90",
+            Arch::Sm100 => "sm_100",
+            Arch::Sm120 => "sm_120",
+            Arch::Sm121 => "sm_121",
+        }
+    }
+
+    /// Parses the NVRTC name.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|arch| arch.name() == name)
+    }
+
+    /// The architecture of a compute capability (9, 0) -> sm_90.
+    pub fn from_compute_capability(major: u32, minor: u32) -> Option<Arch> {
+        Arch::from_name(&format!("sm_{major}{minor}"))
+    }
+
+    /// Whether the architecture launches thread-block clusters (the cluster capability table).
+    pub fn supports_clusters(self) -> bool {
+        matches!(self, Arch::Sm90 | Arch::Sm100 | Arch::Sm120 | Arch::Sm121)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+/// A named algorithm with its parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Unique, non-empty identifier that buckets name as candidates.
+    pub id: String,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// How peers' data moves (one-shot and RSAG only): `pull` reads peers, `push` writes to them.
+    /// Defaults to `pull`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<Transfer>,
+    /// `phased` (RSAG and full only): in phase k rank r talks only to peer (r+k) mod n; a cluster
+    /// kernel, allowed only in clustered buckets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+    /// Clusters doing work in a phased kernel; must be 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_clusters: Option<u32>,
+    /// Blocks to launch instead of the bucket's (ordinary custom profiles in unclustered buckets),
+    /// 1 to 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u32>,
+    /// NCCL communicator `maxCTAs` (NCCL profiles only), 1 to 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ctas: Option<u32>,
+    /// NCCL communicator `minCTAs` (NCCL profiles only), 1 to 64, at most `max_ctas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ctas: Option<u32>,
+}
+
+impl Profile {
+    /// Whether NCCL runs this profile.
+    pub fn is_nccl(&self) -> bool {
+        self.algorithm == Algorithm::Nccl
+    }
+
+    /// Whether this profile is a cluster kernel (phased schedule).
+    pub fn is_cluster_kernel(&self) -> bool {
+        self.schedule == Some(Schedule::Phased)
+    }
+
+    /// The transfer direction, with its default.
+    pub fn transfer_or_default(&self) -> Transfer {
+        self.transfer.unwrap_or(Transfer::Pull)
+    }
+}
+
+/// Collective algorithms.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Every rank reads (pull) or receives (push) every peer's whole message and sums locally.
+    OneShot,
+    /// Reduce-scatter then all-gather: rank r sums its slice, then peers gather the slices.
+    Rsag,
+    /// Full all-reduce by whole-message exchange; phased schedule only.
+    Full,
+    /// `ncclAllReduce` on a blocking communicator.
+    Nccl,
+}
+
+impl Algorithm {
+    /// The name used in kernel symbols.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::OneShot => "one_shot",
+            Algorithm::Rsag => "rsag",
+            Algorithm::Full => "full",
+            Algorithm::Nccl => "nccl",
+        }
+    }
+}
+
+/// Data movement direction between peers.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Transfer {
+    /// Read peers' buffers.
+    Pull,
+    /// Write into peers' buffers.
+    Push,
+}
+
+impl Transfer {
+    /// The name used in kernel symbols.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transfer::Pull => "pull",
+            Transfer::Push => "push",
+        }
+    }
+}
+
+/// How a kernel orders its peer traffic.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// One peer at a time: in phase k rank r talks only to peer (r+k) mod n.
+    Phased,
+}
+
+/// A message-size range with its launch geometry, candidates and static default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bucket {
+    /// The largest message in bytes this bucket covers; a multiple of 16 x `world_size`.
+    pub max_bytes: u64,
+    /// Threads per block: a multiple of 32, at most 1024.
+    pub threads: u32,
+    /// Blocks per launch, 1 to 1024.
+    pub blocks: u32,
+    /// Blocks per thread-block cluster; where present 8, with 512 threads and 64 blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_size: Option<u32>,
+    /// Profile ids to time here, in order of preference on ties; one must be NCCL.
+    pub candidates: Vec<String>,
+    /// The profile used when nothing is timed; one of the candidates.
+    pub default: String,
+}
+
+impl Bucket {
+    /// Whether the bucket launches with cluster dimensions.
+    pub fn is_clustered(&self) -> bool {
+        self.cluster_size.is_some()
+    }
+}
+
+impl Ladder {
+    /// The profile with this id.
+    pub fn profile(&self, id: &str) -> Option<&Profile> {
+        self.profiles.iter().find(|profile| profile.id == id)
+    }
+
+    /// The smallest message a bucket covers, in bytes (one element above the previous bucket).
+    pub fn bucket_min_bytes(&self, index: usize) -> u64 {
+        if index == 0 {
+            self.dtype.size_bytes()
+        } else {
+            self.buckets[index - 1].max_bytes + self.dtype.size_bytes()
+        }
+    }
+
+    /// The bucket that covers a message of `bytes`, or `None` when NCCL takes it.
+    pub fn bucket_for(&self, bytes: u64) -> Option<usize> {
+        self.buckets
+            .iter()
+            .position(|bucket| bytes <= bucket.max_bytes)
+    }
+
+    /// Whether any bucket is clustered.
+    pub fn has_clustered_buckets(&self) -> bool {
+        self.buckets.iter().any(Bucket::is_clustered)
+    }
+}

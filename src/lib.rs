@@ -1,0 +1,17 @@
+//! `prepare`: validates collective-communication ladders, compiles their kernels into hashed
+//! packages, and picks, on the serving machine, the fastest all-reduce that gives the reference
+//! sum's exact bytes, the same choice on every rank.
+//!
+//! The library never prints; progress goes through [`progress::Reporter`].
+
+pub mod compile;
+pub mod device;
+pub mod kernels;
+pub mod ladder;
+pub mod package;
+pub mod progress;
+pub mod reference;
+pub mod schema;
+
+/// The tool's version, written into packages and cache keys.
+pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,22 @@
+//! The `prepare` command: parses flags, runs a command over the library, prints its output and
+//! picks the exit code (0 success, 1 input refused, 2 usage, 3 runtime failure).
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = commands::Cli::parse();
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {:#}", failure.error());
+            }
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Packages: the ladder, compiled kernels and a manifest that describes and hashes them.

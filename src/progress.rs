@@ -1,0 +1,22 @@
+//! Progress reporting: the library reports phases through a trait so that the binary can draw
+//! bars and tests can stay silent.
+
+/// Receives progress from long library operations.
+pub trait Reporter: Sync {
+    /// A phase with `total` steps begins.
+    fn start(&self, phase: &str, total: u64);
+    /// One step of the current phase is done; `item` names it.
+    fn advance(&self, item: &str);
+    /// The current phase is over.
+    fn finish(&self);
+}
+
+/// A reporter that drops everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Silent;
+
+impl Reporter for Silent {
+    fn start(&self, _phase: &str, _total: u64) {}
+    fn advance(&self, _item: &str) {}
+    fn finish(&self) {}
+}

@@ -1,0 +1,1 @@
+//! The reference sum every custom candidate must equal byte for byte.
