@@ -8,6 +8,7 @@ pub mod compile;
 pub mod device;
 pub mod kernels;
 pub mod ladder;
+pub mod launch;
 pub mod package;
 pub mod progress;
 pub mod reference;
