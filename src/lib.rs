@@ -13,6 +13,7 @@ pub mod package;
 pub mod progress;
 pub mod reference;
 pub mod schema;
+pub mod tune;
 
 /// The tool's version, written into packages and cache keys.
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
