@@ -1,6 +1,9 @@
-//! The decision from gathered timings (DESIGN.md, startup selection step 5), on synthetic
+//! The decision from gathered timings (startup selection, step 5), on synthetic
 //! matrices: noise, near-ties, margins, significance, slow ranks, failed samples, dropped
 //! candidates, exact-only, and invariance under rank and round order.
+
+// Figures are copied from the samples, never computed, so exact comparison is right.
+#![allow(clippy::float_cmp)]
 
 use prepare::tune::{
     decide, decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, DecisionError,
