@@ -7,7 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use validate::{
-    validate_ladder_file, validate_ladder_text, Diagnostic, Rule, Stage, ValidationReport,
+    validate_ladder, validate_ladder_bytes, validate_ladder_file, validate_ladder_text, Diagnostic,
+    LadderError, Rule, Stage, ValidationReport,
 };
 
 /// The ladder format versions this tool reads.
