@@ -145,7 +145,9 @@ fn human(file: &FileVerdict) -> String {
         } => {
             let targets: Vec<&str> = targets.iter().map(|arch| arch.name()).collect();
             format!(
-                "{name}: valid ({profiles} profiles, {buckets} buckets, targets {})\n",
+                "{name}: valid ({}, {}, targets {})\n",
+                plural(*profiles, "profile"),
+                plural(*buckets, "bucket"),
                 targets.join(", ")
             )
         }
@@ -161,5 +163,14 @@ fn human(file: &FileVerdict) -> String {
             )
         }
         Verdict::Unreadable { error } => format!("{name}: cannot read: {error}\n"),
+    }
+}
+
+/// `1 profile`, `8 profiles`.
+fn plural(count: usize, noun: &str) -> String {
+    if count == 1 {
+        format!("{count} {noun}")
+    } else {
+        format!("{count} {noun}s")
     }
 }

@@ -390,11 +390,12 @@ impl Checker<'_> {
 
     fn candidates(&mut self, index: usize, bucket: &Bucket) {
         let ladder = self.ladder;
-        let ids: Vec<&str> = ladder
-            .profiles
-            .iter()
-            .map(|profile| profile.id.as_str())
-            .collect();
+        let mut ids: Vec<&str> = Vec::new();
+        for profile in &ladder.profiles {
+            if !ids.contains(&profile.id.as_str()) {
+                ids.push(&profile.id);
+            }
+        }
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for (position, candidate) in bucket.candidates.iter().enumerate() {
             let path = format!("/buckets/{index}/candidates/{position}");

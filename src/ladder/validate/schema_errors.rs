@@ -369,3 +369,47 @@ fn integer_range(format: &str) -> Option<(i128, i128)> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn diagnostics(schema: &Value, document: &Value) -> Vec<Diagnostic> {
+        let validator = jsonschema::draft202012::new(schema).expect("a valid schema");
+        validator
+            .iter_errors(document)
+            .flat_map(|error| convert(&error, schema, document))
+            .collect()
+    }
+
+    #[test]
+    fn keywords_the_ladder_schema_does_not_use_fall_back_to_the_schema_message() {
+        let schema = json!({"type": "object", "properties": {"n": {"maximum": 3}}});
+        let found = diagnostics(&schema, &json!({"n": 5}));
+        assert_eq!(
+            found,
+            vec![Diagnostic::new(
+                Rule::SchemaViolation,
+                "/n",
+                "5",
+                "a value that satisfies the schema (5 is greater than the maximum of 3)"
+            )]
+        );
+    }
+
+    #[test]
+    fn alternatives_name_every_allowed_value_and_suggest_the_closest() {
+        let schema = json!({"anyOf": [{"enum": ["pull", "push"]}, {"type": "null"}]});
+        let found = diagnostics(&schema, &json!("pul"));
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].rule, Rule::UnknownValue);
+        assert_eq!(
+            found[0].expected,
+            r#"one of "pull", "push" (did you mean "pull"?)"#
+        );
+        let found = diagnostics(&schema, &json!(7));
+        assert_eq!(found[0].rule, Rule::WrongType);
+        assert_eq!(found[0].found, "7 (a whole number)");
+    }
+}
