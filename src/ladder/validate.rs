@@ -333,20 +333,15 @@ pub fn validate_ladder_bytes(bytes: &[u8]) -> Result<Ladder, ValidationReport> {
     match std::str::from_utf8(bytes) {
         Ok(text) => validate_ladder_text(text),
         Err(error) => {
-            let valid = &bytes[..error.valid_up_to()];
-            // The prefix is valid UTF-8 by construction.
-            let prefix = std::str::from_utf8(valid).unwrap_or_default();
-            let line = prefix.matches('\n').count() + 1;
-            let column = prefix
-                .rsplit('\n')
-                .next()
-                .map_or(0, |last| last.chars().count())
-                + 1;
-            let byte = bytes[error.valid_up_to()];
+            let offset = error.valid_up_to();
+            // The valid prefix keeps its offsets in the lossy text, which locates the value.
+            let lossy = String::from_utf8_lossy(bytes);
+            let map = SourceMap::new(&lossy);
+            let (line, column) = map.line_column(offset);
             let mut diagnostic = Diagnostic::new(
                 Rule::JsonSyntax,
-                "",
-                format!("byte 0x{byte:02x}, which is not UTF-8"),
+                map.pointer_at(offset),
+                format!("byte 0x{:02x}, which is not UTF-8", bytes[offset]),
                 "UTF-8 text (JSON is UTF-8)",
             );
             diagnostic.line = Some(line);
@@ -656,7 +651,7 @@ mod tests {
         assert_eq!(report.stage, Stage::Syntax);
         assert_eq!(
             report.to_string(),
-            "2:13: (document): found byte 0xff, which is not UTF-8, expected UTF-8 text (JSON is UTF-8) [json_syntax]"
+            "2:13: /name: found byte 0xff, which is not UTF-8, expected UTF-8 text (JSON is UTF-8) [json_syntax]"
         );
     }
 
