@@ -54,7 +54,7 @@ pub struct Ladder {
     /// Named algorithms with their parameters.
     pub profiles: Vec<Profile>,
     /// Message-size ranges in strictly increasing `max_bytes`; bucket i covers
-    /// (max_bytes[i-1], max_bytes[i]]. Larger messages use NCCL.
+    /// (`max_bytes[i-1]`, `max_bytes[i]`]. Larger messages use NCCL.
     pub buckets: Vec<Bucket>,
 }
 

@@ -1,6 +1,7 @@
 //! The semantic rules: what the types and the schema cannot say about a ladder. Every rule
-//! runs (none stops at the first failure) and guards against the failures of the others, so
-//! one mistake is reported once and nothing here can panic on a ladder the types accept.
+//! runs (none stops at the first failure); a rule that depends on another field skips what that
+//! field's own rule refuses (no alignment check without a valid world size), and nothing here
+//! can panic on a ladder the types accept.
 
 use std::collections::HashMap;
 
@@ -23,7 +24,7 @@ const MAX_CTAS: u32 = 64;
 /// custom bucket, and sizes stay far from overflow in every computation derived from them.
 const MAX_BUCKET_BYTES: u64 = 1 << 32;
 
-/// Every semantic rule the ladder breaks, in the order of the document.
+/// Every semantic rule the ladder breaks: ladder fields, then profiles, then buckets.
 pub(super) fn check_rules(ladder: &Ladder) -> Vec<Diagnostic> {
     let mut checker = Checker {
         ladder,
@@ -418,7 +419,10 @@ impl Checker<'_> {
                 );
                 continue;
             };
-            if profile.is_cluster_kernel() && !bucket.is_clustered() {
+            // A full profile is a cluster kernel even while its schedule is missing.
+            let cluster_kernel =
+                profile.is_cluster_kernel() || profile.algorithm == Algorithm::Full;
+            if cluster_kernel && !bucket.is_clustered() {
                 self.report(
                     Rule::PhasedProfileInUnclusteredBucket,
                     path,
