@@ -6,6 +6,7 @@
 
 pub mod compile;
 pub mod device;
+pub mod gpu;
 pub mod kernels;
 pub mod ladder;
 pub mod package;
