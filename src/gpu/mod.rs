@@ -1,7 +1,11 @@
-//! The GPU layer: the one part of the crate that calls into the CUDA driver. Everything else
-//! uses its safe types; every `unsafe` block here says why it is sound in a `SAFETY:` line.
+//! The one module that calls the GPU libraries (driver, NVRTC, NCCL) through FFI. Everything
+//! else in the crate uses the safe types defined here; every `unsafe` block says why it is
+//! sound.
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// FFI takes C ints; ranks, counts and ids here are small.
+#![allow(clippy::cast_possible_wrap)]
 
 pub mod abort;
 pub mod driver;
+pub mod nccl;
