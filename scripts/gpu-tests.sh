@@ -2,6 +2,8 @@
 # Runs every test binary gathered by scripts/build-gpu-tests.sh, the ignored GPU tests
 # included, on the GPU machine. Run from the repository root:
 #   bash .device-carry/scripts/gpu-tests.sh [TEST-FILTER...]
+# PREPARE_TEST_SECONDS (default 300) bounds each test binary, so one that hangs cannot take the
+# others' time.
 # It sets up NVRTC (CUDA's lib64), NCCL (PyTorch's wheel, linked as libnccl.so for cudarc's
 # loader), requires GPUs (PREPARE_REQUIRE_GPU=1, so a run that finds none fails) and keeps
 # NVLink multicast off. Exits non-zero when any test binary fails.
@@ -12,6 +14,8 @@ export PREPARE_REQUIRE_GPU=1
 # NVLink multicast can take a shared host's GPUs out of service: never turn it on.
 export NCCL_NVLS_ENABLE=0
 export INSTA_UPDATE=no
+# Tests that compile kernels fail instead of skipping when NVRTC is missing.
+export PREPARE_REQUIRE_NVRTC=1
 export RUST_BACKTRACE=1
 
 cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64
@@ -49,7 +53,8 @@ for test in "$carry"/tests/*; do
     echo
     echo "== $name"
     start=$(date +%s)
-    if "$test" --include-ignored --test-threads=1 "$@"; then
+    if timeout --kill-after=10 "${PREPARE_TEST_SECONDS:-300}" \
+        "$test" --include-ignored --test-threads=1 "$@"; then
         echo "== $name passed in $(($(date +%s) - start)) s"
     else
         echo "== $name FAILED in $(($(date +%s) - start)) s"

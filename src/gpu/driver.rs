@@ -1688,11 +1688,6 @@ impl Capture<'_> {
     ) -> Result<(), DriverError> {
         self.stream.fill_u8(memory, range, value)
     }
-
-    /// See [`Stream::record`]; events in a graph mark its nodes for timing.
-    pub fn record(&self, event: &Event) -> Result<(), DriverError> {
-        self.stream.record(event)
-    }
 }
 
 /// An instantiated graph, replayed on the stream it was captured from. Its kernels hold device
