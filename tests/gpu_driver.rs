@@ -8,6 +8,7 @@ mod gpu_support;
 
 use std::time::Duration;
 
+use prepare::device::Residency;
 use prepare::gpu::abort::{Abort, AbortReason};
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, DriverError, Geometry, IpcHandle, Module,
@@ -85,6 +86,9 @@ fn describes_every_visible_gpu() {
         assert!(info.sm_count > 0);
         assert!(info.total_memory_bytes > 0);
         assert!(info.arch_name().starts_with("sm_"));
+        if let Ok(description) = info.description() {
+            assert_eq!(description.sm_count, info.sm_count);
+        }
         if info.compute_capability.0 >= 9 {
             assert!(
                 info.cluster_launch,
@@ -288,18 +292,30 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
     let kernel = module.cluster_kernel("driver_cluster_exchange").unwrap();
     let geometry = Geometry::clustered(64, 512, 8).unwrap();
     let clusters = kernel.max_active_clusters(geometry).unwrap();
-    let residency = kernel.residency(geometry.into()).unwrap();
+    assert_eq!(
+        kernel.resident_capacity(geometry.into()).unwrap(),
+        Residency::Clusters(clusters)
+    );
     eprintln!(
-        "{}: {clusters} clusters of 8x512 resident; {residency}",
+        "{}: {clusters} clusters of 8x512 resident at once",
         info.name
     );
-    assert!(residency.fits() && residency.clusters && residency.needed == 8);
+    assert!(
+        clusters >= 8,
+        "a clustered bucket's 8 clusters must all be resident"
+    );
     assert!(kernel.max_active_blocks_per_multiprocessor(512).unwrap() >= 1);
     let ordinary = module.kernel("driver_pull_push").unwrap();
-    let too_many = ordinary
-        .residency(Geometry::new(1024, 1024).unwrap())
-        .unwrap();
-    assert!(!too_many.fits() || info.sm_count >= 1024, "{too_many}");
+    let Residency::Blocks(blocks) = ordinary
+        .resident_capacity(Geometry::new(1024, 1024).unwrap())
+        .unwrap()
+    else {
+        panic!("an unclustered geometry's capacity is counted in blocks");
+    };
+    assert!(
+        blocks >= info.sm_count && blocks < 1024 * info.sm_count,
+        "{blocks} blocks of 1024 threads"
+    );
 
     let elements = 64 * 512;
     let output = device.allocate(elements * 4).unwrap();

@@ -20,6 +20,7 @@ use cudarc::driver::result::DriverError as CudaResult;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 
+use crate::device::{DeviceDescription, Residency};
 use crate::kernels::{AllReduceParams, MAX_BLOCKS};
 use crate::ladder::{Arch, Bucket};
 
@@ -83,6 +84,20 @@ pub enum DriverError {
         ordinal: usize,
         /// Devices visible.
         count: usize,
+    },
+    /// A GPU whose compute capability names no architecture this tool knows.
+    #[error(
+        "GPU {device} ({name}) is {arch}, an architecture prepare has no kernels or ladders for \
+         (it knows {})",
+        Arch::ALL.map(Arch::name).join(", ")
+    )]
+    UnknownArchitecture {
+        /// GPU ordinal.
+        device: usize,
+        /// Its name.
+        name: String,
+        /// Its compute capability as `sm_XY`.
+        arch: String,
     },
     /// A kernel whose parameters are not the launch contract's.
     #[error(
@@ -473,6 +488,21 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// What the device rules need, or an error for an architecture this tool does not know.
+    pub fn description(&self) -> Result<DeviceDescription, DriverError> {
+        let arch = self.arch.ok_or_else(|| DriverError::UnknownArchitecture {
+            device: self.ordinal,
+            name: self.name.clone(),
+            arch: self.arch_name(),
+        })?;
+        Ok(DeviceDescription {
+            name: self.name.clone(),
+            arch,
+            sm_count: self.sm_count,
+            cluster_launch: self.cluster_launch,
+        })
+    }
+
     /// The compute capability as an architecture name (`sm_90`), known to this tool or not.
     pub fn arch_name(&self) -> String {
         format!(
@@ -968,35 +998,6 @@ unsafe impl Send for Function {}
 // SAFETY: as for Send: methods only read through the handle.
 unsafe impl Sync for Function {}
 
-/// How many blocks or clusters a launch needs resident at once, and how many fit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Residency {
-    /// Blocks (or clusters, for a clustered geometry) the launch has.
-    pub needed: u32,
-    /// How many can be resident on the GPU at once.
-    pub available: u32,
-    /// Whether the counts are clusters rather than blocks.
-    pub clusters: bool,
-}
-
-impl Residency {
-    /// Whether every block can run at once, as kernels that wait on peers need.
-    pub fn fits(&self) -> bool {
-        self.needed <= self.available
-    }
-}
-
-impl fmt::Display for Residency {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let unit = if self.clusters { "clusters" } else { "blocks" };
-        write!(
-            formatter,
-            "{} {unit} needed at once, {} fit",
-            self.needed, self.available
-        )
-    }
-}
-
 impl Function {
     /// The entry symbol.
     pub fn entry(&self) -> &str {
@@ -1111,17 +1112,13 @@ impl Function {
         Ok(clusters.max(0) as u32)
     }
 
-    /// Whether every block of `geometry` can be resident at once: clusters against
-    /// `cuOccupancyMaxActiveClusters` for a clustered geometry, blocks against blocks per
-    /// multiprocessor times multiprocessors otherwise.
-    pub fn residency(&self, geometry: Geometry) -> Result<Residency, DriverError> {
+    /// How much of `geometry` can be resident on the GPU at once: clusters from
+    /// `cuOccupancyMaxActiveClusters` for a clustered geometry, otherwise blocks per
+    /// multiprocessor times multiprocessors. [`crate::device::check_candidate_residency`]
+    /// compares it with what a bucket needs.
+    pub fn resident_capacity(&self, geometry: Geometry) -> Result<Residency, DriverError> {
         if let Some(clustered) = geometry.cluster() {
-            let size = geometry.cluster_size.unwrap_or(1);
-            return Ok(Residency {
-                needed: geometry.blocks / size,
-                available: self.max_active_clusters(clustered)?,
-                clusters: true,
-            });
+            return Ok(Residency::Clusters(self.max_active_clusters(clustered)?));
         }
         let per_multiprocessor = self.max_active_blocks_per_multiprocessor(geometry.threads)?;
         let multiprocessors = self
@@ -1133,11 +1130,9 @@ impl Function {
                 "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
                 Some(self.ordinal()),
             )?;
-        Ok(Residency {
-            needed: geometry.blocks,
-            available: per_multiprocessor.saturating_mul(multiprocessors.max(0) as u32),
-            clusters: false,
-        })
+        Ok(Residency::Blocks(
+            per_multiprocessor.saturating_mul(multiprocessors.max(0) as u32),
+        ))
     }
 }
 
@@ -1827,23 +1822,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn residency_fits_only_when_everything_is_resident() {
-        let residency = Residency {
-            needed: 8,
-            available: 8,
-            clusters: true,
-        };
-        assert!(residency.fits());
-        assert_eq!(residency.to_string(), "8 clusters needed at once, 8 fit");
-        let too_many = Residency {
-            needed: 132,
-            available: 131,
-            clusters: false,
-        };
-        assert!(!too_many.fits());
-    }
-
     /// A minimal ELF64 cubin: header, one PROGBITS section of `payload` bytes, its section
     /// table, one segment over the payload.
     fn synthetic_cubin(payload: usize) -> Vec<u8> {
@@ -1931,6 +1909,40 @@ mod tests {
         its section headers are 32 bytes, not 64
         it uses extended section numbering, which cubins never do
         ");
+    }
+
+    fn info(arch: Option<Arch>, compute_capability: (u32, u32)) -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 1,
+            name: "NVIDIA Example".to_owned(),
+            uuid: "GPU-00112233-4455-6677-8899-aabbccddeeff".to_owned(),
+            pci_bus_id: "0000:18:00.0".to_owned(),
+            compute_capability,
+            arch,
+            sm_count: 132,
+            cluster_launch: true,
+            total_memory_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn descriptions_carry_what_the_device_rules_need() {
+        let known = info(Some(Arch::Sm90), (9, 0)).description().unwrap();
+        assert_eq!(
+            known,
+            DeviceDescription {
+                name: "NVIDIA Example".to_owned(),
+                arch: Arch::Sm90,
+                sm_count: 132,
+                cluster_launch: true,
+            }
+        );
+        let unknown = info(None, (7, 5)).description().unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "GPU 1 (NVIDIA Example) is sm_75, an architecture prepare has no kernels or ladders \
+             for (it knows sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, sm_121)"
+        );
     }
 
     #[test]
