@@ -54,7 +54,7 @@ for test in "$carry"/tests/*; do
     echo "== $name"
     start=$(date +%s)
     if timeout --kill-after=10 "${PREPARE_TEST_SECONDS:-300}" \
-        "$test" --include-ignored --test-threads=1 "$@"; then
+        "$test" --include-ignored --test-threads=1 --nocapture "$@"; then
         echo "== $name passed in $(($(date +%s) - start)) s"
     else
         echo "== $name FAILED in $(($(date +%s) - start)) s"
