@@ -15,6 +15,7 @@ pub mod launch;
 pub mod package;
 pub mod progress;
 pub mod reference;
+pub mod runtime;
 pub mod schema;
 pub mod tune;
 
