@@ -6,6 +6,7 @@
 
 pub mod agree;
 pub mod cache;
+pub mod check;
 pub mod compile;
 pub mod device;
 pub mod gpu;
