@@ -31,7 +31,7 @@ pub enum CheckError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     /// The kernels could not be compiled.
-    #[error("rank {rank}: {source}")]
+    #[error("rank {rank}")]
     Compile {
         /// This rank.
         rank: u32,

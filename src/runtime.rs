@@ -44,7 +44,7 @@ pub struct RankSetup {
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The driver failed.
-    #[error("rank {rank}: {source}")]
+    #[error("rank {rank}")]
     Driver {
         /// This rank.
         rank: u32,
