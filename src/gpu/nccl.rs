@@ -4,7 +4,7 @@
 //! since no NCCL call can time out by itself.
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -335,59 +335,41 @@ impl Communicator {
         }
     }
 
-    /// Splits a communicator with every rank in the same group and the same rank order. The
-    /// child is blocking unless `config` says otherwise. The split runs on a helper thread;
-    /// past `deadline` this communicator is aborted, which ends the split.
+    /// Splits this (nonblocking) communicator with every rank in the same group and the same
+    /// rank order. The child is blocking unless `config` says otherwise. The split runs in
+    /// NCCL's background and is polled until `deadline`; past it this communicator is aborted,
+    /// which ends the split.
     pub fn split(&self, config: CommConfig, deadline: Instant) -> Result<Communicator, NcclError> {
         self.ensure_live()?;
-        let parent = Arc::clone(&self.handle);
         let rank = self.rank;
-        let (sender, receiver) = std::sync::mpsc::channel();
-        thread::spawn(move || {
-            let mut raw_config = config.raw();
-            let mut child: sys::ncclComm_t = std::ptr::null_mut();
-            // SAFETY: the parent handle is kept alive by the Arc this thread owns; child and
-            // config are valid for the call.
-            let result = unsafe {
-                sys::ncclCommSplit(
-                    parent.raw,
-                    0,
-                    rank as i32,
-                    &raw mut child,
-                    &raw mut raw_config,
-                )
-            };
-            let message = if result == sys::ncclResult_t::ncclSuccess
-                || result == sys::ncclResult_t::ncclInProgress
-            {
-                None
-            } else {
-                Some(error_message(result, parent.raw))
-            };
-            // The receiver may have given up; then the child is aborted with the parent.
-            let _ = sender.send((SendComm(child), message));
-        });
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let Ok((SendComm(child), message)) = receiver.recv_timeout(timeout) else {
-            self.handle.abort();
-            return Err(NcclError::Timeout {
-                step: "communicator split",
-                rank,
-                seconds: timeout.as_secs_f64(),
-            });
+        // NCCL writes the child into this slot when the split completes, possibly after the
+        // call returns, so it lives on the heap until then.
+        let slot: Box<AtomicPtr<sys::ncclComm>> = Box::new(AtomicPtr::new(std::ptr::null_mut()));
+        let mut raw_config = config.raw();
+        // SAFETY: the parent handle is live; the slot outlives the split (it is leaked below if
+        // the split may still be running); the config is read during the call.
+        let result = unsafe {
+            sys::ncclCommSplit(
+                self.handle.raw,
+                0,
+                rank as i32,
+                slot.as_ptr(),
+                &raw mut raw_config,
+            )
         };
-        if let Some(message) = message {
-            return Err(NcclError::Call {
-                call: "ncclCommSplit",
-                rank,
-                message,
-            });
+        let started = check("ncclCommSplit", rank, result, self.handle.raw)
+            .and_then(|()| self.wait_ready("communicator split", deadline));
+        if let Err(error) = started {
+            // A split that failed or was aborted part way may still write the slot.
+            Box::leak(slot);
+            return Err(error);
         }
+        let child = slot.load(Ordering::Acquire);
         if child.is_null() {
             return Err(NcclError::Call {
                 call: "ncclCommSplit",
                 rank,
-                message: "no communicator was returned".to_owned(),
+                message: "the split completed without a communicator".to_owned(),
             });
         }
         let child = Communicator {
@@ -399,8 +381,9 @@ impl Communicator {
             world: self.world,
             nonblocking: config.nonblocking,
         };
-        // A child that is still connecting (nonblocking parent or child) is polled.
-        child.wait_ready("communicator split", deadline)?;
+        if config.nonblocking {
+            child.wait_ready("communicator split", deadline)?;
+        }
         Ok(child)
     }
 
@@ -540,11 +523,6 @@ impl Drop for Communicator {
         }
     }
 }
-
-/// A pointer moved from the split thread.
-struct SendComm(sys::ncclComm_t);
-// SAFETY: a freshly created communicator handle is not used by the thread that made it.
-unsafe impl Send for SendComm {}
 
 /// Aborts a communicator when a deadline passes, unless disarmed first. Dropping it disarms it.
 pub struct Watchdog {
