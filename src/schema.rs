@@ -66,6 +66,8 @@ macro_rules! schema_names {
 schema_names! {
     /// Collective ladders (`ladders/*.json`).
     Ladder => "ladder", crate::ladder::Ladder;
+    /// Choice files (`choice.rank<r>.json`) that startup selection writes.
+    Choice => "choice", crate::tune::choice::Choice;
 }
 
 impl SchemaName {
