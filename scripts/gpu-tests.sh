@@ -39,6 +39,9 @@ else
     echo "warning: NCCL (python3 -c 'import nvidia.nccl') not found; NCCL tests will fail" >&2
 fi
 
+if [ -x "$carry/bin/prepare" ]; then
+    export PREPARE_BIN=$carry/bin/prepare
+fi
 if [ -d "$carry/ladders" ]; then
     export PREPARE_LADDERS=$carry/ladders
 fi

@@ -1750,6 +1750,21 @@ impl Event {
     }
 }
 
+impl Stream {
+    /// Makes the stream's context current on this thread (NCCL binds communicators to the
+    /// current device).
+    pub fn bind_current(&self) -> Result<(), DriverError> {
+        self.bind()
+    }
+
+    /// Makes the stream's context current on this thread and returns the raw stream, for the
+    /// NCCL layer, which enqueues on it.
+    pub(super) fn bound_raw(&self) -> Result<sys::CUstream, DriverError> {
+        self.bind()?;
+        Ok(self.stream.cu_stream())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
