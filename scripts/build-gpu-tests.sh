@@ -14,6 +14,8 @@ destination=${1:-$root/.device-carry}
 cd "$root"
 
 cargo build --release --bin prepare
+# Build first with the compiler's messages shown, so a test that does not build stops here.
+cargo test --release --no-run
 # One JSON line per artifact; test binaries are those with `profile.test` set.
 mapfile -t tests < <(
     cargo test --release --no-run --message-format=json 2>/dev/null |
