@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds what a GPU run needs, here (the GPU machine has no Rust toolchain), and gathers it in
-# .device-carry/ (git-ignored): the release `prepare` binary, every test binary built in
-# release, this folder's scripts and the shipped ladders. Then on the GPU machine, from the
+# .device-carry/ (git-ignored): the release `prepare` binary, the GPU test binaries
+# (tests/gpu_*.rs) and the library's unit tests built in release, this folder's scripts and the
+# shipped ladders. The other test binaries are CPU tests that CI runs; some read files by this
+# checkout's path, which the GPU machine does not have. Then on the GPU machine, from the
 # repository root: bash .device-carry/scripts/gpu-tests.sh
 #
 # usage: scripts/build-gpu-tests.sh [DESTINATION]   (default: .device-carry in this checkout)
@@ -12,6 +14,8 @@ destination=${1:-$root/.device-carry}
 cd "$root"
 
 cargo build --release --bin prepare
+# Build first with the compiler's messages shown, so a test that does not build stops here.
+cargo test --release --no-run
 # One JSON line per artifact; test binaries are those with `profile.test` set.
 mapfile -t tests < <(
     cargo test --release --no-run --message-format=json 2>/dev/null |
@@ -29,10 +33,10 @@ cp target/release/prepare "$destination/bin/"
 for entry in "${tests[@]}"; do
     IFS=$'\t' read -r name kind executable <<<"$entry"
     # The library's and the binary's unit tests share the crate's name; keep them apart.
-    case "$kind" in
-    lib) copy="unit-lib" ;;
-    bin) copy="unit-bin-$name" ;;
-    *) copy="$name" ;;
+    case "$kind:$name" in
+    lib:*) copy="unit-lib" ;;
+    test:gpu_*) copy="$name" ;;
+    *) continue ;;
     esac
     cp "$executable" "$destination/tests/$copy"
 done

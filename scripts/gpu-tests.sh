@@ -14,6 +14,8 @@ export PREPARE_REQUIRE_GPU=1
 # NVLink multicast can take a shared host's GPUs out of service: never turn it on.
 export NCCL_NVLS_ENABLE=0
 export INSTA_UPDATE=no
+# Snapshots are inline; this keeps insta from looking for the build machine's checkout.
+export INSTA_WORKSPACE_ROOT=$PWD
 # Tests that compile kernels fail instead of skipping when NVRTC is missing.
 export PREPARE_REQUIRE_NVRTC=1
 export RUST_BACKTRACE=1

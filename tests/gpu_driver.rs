@@ -410,7 +410,10 @@ fn a_missing_peer_ends_in_the_sticky_abort_word_within_the_deadline() {
     stream.launch(&kernel, geometry, &launch).unwrap();
     stream.synchronize_within(WAIT).unwrap();
     let abort = Abort::decode(read_u64(&stream, &own.state, 0, 1)[0]).expect("an abort word");
-    assert_eq!((abort.reason, abort.peer), (AbortReason::PeerTimeout, 1));
+    assert_eq!(
+        (abort.reason, abort.missing_peer()),
+        (AbortReason::PeerTimeout, Some(1))
+    );
     eprintln!("{abort}, after {:?}", start.elapsed());
 
     // Sticky: the next launch returns at once, without advancing the epoch.

@@ -352,7 +352,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     stream.read(&state, 0, &mut word).unwrap();
     let abort = Abort::decode(word[0]).expect("the abort word is set");
     assert_eq!(abort.reason, AbortReason::PeerTimeout);
-    assert_eq!(abort.peer, 1);
+    assert_eq!(abort.missing_peer(), Some(1));
     // One deadline, not one per replay (32 x 300 ms would be 9.6 s).
     assert!(elapsed < timeout * 4, "{elapsed:?}");
 }

@@ -1,13 +1,16 @@
 //! The sticky abort word (`state[0]` of the launch contract): what a kernel leaves there when a
-//! wait passed its deadline, decoded into which peer it waited for and why.
+//! wait passed its deadline or its launch broke the contract, decoded into the reason and the
+//! rank it names.
 
-use crate::kernels::{ABORT_FLAG, ABORT_PEER_TIMEOUT};
+use crate::kernels::{ABORT_FLAG, ABORT_INVALID_LAUNCH, ABORT_PEER_TIMEOUT};
 
 /// Why a kernel gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AbortReason {
-    /// A peer did not arrive before the deadline.
+    /// A peer did not arrive before the deadline; the word names that peer.
     PeerTimeout,
+    /// The parameters or geometry break the launch contract; the word names this rank.
+    InvalidLaunch,
     /// A reason code this tool does not know (a newer kernel, or a corrupted word).
     Unknown(u32),
 }
@@ -19,8 +22,8 @@ pub struct Abort {
     pub word: u64,
     /// Why the kernel stopped.
     pub reason: AbortReason,
-    /// The peer rank it was waiting for.
-    pub peer: u32,
+    /// The rank the word names: the missing peer for a timeout, this rank otherwise.
+    pub rank: u32,
 }
 
 impl Abort {
@@ -30,32 +33,42 @@ impl Abort {
         if word == 0 {
             return None;
         }
-        let code = ((word & !ABORT_FLAG) >> 32) as u32;
-        let reason = if word & ABORT_FLAG != 0 && u64::from(code) == ABORT_PEER_TIMEOUT {
-            AbortReason::PeerTimeout
-        } else {
-            AbortReason::Unknown(code)
+        let code = (word & !ABORT_FLAG) >> 32;
+        let reason = match (word & ABORT_FLAG != 0, code) {
+            (true, ABORT_PEER_TIMEOUT) => AbortReason::PeerTimeout,
+            (true, ABORT_INVALID_LAUNCH) => AbortReason::InvalidLaunch,
+            _ => AbortReason::Unknown(code as u32),
         };
         Some(Abort {
             word,
             reason,
-            peer: (word & 0xffff_ffff) as u32,
+            rank: (word & 0xffff_ffff) as u32,
         })
+    }
+
+    /// The peer that never arrived, for a timeout.
+    pub fn missing_peer(&self) -> Option<u32> {
+        (self.reason == AbortReason::PeerTimeout).then_some(self.rank)
     }
 }
 
 impl std::fmt::Display for Abort {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (rank, word) = (self.rank, self.word);
         match self.reason {
             AbortReason::PeerTimeout => write!(
                 formatter,
-                "peer rank {} did not arrive before the deadline (abort word {:#018x})",
-                self.peer, self.word
+                "peer rank {rank} did not arrive before the deadline (abort word {word:#018x})"
+            ),
+            AbortReason::InvalidLaunch => write!(
+                formatter,
+                "rank {rank} refused its launch: the parameters or geometry break the launch \
+                 contract (abort word {word:#018x})"
             ),
             AbortReason::Unknown(code) => write!(
                 formatter,
-                "kernel aborted with unknown reason {code} naming peer rank {} (abort word {:#018x})",
-                self.peer, self.word
+                "kernel aborted with unknown reason {code}, naming rank {rank} (abort word \
+                 {word:#018x})"
             ),
         }
     }
@@ -71,24 +84,27 @@ mod tests {
     }
 
     #[test]
-    fn peer_timeout_names_the_peer() {
-        let word = ABORT_FLAG | (ABORT_PEER_TIMEOUT << 32) | 5;
-        let abort = Abort::decode(word).unwrap();
-        assert_eq!(abort.reason, AbortReason::PeerTimeout);
-        assert_eq!(abort.peer, 5);
-        assert_eq!(
-            abort.to_string(),
-            "peer rank 5 did not arrive before the deadline (abort word 0x8000000100000005)"
-        );
-    }
-
-    #[test]
-    fn unknown_reason_and_missing_flag_still_abort() {
-        let abort = Abort::decode(ABORT_FLAG | (7 << 32) | 1).unwrap();
-        assert_eq!(abort.reason, AbortReason::Unknown(7));
-        assert_eq!(abort.peer, 1);
-        let corrupted = Abort::decode((ABORT_PEER_TIMEOUT << 32) | 2).unwrap();
-        assert_eq!(corrupted.reason, AbortReason::Unknown(1));
-        assert_eq!(corrupted.peer, 2);
+    fn every_reason_decodes_with_the_rank_it_names() {
+        let words = [
+            ABORT_FLAG | (ABORT_PEER_TIMEOUT << 32) | 5,
+            ABORT_FLAG | (ABORT_INVALID_LAUNCH << 32) | 1,
+            ABORT_FLAG | (7 << 32) | 1,
+            // Without the flag bit: corrupted, still an abort.
+            (ABORT_PEER_TIMEOUT << 32) | 2,
+        ];
+        let aborts: Vec<Abort> = words
+            .iter()
+            .map(|&word| Abort::decode(word).unwrap())
+            .collect();
+        assert_eq!(aborts[0].missing_peer(), Some(5));
+        assert_eq!(aborts[1].missing_peer(), None);
+        assert_eq!(aborts[3].reason, AbortReason::Unknown(1));
+        let messages: Vec<String> = aborts.iter().map(ToString::to_string).collect();
+        insta::assert_snapshot!(messages.join("\n"), @r"
+        peer rank 5 did not arrive before the deadline (abort word 0x8000000100000005)
+        rank 1 refused its launch: the parameters or geometry break the launch contract (abort word 0x8000000200000001)
+        kernel aborted with unknown reason 7, naming rank 1 (abort word 0x8000000700000001)
+        kernel aborted with unknown reason 1, naming rank 2 (abort word 0x0000000100000002)
+        ");
     }
 }

@@ -1625,15 +1625,24 @@ impl Stream {
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .during("cuStreamEndCapture/cuGraphInstantiate", Some(self.ordinal));
         recorded?;
-        match ended? {
-            Some(graph) => Ok(Graph {
-                ordinal: self.ordinal,
-                graph,
-            }),
-            None => Err(DriverError::EmptyCapture {
-                device: self.ordinal,
-            }),
+        let empty = || DriverError::EmptyCapture {
+            device: self.ordinal,
+        };
+        let graph = ended?.ok_or_else(empty)?;
+        let mut nodes = 0usize;
+        // SAFETY: the graph is alive (owned by `graph`); a null node array asks only for the
+        // count, written to a live local.
+        let result =
+            unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &raw mut nodes) };
+        check(result, "cuGraphGetNodes", Some(self.ordinal))?;
+        // An empty graph is valid to CUDA, but a capture that queued nothing is a caller's bug.
+        if nodes == 0 {
+            return Err(empty());
         }
+        Ok(Graph {
+            ordinal: self.ordinal,
+            graph,
+        })
     }
 }
 

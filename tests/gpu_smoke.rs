@@ -1,8 +1,9 @@
 //! Smoke test of the shipped H200 TP2 ladders on two GPUs in one process (peer access, no
 //! IPC): every custom candidate of every bucket is compiled with NVRTC, launched once on both
 //! GPUs at once at the bucket's largest size and at an odd size just under it, on fresh random
-//! bf16 inputs, and each rank's output must equal the reference sum byte for byte. It prints a
-//! table of kernel x bucket with the first mismatch of every failure.
+//! bf16 inputs, and each rank's output, poisoned before the launch, must equal the reference
+//! sum byte for byte and stay poisoned past the message's end. It prints a table of kernel x
+//! bucket x size with the first mismatch of every failure.
 #![allow(clippy::print_stderr)]
 
 mod gpu_support;
@@ -12,35 +13,42 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use prepare::compile::compile_ladder;
+use prepare::compile::{compile_kernels, compile_ladder};
 use prepare::device::{check_candidate_residency, check_package_fits};
 use prepare::gpu::abort::Abort;
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, ModuleImage, Stream,
 };
 use prepare::kernels::{
-    input_region_bytes, kernel_for, peer_buffer_bytes, AllReduceParams, MAX_RANKS, SIGNAL_BYTES,
-    STATE_WORDS,
+    input_region_bytes, kernel_for, kernels_for_ladder, peer_buffer_bytes, AllReduceParams,
+    MAX_RANKS, SIGNAL_BYTES, STATE_WORDS,
 };
 use prepare::ladder::{validate_ladder_file, Bucket, Ladder, Profile};
 use prepare::progress::Silent;
-use prepare::reference::{random_inputs, reference_sum_bf16};
+use prepare::reference::{random_bf16, reference_sum_bf16};
+use rayon::prelude::*;
 
 use gpu_support::gpus;
 
 const LADDERS: [&str; 2] = ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"];
 /// Every spin's deadline in the kernels: long enough for any message here, short enough that a
 /// missing peer fails the test in seconds.
-const SPIN_DEADLINE_NS: u64 = 2_000_000_000;
+const SPIN_DEADLINE_NS: u64 = 500_000_000;
 /// How long the host waits for a launch before giving up on the run.
 const WAIT: Duration = Duration::from_secs(30);
 /// Written over every output before a launch; a NaN that the reference (canonical NaN 0x7FFF)
 /// never produces, so an unwritten element always fails.
 const POISON: u16 = 0xFFFF;
+/// Elements past the message checked to be still poison: a kernel must not write past its
+/// tail.
+const GUARD_ELEMENTS: usize = 256;
 
 fn ladder_path(file: &str) -> PathBuf {
     std::env::var_os("PREPARE_LADDERS")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"), PathBuf::from)
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
+            PathBuf::from,
+        )
         .join(file)
 }
 
@@ -68,7 +76,9 @@ impl Rank {
             buffer: device.allocate(peer_buffer_bytes(ladder) as usize).unwrap(),
             signals: device.allocate(SIGNAL_BYTES as usize).unwrap(),
             state: device.allocate(STATE_WORDS * 8).unwrap(),
-            output: device.allocate(input_region_bytes(ladder) as usize).unwrap(),
+            output: device
+                .allocate(input_region_bytes(ladder) as usize + 2 * GUARD_ELEMENTS)
+                .unwrap(),
             stream,
             kernels,
         };
@@ -99,6 +109,11 @@ enum Outcome {
         expected: u16,
         wrong: usize,
     },
+    Overrun {
+        rank: usize,
+        index: usize,
+        found: u16,
+    },
     Aborted {
         rank: usize,
         abort: Abort,
@@ -125,6 +140,9 @@ impl Outcome {
                 "FAIL rank {rank}: element {index} is {found:#06x}, the reference {expected:#06x} \
                  ({wrong} elements wrong)"
             ),
+            Outcome::Overrun { rank, index, found } => format!(
+                "FAIL rank {rank}: wrote {found:#06x} at element {index}, past the message's end"
+            ),
             Outcome::Aborted { rank, abort } => format!("FAIL rank {rank} aborted: {abort}"),
             Outcome::Dropped(reason) => format!("FAIL dropped: {reason}"),
             Outcome::Failed(error) => format!("FAIL {error}"),
@@ -142,6 +160,45 @@ struct Row {
     outcome: Outcome,
 }
 
+/// Elements generated or summed per task: the largest buckets hold 32 Mi elements per rank.
+const CHUNK: usize = 1 << 16;
+
+/// One input per rank from the reference module's generator, each chunk from its own seed so
+/// the work spreads over every core.
+fn fresh_inputs(seed: u64, world: usize, elements: usize) -> Vec<Vec<u16>> {
+    (0..world)
+        .map(|rank| {
+            let mut input = vec![0u16; elements];
+            input
+                .par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(chunk, values)| {
+                    let chunk_seed = seed
+                        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                        .wrapping_add(((rank as u64) << 40) | chunk as u64);
+                    values.copy_from_slice(&random_bf16(chunk_seed, values.len()));
+                });
+            input
+        })
+        .collect()
+}
+
+/// [`reference_sum_bf16`] over the inputs, chunk by chunk in parallel (it is element-wise).
+fn reference(inputs: &[Vec<u16>]) -> Vec<u16> {
+    let mut sum = vec![0u16; inputs[0].len()];
+    sum.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(chunk, values)| {
+            let start = chunk * CHUNK;
+            let views: Vec<&[u16]> = inputs
+                .iter()
+                .map(|input| &input[start..start + values.len()])
+                .collect();
+            values.copy_from_slice(&reference_sum_bf16(&views));
+        });
+    sum
+}
+
 /// The geometry a candidate launches with: the bucket's, or the profile's own block count in
 /// an unclustered bucket.
 fn candidate_geometry(bucket: &Bucket, profile: &Profile) -> Geometry {
@@ -151,7 +208,6 @@ fn candidate_geometry(bucket: &Bucket, profile: &Profile) -> Geometry {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn launch_once(
     ranks: &[Rank],
     ladder: &Ladder,
@@ -161,15 +217,16 @@ fn launch_once(
     seed: u64,
 ) -> Outcome {
     let world = ranks.len();
-    let inputs = random_inputs(seed, world, elements);
-    let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
-    let expected = reference_sum_bf16(&views);
-    let bytes = elements * 2;
+    let inputs = fresh_inputs(seed, world, elements);
+    let expected = reference(&inputs);
     for (rank, memory) in ranks.iter().enumerate() {
-        memory.stream.write(&memory.buffer, 0, &inputs[rank]).unwrap();
         memory
             .stream
-            .fill_u16(&memory.output, 0..bytes.next_multiple_of(2), POISON)
+            .write(&memory.buffer, 0, &inputs[rank])
+            .unwrap();
+        memory
+            .stream
+            .fill_u16(&memory.output, 0..memory.output.len_bytes(), POISON)
             .unwrap();
     }
     let scratch_offset = input_region_bytes(ladder);
@@ -217,8 +274,16 @@ fn launch_once(
         }
     }
     for (rank, memory) in ranks.iter().enumerate() {
-        let mut output = vec![0u16; elements];
+        let guard = elements..elements + GUARD_ELEMENTS;
+        let mut output = vec![0u16; guard.end];
         memory.stream.read(&memory.output, 0, &mut output).unwrap();
+        if let Some(index) = guard.clone().find(|&index| output[index] != POISON) {
+            return Outcome::Overrun {
+                rank,
+                index,
+                found: output[index],
+            };
+        }
         let wrong: Vec<usize> = (0..elements)
             .filter(|&index| output[index] != expected[index])
             .collect();
@@ -235,19 +300,40 @@ fn launch_once(
     Outcome::Pass
 }
 
-fn run_ladder(driver: Driver, devices: &[Device], file: &str, seed: &mut u64, rows: &mut Vec<Row>) {
+fn run_ladder(
+    driver: Driver,
+    devices: &[Device],
+    file: &str,
+    seed: &mut u64,
+    rows: &mut Vec<Row>,
+    setup_failures: &mut Vec<String>,
+) {
     let path = ladder_path(file);
-    let ladder = validate_ladder_file(&path)
-        .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let ladder =
+        validate_ladder_file(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
     assert_eq!(ladder.world_size as usize, devices.len(), "{file}");
     let description = driver.describe(0).unwrap().description().unwrap();
     if let Err(refusal) = check_package_fits(&ladder, &description) {
         panic!("{file} does not fit GPU 0: {refusal}");
     }
-    let compilation = compile_ladder(&ladder, description.arch, &Silent)
-        .unwrap_or_else(|error| panic!("compiling {file} for {}: {error}", description.arch));
-    let cubins: Vec<(String, bool, Vec<u8>)> = compilation
-        .kernels
+    let compiled = match compile_ladder(&ladder, description.arch, &Silent) {
+        Ok(compilation) => compilation.kernels,
+        Err(error) => {
+            // Recorded as a failure; the kernels are still checked, compiled one at a time.
+            let failure = format!("{file}: compile_ladder for {}: {error}", description.arch);
+            eprintln!("FAIL {failure}");
+            setup_failures.push(failure);
+            kernels_for_ladder(&ladder)
+                .into_iter()
+                .flat_map(|spec| {
+                    compile_kernels(&[spec], description.arch, &Silent)
+                        .unwrap_or_else(|error| panic!("compiling alone: {error}"))
+                        .kernels
+                })
+                .collect()
+        }
+    };
+    let cubins: Vec<(String, bool, Vec<u8>)> = compiled
         .iter()
         .map(|kernel| (kernel.name.clone(), kernel.cluster, kernel.cubin.clone()))
         .collect();
@@ -258,7 +344,9 @@ fn run_ladder(driver: Driver, devices: &[Device], file: &str, seed: &mut u64, ro
 
     for (index, bucket) in ladder.buckets.iter().enumerate() {
         for id in &bucket.candidates {
-            let profile = ladder.profile(id).expect("validated candidates name profiles");
+            let profile = ladder
+                .profile(id)
+                .expect("validated candidates name profiles");
             let Some(spec) = kernel_for(profile, ladder.dtype) else {
                 continue;
             };
@@ -279,7 +367,7 @@ fn run_ladder(driver: Driver, devices: &[Device], file: &str, seed: &mut u64, ro
                         launch_once(&ranks, &ladder, &spec.name, geometry, elements, *seed)
                     }
                 };
-                rows.push(Row {
+                let row = Row {
                     ladder: ladder.name.clone(),
                     bucket: index,
                     bytes: elements as u64 * 2,
@@ -287,31 +375,56 @@ fn run_ladder(driver: Driver, devices: &[Device], file: &str, seed: &mut u64, ro
                     kernel: spec.name.clone(),
                     geometry: geometry.to_string(),
                     outcome,
-                });
+                };
+                // Each row as it happens, so a run cut short still shows what it reached.
+                eprintln!("{}", row.line());
+                rows.push(row);
             }
         }
     }
 }
 
-fn table(rows: &[Row]) -> String {
-    let mut text = String::new();
-    let _ = writeln!(
-        text,
+fn header() -> String {
+    format!(
         "{:<26} {:>6} {:>9} {:<16} {:<30} {:<40} result",
         "ladder", "bucket", "bytes", "profile", "kernel", "geometry"
-    );
-    for row in rows {
-        let _ = writeln!(
-            text,
+    )
+}
+
+impl Row {
+    fn line(&self) -> String {
+        format!(
             "{:<26} {:>6} {:>9} {:<16} {:<30} {:<40} {}",
-            row.ladder,
-            row.bucket,
-            row.bytes,
-            row.profile,
-            row.kernel,
-            row.geometry,
-            row.outcome.describe()
-        );
+            self.ladder,
+            self.bucket,
+            self.bytes,
+            self.profile,
+            self.kernel,
+            self.geometry,
+            self.outcome.describe()
+        )
+    }
+}
+
+/// Passes per ladder and kernel, then every failure's row.
+fn summary(rows: &[Row]) -> String {
+    let mut counts: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
+    for row in rows {
+        let count = counts.entry((&row.ladder, &row.kernel)).or_default();
+        count.0 += usize::from(row.outcome.passed());
+        count.1 += 1;
+    }
+    let mut text = String::new();
+    for ((ladder, kernel), (passed, total)) in counts {
+        let _ = writeln!(text, "{ladder:<26} {kernel:<30} {passed}/{total} passed");
+    }
+    let failures: Vec<String> = rows
+        .iter()
+        .filter(|row| !row.outcome.passed())
+        .map(Row::line)
+        .collect();
+    if !failures.is_empty() {
+        let _ = writeln!(text, "failures:\n{}\n{}", header(), failures.join("\n"));
     }
     text
 }
@@ -324,7 +437,10 @@ fn every_custom_candidate_of_the_h200_tp2_ladders_gives_the_reference_sum() {
     };
     let info = driver.describe(0).unwrap();
     if info.arch != Some(prepare::ladder::Arch::Sm90) {
-        eprintln!("skipped: the H200 ladders target sm_90, GPU 0 is {}", info.arch_name());
+        eprintln!(
+            "skipped: the H200 ladders target sm_90, GPU 0 is {}",
+            info.arch_name()
+        );
         return;
     }
     for (device, peer) in [(0, 1), (1, 0)] {
@@ -335,13 +451,30 @@ fn every_custom_candidate_of_the_h200_tp2_ladders_gives_the_reference_sum() {
         devices[device].enable_peer_access(&devices[peer]).unwrap();
     }
     let mut rows = Vec::new();
+    let mut setup_failures = Vec::new();
     let mut seed = 0x5eed_0000;
+    eprintln!("{}", header());
     for file in LADDERS {
-        run_ladder(driver, &devices, file, &mut seed, &mut rows);
+        run_ladder(
+            driver,
+            &devices,
+            file,
+            &mut seed,
+            &mut rows,
+            &mut setup_failures,
+        );
     }
-    let table = table(&rows);
-    eprintln!("{table}");
+    let summary = summary(&rows);
+    eprintln!("\n{summary}");
+    for failure in &setup_failures {
+        eprintln!("FAIL {failure}");
+    }
     let failures = rows.iter().filter(|row| !row.outcome.passed()).count();
-    assert!(rows.len() > 0, "no custom candidates were launched");
-    assert_eq!(failures, 0, "{failures} of {} launches failed:\n{table}", rows.len());
+    assert!(!rows.is_empty(), "no custom candidates were launched");
+    assert!(
+        failures == 0 && setup_failures.is_empty(),
+        "{failures} of {} launches failed; {} ladder(s) failed to compile as a whole",
+        rows.len(),
+        setup_failures.len()
+    );
 }
