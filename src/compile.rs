@@ -251,24 +251,12 @@ fn compile_kernel(
         arch,
         error,
     };
-    let mut program = nvrtc
+    let program = nvrtc
         .program(spec.source, kernels::source(spec), kernels::headers())
         .map_err(nvrtc_error)?;
     let mut kernel_options = options.to_vec();
     kernel_options.push(format!("--ptxas-options=--entry={}", spec.name));
-    let log = match program.compile(&kernel_options) {
-        Ok(log) => log,
-        Err(NvrtcError::Compilation { log, .. }) => {
-            return Err(CompileError::Compile {
-                kernel: spec.name.clone(),
-                source_file: spec.source.to_owned(),
-                arch,
-                options: kernel_options,
-                log,
-            })
-        }
-        Err(error) => return Err(nvrtc_error(error)),
-    };
+    let (log, program) = compile_with_log(nvrtc, spec, arch, program, &kernel_options)?;
     let cubin = program.cubin().map_err(|error| CompileError::Cubin {
         kernel: spec.name.clone(),
         arch,
@@ -293,6 +281,62 @@ fn compile_kernel(
         spill_load_bytes: usage.spill_load_bytes,
         stack_bytes: usage.stack_bytes,
     })
+}
+
+/// Compiles `program`, returning ptxas's log with the resource lines. Some NVRTC builds
+/// answer a program compiled before in the same process without running ptxas, so with an
+/// empty log; such a compile is repeated once with a define that changes nothing in the code
+/// but keeps it from being answered from that cache.
+fn compile_with_log<'a>(
+    nvrtc: &'a Nvrtc,
+    spec: &KernelSpec,
+    arch: Arch,
+    mut program: crate::gpu::nvrtc::Program<'a>,
+    kernel_options: &[String],
+) -> Result<(String, crate::gpu::nvrtc::Program<'a>), CompileError> {
+    let nvrtc_error = |error| CompileError::Nvrtc {
+        kernel: spec.name.clone(),
+        arch,
+        error,
+    };
+    let mut attempt_options = kernel_options.to_vec();
+    for attempt in 0..2 {
+        if attempt > 0 {
+            program = nvrtc
+                .program(spec.source, kernels::source(spec), kernels::headers())
+                .map_err(nvrtc_error)?;
+            attempt_options.push(format!("-DPREPARE_COMPILE_ATTEMPT={attempt}"));
+        }
+        let log = compile_once(spec, arch, &mut program, &attempt_options)?;
+        if !log.trim().is_empty() {
+            return Ok((log, program));
+        }
+    }
+    Ok((String::new(), program))
+}
+
+fn compile_once(
+    spec: &KernelSpec,
+    arch: Arch,
+    program: &mut crate::gpu::nvrtc::Program<'_>,
+    kernel_options: &[String],
+) -> Result<String, CompileError> {
+    let nvrtc_error = |error| CompileError::Nvrtc {
+        kernel: spec.name.clone(),
+        arch,
+        error,
+    };
+    match program.compile(kernel_options) {
+        Ok(log) => Ok(log),
+        Err(NvrtcError::Compilation { log, .. }) => Err(CompileError::Compile {
+            kernel: spec.name.clone(),
+            source_file: spec.source.to_owned(),
+            arch,
+            options: kernel_options.to_vec(),
+            log,
+        }),
+        Err(error) => Err(nvrtc_error(error)),
+    }
 }
 
 /// Reads `entry`'s resource usage from a ptxas `-v` log:
