@@ -4,14 +4,18 @@
 //!
 //! The library never prints; progress goes through [`progress::Reporter`].
 
+pub mod agree;
 pub mod compile;
 pub mod device;
+pub mod gpu;
 pub mod kernels;
 pub mod ladder;
+pub mod launch;
 pub mod package;
 pub mod progress;
 pub mod reference;
 pub mod schema;
+pub mod tune;
 
 /// The tool's version, written into packages and cache keys.
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");

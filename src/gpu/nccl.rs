@@ -1,0 +1,577 @@
+//! NCCL through cudarc's `sys` layer: a nonblocking communicator for the bounded bootstrap,
+//! blocking communicators split from it for the collectives (a nonblocking communicator's
+//! collectives are slower), and a watchdog that aborts a communicator when a deadline passes,
+//! since no NCCL call can time out by itself.
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cudarc::nccl::sys;
+
+/// How often a nonblocking operation is polled.
+const POLL_INTERVAL: Duration = Duration::from_micros(200);
+
+/// Why an NCCL call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NcclError {
+    /// The library could not be loaded.
+    #[error(
+        "NCCL (libnccl.so) could not be loaded: install NCCL (the nvidia-nccl-cu13 wheel or a \
+         system package) and put the directory holding libnccl.so on LD_LIBRARY_PATH"
+    )]
+    Missing,
+    /// A call returned an error.
+    #[error("{call} failed on rank {rank}: {message}")]
+    Call {
+        /// The NCCL function.
+        call: &'static str,
+        /// This rank.
+        rank: u32,
+        /// NCCL's error string and last error.
+        message: String,
+    },
+    /// A step did not finish before the deadline; the communicator was aborted.
+    #[error("{step} did not finish within {seconds:.1} s on rank {rank}; the communicator was aborted (a peer may have died or never started)")]
+    Timeout {
+        /// What was waited for.
+        step: &'static str,
+        /// This rank.
+        rank: u32,
+        /// The time allowed.
+        seconds: f64,
+    },
+    /// The communicator was aborted earlier, by the watchdog or after an error.
+    #[error("the communicator of rank {rank} was aborted")]
+    Aborted {
+        /// This rank.
+        rank: u32,
+    },
+}
+
+/// Whether libnccl can be loaded.
+pub fn is_available() -> bool {
+    // SAFETY: is_culib_present only tries to open the library by name.
+    unsafe { sys::is_culib_present() }
+}
+
+fn ensure_available() -> Result<(), NcclError> {
+    if is_available() {
+        Ok(())
+    } else {
+        Err(NcclError::Missing)
+    }
+}
+
+fn error_message(result: sys::ncclResult_t, comm: sys::ncclComm_t) -> String {
+    // SAFETY: both functions return pointers to static or communicator-owned NUL-terminated
+    // strings (or null), which are copied before any other NCCL call.
+    unsafe {
+        let describe = |pointer: *const std::ffi::c_char| {
+            if pointer.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(pointer).to_string_lossy().into_owned()
+            }
+        };
+        let general = describe(sys::ncclGetErrorString(result));
+        let last = describe(sys::ncclGetLastError(comm));
+        if last.is_empty() {
+            general
+        } else {
+            format!("{general} ({last})")
+        }
+    }
+}
+
+fn check(
+    call: &'static str,
+    rank: u32,
+    result: sys::ncclResult_t,
+    comm: sys::ncclComm_t,
+) -> Result<(), NcclError> {
+    match result {
+        sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(()),
+        error => Err(NcclError::Call {
+            call,
+            rank,
+            message: error_message(error, comm),
+        }),
+    }
+}
+
+/// NCCL's version as (major, minor, patch).
+pub fn version() -> Result<(u32, u32, u32), NcclError> {
+    ensure_available()?;
+    let mut code = 0;
+    // SAFETY: ncclGetVersion writes one int through the pointer.
+    let result = unsafe { sys::ncclGetVersion(&raw mut code) };
+    check("ncclGetVersion", 0, result, std::ptr::null_mut())?;
+    let code = code as u32;
+    Ok((code / 10_000, code / 100 % 100, code % 100))
+}
+
+/// The 128-byte identity every rank of a communicator starts from.
+#[derive(Clone, Copy)]
+pub struct UniqueId(sys::ncclUniqueId);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("UniqueId(..)")
+    }
+}
+
+impl UniqueId {
+    /// A new id. When `NCCL_COMM_ID` (host:port) is set, every rank derives the same id from it
+    /// and rank 0 serves the rendezvous there.
+    pub fn new() -> Result<UniqueId, NcclError> {
+        ensure_available()?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        // SAFETY: ncclGetUniqueId fills the 128-byte struct it is given.
+        let result = unsafe { sys::ncclGetUniqueId(&raw mut id) };
+        check("ncclGetUniqueId", 0, result, std::ptr::null_mut())?;
+        Ok(UniqueId(id))
+    }
+
+    /// The id's bytes, to hand to other ranks (`--id-file`).
+    pub fn to_bytes(&self) -> [u8; 128] {
+        self.0.internal.map(|byte| byte as u8)
+    }
+
+    /// An id from bytes written by [`UniqueId::to_bytes`].
+    pub fn from_bytes(bytes: [u8; 128]) -> UniqueId {
+        UniqueId(sys::ncclUniqueId {
+            internal: bytes.map(|byte| byte as std::ffi::c_char),
+        })
+    }
+}
+
+/// Communicator settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommConfig {
+    /// Calls return at once with `ncclInProgress` and are polled.
+    pub nonblocking: bool,
+    /// Share the parent's resources when splitting.
+    pub split_share: bool,
+    /// `maxCTAs`.
+    pub max_ctas: Option<u32>,
+    /// `minCTAs`.
+    pub min_ctas: Option<u32>,
+}
+
+/// The first version whose `ncclConfig_t` layout cudarc's bindings describe.
+const CONFIG_VERSION: u32 = 22_800;
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+const UNDEFINED_INT: i32 = i32::MIN;
+
+impl CommConfig {
+    /// The raw config, filled as `NCCL_CONFIG_INITIALIZER` does, then set.
+    fn raw(&self) -> sys::ncclConfig_t {
+        let undefined = |value: Option<u32>| value.map_or(UNDEFINED_INT, |value| value as i32);
+        sys::ncclConfig_t {
+            size: std::mem::size_of::<sys::ncclConfig_t>(),
+            magic: CONFIG_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: i32::from(!self.nonblocking),
+            cgaClusterSize: UNDEFINED_INT,
+            minCTAs: undefined(self.min_ctas),
+            maxCTAs: undefined(self.max_ctas),
+            netName: std::ptr::null(),
+            splitShare: i32::from(self.split_share),
+            trafficClass: UNDEFINED_INT,
+            commName: std::ptr::null(),
+            collnetEnable: UNDEFINED_INT,
+            CTAPolicy: UNDEFINED_INT,
+            shrinkShare: UNDEFINED_INT,
+            nvlsCTAs: UNDEFINED_INT,
+            nChannelsPerNetPeer: UNDEFINED_INT,
+            nvlinkCentricSched: UNDEFINED_INT,
+        }
+    }
+}
+
+/// The raw handle, shared with the watchdog.
+struct Handle {
+    raw: sys::ncclComm_t,
+    aborted: AtomicBool,
+}
+
+// SAFETY: NCCL documents ncclCommAbort as callable from another thread to stop a communicator
+// whose operations hang; every other use goes through the owning `Communicator`.
+unsafe impl Send for Handle {}
+// SAFETY: as above; the flag is atomic.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: the handle is live until the Communicator is dropped, which waits for no
+            // watchdog (the watchdog holds an Arc); abort is called at most once.
+            unsafe {
+                sys::ncclCommAbort(self.raw);
+            }
+        }
+    }
+}
+
+/// An NCCL communicator of one rank.
+pub struct Communicator {
+    handle: Arc<Handle>,
+    rank: u32,
+    world: u32,
+    nonblocking: bool,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("nonblocking", &self.nonblocking)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    /// Joins a communicator of `world` ranks as `rank` (the CUDA device must be current on this
+    /// thread), nonblocking, polled until `deadline` and aborted past it.
+    pub fn init(
+        id: &UniqueId,
+        rank: u32,
+        world: u32,
+        deadline: Instant,
+    ) -> Result<Communicator, NcclError> {
+        ensure_available()?;
+        let mut config = CommConfig {
+            nonblocking: true,
+            ..CommConfig::default()
+        }
+        .raw();
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: raw and config are valid for the call; the id is passed by value.
+        let result = unsafe {
+            sys::ncclCommInitRankConfig(
+                &raw mut raw,
+                world as i32,
+                id.0,
+                rank as i32,
+                &raw mut config,
+            )
+        };
+        let communicator = Communicator {
+            handle: Arc::new(Handle {
+                raw,
+                aborted: AtomicBool::new(false),
+            }),
+            rank,
+            world,
+            nonblocking: true,
+        };
+        if raw.is_null() {
+            check("ncclCommInitRankConfig", rank, result, raw)?;
+            return Err(NcclError::Call {
+                call: "ncclCommInitRankConfig",
+                rank,
+                message: "no communicator was returned".to_owned(),
+            });
+        }
+        if let Err(error) = check("ncclCommInitRankConfig", rank, result, raw) {
+            communicator.handle.abort();
+            return Err(error);
+        }
+        communicator.wait_ready("communicator initialisation", deadline)?;
+        Ok(communicator)
+    }
+
+    /// Polls a nonblocking communicator until its pending operation ends or `deadline` passes
+    /// (then it is aborted).
+    fn wait_ready(&self, step: &'static str, deadline: Instant) -> Result<(), NcclError> {
+        let started = Instant::now();
+        loop {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: the handle is live; the call writes one result.
+            let result = unsafe { sys::ncclCommGetAsyncError(self.handle.raw, &raw mut state) };
+            check("ncclCommGetAsyncError", self.rank, result, self.handle.raw)?;
+            match state {
+                sys::ncclResult_t::ncclSuccess => return Ok(()),
+                sys::ncclResult_t::ncclInProgress => {}
+                error => {
+                    let message = error_message(error, self.handle.raw);
+                    self.handle.abort();
+                    return Err(NcclError::Call {
+                        call: step,
+                        rank: self.rank,
+                        message,
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                self.handle.abort();
+                return Err(NcclError::Timeout {
+                    step,
+                    rank: self.rank,
+                    seconds: started.elapsed().as_secs_f64(),
+                });
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Splits a communicator with every rank in the same group and the same rank order. The
+    /// child is blocking unless `config` says otherwise. The split runs on a helper thread;
+    /// past `deadline` this communicator is aborted, which ends the split.
+    pub fn split(&self, config: CommConfig, deadline: Instant) -> Result<Communicator, NcclError> {
+        self.ensure_live()?;
+        let parent = Arc::clone(&self.handle);
+        let rank = self.rank;
+        let (sender, receiver) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut raw_config = config.raw();
+            let mut child: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: the parent handle is kept alive by the Arc this thread owns; child and
+            // config are valid for the call.
+            let result = unsafe {
+                sys::ncclCommSplit(
+                    parent.raw,
+                    0,
+                    rank as i32,
+                    &raw mut child,
+                    &raw mut raw_config,
+                )
+            };
+            let message = if result == sys::ncclResult_t::ncclSuccess
+                || result == sys::ncclResult_t::ncclInProgress
+            {
+                None
+            } else {
+                Some(error_message(result, parent.raw))
+            };
+            // The receiver may have given up; then the child is aborted with the parent.
+            let _ = sender.send((SendComm(child), message));
+        });
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let Ok((SendComm(child), message)) = receiver.recv_timeout(timeout) else {
+            self.handle.abort();
+            return Err(NcclError::Timeout {
+                step: "communicator split",
+                rank,
+                seconds: timeout.as_secs_f64(),
+            });
+        };
+        if let Some(message) = message {
+            return Err(NcclError::Call {
+                call: "ncclCommSplit",
+                rank,
+                message,
+            });
+        }
+        if child.is_null() {
+            return Err(NcclError::Call {
+                call: "ncclCommSplit",
+                rank,
+                message: "no communicator was returned".to_owned(),
+            });
+        }
+        let child = Communicator {
+            handle: Arc::new(Handle {
+                raw: child,
+                aborted: AtomicBool::new(false),
+            }),
+            rank,
+            world: self.world,
+            nonblocking: config.nonblocking,
+        };
+        // A child that is still connecting (nonblocking parent or child) is polled.
+        child.wait_ready("communicator split", deadline)?;
+        Ok(child)
+    }
+
+    fn ensure_live(&self) -> Result<(), NcclError> {
+        if self.handle.aborted.load(Ordering::SeqCst) {
+            Err(NcclError::Aborted { rank: self.rank })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Ranks in the communicator.
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// Aborts the communicator: pending and later operations fail.
+    pub fn abort(&self) {
+        self.handle.abort();
+    }
+
+    /// Whether the communicator was aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.handle.aborted.load(Ordering::SeqCst)
+    }
+
+    /// A watchdog that aborts this communicator unless disarmed before `deadline`.
+    pub fn watchdog(&self, deadline: Instant) -> Watchdog {
+        Watchdog::arm(Arc::clone(&self.handle), deadline)
+    }
+
+    /// Enqueues a sum all-reduce of `count` elements of `dtype` on `stream` (device pointers;
+    /// `send` may equal `recv`).
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device allocations of at least `count` elements of `dtype`
+    /// on this rank's device, and `stream` a live stream of that device's context, all valid
+    /// until the operation completes.
+    pub unsafe fn all_reduce_sum(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: sys::ncclDataType_t,
+        stream: sys::cudaStream_t,
+    ) -> Result<(), NcclError> {
+        self.ensure_live()?;
+        // SAFETY: the caller guarantees the pointers and stream (see above).
+        let result = unsafe {
+            sys::ncclAllReduce(
+                send as *const std::ffi::c_void,
+                recv as *mut std::ffi::c_void,
+                count,
+                dtype,
+                sys::ncclRedOp_t::ncclSum,
+                self.handle.raw,
+                stream,
+            )
+        };
+        check("ncclAllReduce", self.rank, result, self.handle.raw)
+    }
+
+    /// Enqueues an all-gather of `bytes` bytes per rank on `stream`.
+    ///
+    /// # Safety
+    /// `send` must hold `bytes` bytes and `recv` `bytes` x world bytes of device memory on this
+    /// rank's device, and `stream` be a live stream of its context, valid until completion.
+    pub unsafe fn all_gather_bytes(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        stream: sys::cudaStream_t,
+    ) -> Result<(), NcclError> {
+        self.ensure_live()?;
+        // SAFETY: the caller guarantees the pointers and stream (see above).
+        let result = unsafe {
+            sys::ncclAllGather(
+                send as *const std::ffi::c_void,
+                recv as *mut std::ffi::c_void,
+                bytes,
+                sys::ncclDataType_t::ncclUint8,
+                self.handle.raw,
+                stream,
+            )
+        };
+        check("ncclAllGather", self.rank, result, self.handle.raw)
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if !self.handle.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: the handle is live and no operation of it is pending on this thread; an
+            // aborted communicator is already freed by ncclCommAbort.
+            unsafe {
+                sys::ncclCommDestroy(self.handle.raw);
+            }
+        }
+    }
+}
+
+/// A pointer moved from the split thread.
+struct SendComm(sys::ncclComm_t);
+// SAFETY: a freshly created communicator handle is not used by the thread that made it.
+unsafe impl Send for SendComm {}
+
+/// Aborts a communicator when a deadline passes, unless disarmed first. Dropping it disarms it.
+pub struct Watchdog {
+    state: Arc<(Mutex<bool>, Condvar)>,
+    fired: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Watchdog")
+            .field("fired", &self.fired())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watchdog {
+    fn arm(handle: Arc<Handle>, deadline: Instant) -> Watchdog {
+        let state = Arc::new((Mutex::new(false), Condvar::new()));
+        let fired = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let state = Arc::clone(&state);
+            let fired = Arc::clone(&fired);
+            thread::spawn(move || {
+                let (disarmed, wake) = &*state;
+                let mut disarmed = disarmed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                while !*disarmed {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        fired.store(true, Ordering::SeqCst);
+                        handle.abort();
+                        return;
+                    }
+                    disarmed = wake
+                        .wait_timeout(disarmed, deadline - now)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
+            })
+        };
+        Watchdog {
+            state,
+            fired,
+            thread: Some(thread),
+        }
+    }
+
+    /// Whether the deadline passed and the communicator was aborted.
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// Stops the watchdog; returns whether it had fired.
+    pub fn disarm(mut self) -> bool {
+        self.stop();
+        self.fired()
+    }
+
+    fn stop(&mut self) {
+        let (disarmed, wake) = &*self.state;
+        *disarmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
