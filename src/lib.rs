@@ -5,6 +5,7 @@
 //! The library never prints; progress goes through [`progress::Reporter`].
 
 pub mod agree;
+pub mod cache;
 pub mod compile;
 pub mod device;
 pub mod gpu;

@@ -171,7 +171,7 @@ fn failed_and_nan_samples_skip_their_round() {
             assert_eq!(*rounds, 27);
             assert_eq!(*max_us, 6.0);
         }
-        other => panic!("{other:?}"),
+        other @ CandidateOutcome::Excluded { .. } => panic!("{other:?}"),
     }
     assert_eq!(decision.winner, "one_shot");
 }

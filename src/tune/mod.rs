@@ -3,6 +3,7 @@
 //! on the same matrix, so every rank decides the same; the result depends on neither the order
 //! of ranks nor the order of rounds.
 
+pub mod choice;
 mod mann_whitney;
 
 use schemars::JsonSchema;
@@ -59,7 +60,7 @@ pub struct BucketSamples {
 
 /// What happened to one candidate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "status", rename_all = "snake_case")]
 pub enum CandidateOutcome {
     /// Timed: per round the slowest rank counts; figures over rounds.
     Timed {
@@ -79,9 +80,9 @@ pub enum CandidateOutcome {
     },
 }
 
-/// One candidate in a bucket's decision.
+/// One candidate in a bucket's decision. (Unknown fields are not refused here: serde cannot
+/// combine that with the flattened outcome.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct CandidateResult {
     /// The profile id.
     pub profile: String,

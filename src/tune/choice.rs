@@ -1,0 +1,159 @@
+//! The choice file: per bucket the chosen profile with the measurements and the reason behind
+//! it. Every rank serialises the same value to the same bytes; the ranks compare the sha256 of
+//! those bytes before anyone writes.
+
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{BucketDecision, Policy};
+use crate::cache::{hex, write_atomically};
+
+/// The choice format this tool writes.
+pub const CHOICE_FORMAT_VERSION: u32 = 1;
+
+/// How the choice was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tuning {
+    /// Timed on the machine.
+    Runtime,
+    /// Each bucket's default, nothing timed.
+    Static,
+}
+
+/// A choice for every bucket of a package on one machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "prepare collective choice")]
+pub struct Choice {
+    /// The choice format.
+    pub format_version: u32,
+    /// The tool that made it.
+    pub tool_version: String,
+    /// The package identity (sha256 of its manifest).
+    pub package: String,
+    /// The ladder's name.
+    pub ladder: String,
+    /// Ranks.
+    pub world_size: u32,
+    /// The cache key it is stored under (sha256 of its fingerprint).
+    pub fingerprint: String,
+    /// Whether peer kernels were allowed, and if not why.
+    pub topology: String,
+    /// Runtime timing or static defaults.
+    pub tuning: Tuning,
+    /// The decision policy.
+    pub policy: Policy,
+    /// Every bucket's decision, in ladder order.
+    pub buckets: Vec<BucketChoice>,
+}
+
+/// One bucket's choice. (Unknown fields are not refused here: serde cannot combine that with
+/// the flattened decision.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BucketChoice {
+    /// The smallest message this bucket covers, bytes.
+    pub min_bytes: u64,
+    /// The largest message this bucket covers, bytes.
+    pub max_bytes: u64,
+    /// The decision and its measurements.
+    #[serde(flatten)]
+    pub decision: BucketDecision,
+}
+
+/// Why a choice could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ChoiceError {
+    /// The ranks' choices differ.
+    #[error("the ranks disagree on the choice: rank {rank}'s sha256 is {theirs}, this rank's is {ours}; nothing was written")]
+    Disagreement {
+        /// The first rank whose digest differs.
+        rank: u32,
+        /// Its digest.
+        theirs: String,
+        /// This rank's digest.
+        ours: String,
+    },
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A file is not a choice this tool reads.
+    #[error("{path} is not a valid choice: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Choice {
+    /// The bytes every rank writes: pretty JSON with a trailing newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(self).expect("a choice always serialises");
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// sha256 of [`Choice::to_bytes`].
+    pub fn digest(&self) -> [u8; 32] {
+        Sha256::digest(self.to_bytes()).into()
+    }
+
+    /// Reads a choice file.
+    pub fn read(path: &Path) -> Result<Choice, ChoiceError> {
+        let bytes = std::fs::read(path).map_err(|source| ChoiceError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let invalid = |message: String| ChoiceError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))?;
+        match value.get("format_version").and_then(serde_json::Value::as_u64) {
+            Some(version) if version == u64::from(CHOICE_FORMAT_VERSION) => {}
+            Some(version) => {
+                return Err(invalid(format!(
+                    "format_version {version} is not known to prepare {} (it reads {CHOICE_FORMAT_VERSION})",
+                    crate::TOOL_VERSION
+                )))
+            }
+            None => return Err(invalid("format_version is missing".to_owned())),
+        }
+        serde_json::from_value(value).map_err(|error| invalid(error.to_string()))
+    }
+}
+
+/// Checks that every rank's digest (gathered in rank order) equals this rank's.
+pub fn check_agreement(ours: &[u8; 32], gathered: &[[u8; 32]]) -> Result<(), ChoiceError> {
+    match gathered.iter().position(|theirs| theirs != ours) {
+        None => Ok(()),
+        Some(rank) => Err(ChoiceError::Disagreement {
+            rank: rank as u32,
+            theirs: hex(&gathered[rank]),
+            ours: hex(ours),
+        }),
+    }
+}
+
+/// Writes `DIR/choice.rank<r>.json` atomically.
+pub fn write_choice(dir: &Path, rank: u32, choice: &Choice) -> Result<PathBuf, ChoiceError> {
+    let path = dir.join(format!("choice.rank{rank}.json"));
+    let io = |source| ChoiceError::Io {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    write_atomically(&path, &choice.to_bytes()).map_err(io)?;
+    Ok(path)
+}

@@ -1,0 +1,116 @@
+//! Choice files: identical bytes for equal choices, agreement of digests before writing,
+//! atomic files per rank, and reading back with the format version checked.
+
+use prepare::tune::choice::{
+    check_agreement, write_choice, BucketChoice, Choice, ChoiceError, Tuning, CHOICE_FORMAT_VERSION,
+};
+use prepare::tune::{BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy};
+
+fn choice() -> Choice {
+    Choice {
+        format_version: CHOICE_FORMAT_VERSION,
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        package: "ab".repeat(32),
+        ladder: "h200_nvlink_tp2".to_owned(),
+        world_size: 2,
+        fingerprint: "cd".repeat(32),
+        topology: "peer_kernels".to_owned(),
+        tuning: Tuning::Runtime,
+        policy: Policy::default(),
+        buckets: vec![BucketChoice {
+            min_bytes: 2,
+            max_bytes: 16384,
+            decision: BucketDecision {
+                index: 0,
+                winner: "one_shot_push".to_owned(),
+                baseline: "nccl".to_owned(),
+                reason: DecisionReason::Faster {
+                    ratio: 0.55,
+                    p_value: 1e-9,
+                },
+                bit_exact: true,
+                candidates: vec![
+                    CandidateResult {
+                        profile: "one_shot_push".to_owned(),
+                        exact: true,
+                        outcome: CandidateOutcome::Timed {
+                            median_us: 5.5,
+                            min_us: 5.25,
+                            max_us: 6.0,
+                            rounds: 30,
+                        },
+                    },
+                    CandidateResult {
+                        profile: "rsag_phased".to_owned(),
+                        exact: true,
+                        outcome: CandidateOutcome::Excluded {
+                            reason: "capture failed".to_owned(),
+                        },
+                    },
+                ],
+            },
+        }],
+    }
+}
+
+#[test]
+fn a_choice_round_trips_through_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_choice(dir.path(), 1, &choice()).unwrap();
+    assert_eq!(path, dir.path().join("choice.rank1.json"));
+    assert_eq!(Choice::read(&path).unwrap(), choice());
+    assert_eq!(std::fs::read(&path).unwrap(), choice().to_bytes());
+}
+
+#[test]
+fn equal_choices_have_equal_bytes_and_digests() {
+    assert_eq!(choice().to_bytes(), choice().to_bytes());
+    assert_eq!(choice().digest(), choice().digest());
+    let mut other = choice();
+    other.buckets[0].decision.winner = "nccl".to_owned();
+    assert_ne!(other.digest(), choice().digest());
+}
+
+#[test]
+fn a_disagreeing_rank_is_named() {
+    let ours = choice().digest();
+    let mut other = choice();
+    other.world_size = 3;
+    let gathered = [ours, ours, other.digest()];
+    assert!(check_agreement(&ours, &gathered[..2]).is_ok());
+    let error = check_agreement(&ours, &gathered).unwrap_err();
+    assert!(matches!(error, ChoiceError::Disagreement { rank: 2, .. }));
+    assert!(error
+        .to_string()
+        .starts_with("the ranks disagree on the choice: rank 2's sha256 is"));
+}
+
+#[test]
+fn an_unknown_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("choice.json");
+    let mut value = serde_json::to_value(choice()).unwrap();
+    value["format_version"] = 7.into();
+    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+    let message = Choice::read(&path).unwrap_err().to_string();
+    assert!(
+        message.ends_with(&format!(
+            "is not a valid choice: format_version 7 is not known to prepare {} (it reads 1)",
+            prepare::TOOL_VERSION
+        )),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_unknown_top_level_field_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("choice.json");
+    let mut value = serde_json::to_value(choice()).unwrap();
+    value["surprise"] = true.into();
+    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+    assert!(Choice::read(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("unknown field `surprise`"));
+}
