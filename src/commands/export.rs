@@ -128,7 +128,7 @@ fn check_target(ladder: &Ladder, arch: Arch) -> Result<(), Failure> {
 fn write_failure(error: PackageError) -> Failure {
     match error {
         PackageError::Exists { .. } => {
-            Failure::refused(anyhow::Error::new(error).context("pass --force to replace it"))
+            Failure::refused(anyhow!("{error}; pass --force to replace it"))
         }
         PackageError::NotAPackage { .. } | PackageError::BadOutput { .. } => {
             Failure::refused(error)

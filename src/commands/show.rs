@@ -61,7 +61,14 @@ fn render_header(out: &mut String, package: &Package) {
     let ladder = &manifest.ladder;
     let mut table = Table::new(&[Align::Left, Align::Left]);
     table.row(["Package", &package.dir().display().to_string()]);
-    table.row(["Identity", package.identity()]);
+    table.row([
+        "Identity",
+        &format!(
+            "{} (sha256 of {})",
+            package.identity(),
+            package::MANIFEST_FILE
+        ),
+    ]);
     table.row([
         "Ladder",
         &format!(
@@ -91,7 +98,7 @@ fn render_buckets(out: &mut String, manifest: &Manifest) {
         Align::Right,
         Align::Left,
         Align::Left,
-        Align::Right,
+        Align::Left,
         Align::Left,
         Align::Left,
     ]);
@@ -237,19 +244,19 @@ fn render_qualification(out: &mut String, manifest: &Manifest) {
         );
         return;
     };
-    let gpus = qualification
-        .gpus
-        .iter()
-        .map(|gpu| format!("{} ({})", gpu.name, gpu.uuid))
-        .collect::<Vec<_>>()
-        .join(", ");
     let _ = writeln!(
         out,
-        "\nQualification on {} GPUs: {gpus}; driver {}, NCCL {}",
-        qualification.gpus.len(),
+        "\nQualification: driver {}, NCCL {}, {} GPUs",
         qualification.driver_version,
-        qualification.nccl_version
+        qualification.nccl_version,
+        qualification.gpus.len()
     );
+    let mut gpus = Table::new(&[Align::Left, Align::Left, Align::Left]);
+    for (rank, gpu) in qualification.gpus.iter().enumerate() {
+        gpus.row([&format!("rank {rank}"), &gpu.name, &gpu.uuid]);
+    }
+    gpus.render(out);
+    let _ = writeln!(out);
     let mut table = Table::new(&[Align::Right, Align::Left, Align::Left]);
     table.row(["#", "candidate", "result"]);
     for bucket in &qualification.buckets {

@@ -62,13 +62,7 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
             }],
         });
     }
-    let problems = manifest_problems(&manifest);
-    if !problems.is_empty() {
-        return Err(PackageError::ManifestInconsistent {
-            path: manifest_path,
-            problems,
-        });
-    }
+    check_manifest(&manifest_path, &manifest)?;
 
     let mut contents = verify_files(dir, &manifest)?;
     let ladder_bytes = contents
@@ -121,19 +115,7 @@ fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest, PackageError> {
             });
         }
     }
-    let problems: Vec<Problem> = manifest_validator()
-        .iter_errors(&value)
-        .map(|error| Problem {
-            pointer: error.instance_path().as_str().to_string(),
-            message: error.to_string(),
-        })
-        .collect();
-    if !problems.is_empty() {
-        return Err(PackageError::ManifestSchema {
-            path: path.to_path_buf(),
-            problems,
-        });
-    }
+    check_schema(path, &value)?;
     serde_json::from_value(value).map_err(|error| PackageError::ManifestSchema {
         path: path.to_path_buf(),
         problems: vec![Problem {
@@ -141,6 +123,39 @@ fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest, PackageError> {
             message: error.to_string(),
         }],
     })
+}
+
+fn check_schema(path: &Path, value: &Value) -> Result<(), PackageError> {
+    let problems: Vec<Problem> = manifest_validator()
+        .iter_errors(value)
+        .map(|error| Problem {
+            pointer: error.instance_path().as_str().to_string(),
+            message: error.to_string(),
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(PackageError::ManifestSchema {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+}
+
+/// The schema and the manifest's own consistency, which the writer checks too.
+pub(super) fn check_manifest(path: &Path, manifest: &Manifest) -> Result<(), PackageError> {
+    let value = serde_json::to_value(manifest).expect("a manifest always serializes");
+    check_schema(path, &value)?;
+    let problems = manifest_problems(manifest);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(PackageError::ManifestInconsistent {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
 }
 
 fn manifest_validator() -> &'static jsonschema::Validator {
@@ -167,7 +182,7 @@ fn syntax_error(path: &Path, error: &serde_json::Error) -> PackageError {
 }
 
 /// What the manifest says that contradicts itself; checked before any path it names is read.
-pub(super) fn manifest_problems(manifest: &Manifest) -> Vec<Problem> {
+fn manifest_problems(manifest: &Manifest) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut problem =
         |pointer: String, message: String| problems.push(Problem { pointer, message });

@@ -242,16 +242,10 @@ pub fn build_manifest(
         qualification,
         checksum: String::new(),
     };
-    // The reader's own checks, so that nothing is written that open_package would refuse (a
-    // qualification that does not fit the buckets, say).
-    let problems = super::read::manifest_problems(&manifest);
-    if !problems.is_empty() {
-        return Err(PackageError::ManifestInconsistent {
-            path: PathBuf::from(MANIFEST_FILE),
-            problems,
-        });
-    }
     manifest.seal();
+    // The reader's own checks, so that nothing is written that open_package would refuse (a
+    // kernel name that is no file name, a qualification that does not fit the buckets).
+    super::read::check_manifest(Path::new(MANIFEST_FILE), &manifest)?;
     Ok(manifest)
 }
 
