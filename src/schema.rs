@@ -1,1 +1,86 @@
-//! JSON Schemas generated from the Rust types.
+//! JSON Schemas generated from the Rust types, so the committed `schemas/*.schema.json` files
+//! and the types that read those documents cannot disagree.
+
+use schemars::JsonSchema;
+
+/// The JSON Schema (draft 2020-12) of a type, as a JSON value, with the keywords a reader
+/// looks for first (`$schema`, `title`, `description`) at the top.
+pub fn schema_for<T: JsonSchema>() -> serde_json::Value {
+    let schema = schemars::generate::SchemaSettings::draft2020_12()
+        .for_deserialize()
+        .into_generator()
+        .into_root_schema_for::<T>();
+    match schema.to_value() {
+        serde_json::Value::Object(mut members) => {
+            let mut ordered = serde_json::Map::new();
+            for key in ["$schema", "title", "description"] {
+                if let Some(value) = members.shift_remove(key) {
+                    ordered.insert(key.to_owned(), value);
+                }
+            }
+            ordered.extend(members);
+            serde_json::Value::Object(ordered)
+        }
+        other => other,
+    }
+}
+
+/// Renders a schema the way it is committed: pretty JSON with a trailing newline.
+pub fn to_pretty_json(schema: &serde_json::Value) -> String {
+    let mut text =
+        serde_json::to_string_pretty(schema).expect("a JSON value always serializes to text");
+    text.push('\n');
+    text
+}
+
+/// Defines [`SchemaName`]: one line per schema, its CLI name and the type it describes.
+macro_rules! schema_names {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal, $type:ty;)+) => {
+        /// The schemas `prepare schema` prints and `schemas/` commits.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+        pub enum SchemaName {
+            $($(#[doc = $doc])* #[value(name = $name)] $variant,)+
+        }
+
+        impl SchemaName {
+            /// Every schema, in the order they are listed.
+            pub const ALL: &'static [SchemaName] = &[$(SchemaName::$variant,)+];
+
+            /// The name on the command line and in the file name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(SchemaName::$variant => $name,)+
+                }
+            }
+
+            /// The schema, generated from its type.
+            pub fn generate(self) -> serde_json::Value {
+                match self {
+                    $(SchemaName::$variant => schema_for::<$type>(),)+
+                }
+            }
+        }
+    };
+}
+
+schema_names! {
+    /// Collective ladders (`ladders/*.json`).
+    Ladder => "ladder", crate::ladder::Ladder;
+}
+
+impl SchemaName {
+    /// The committed file, relative to the repository root (`schemas/ladder.schema.json`).
+    pub fn committed_path(self) -> String {
+        format!("schemas/{}.schema.json", self.name())
+    }
+
+    /// The schema as committed: pretty JSON with a trailing newline.
+    pub fn generate_text(self) -> String {
+        to_pretty_json(&self.generate())
+    }
+}
+
+/// The ladder's JSON Schema.
+pub fn ladder_schema() -> serde_json::Value {
+    schema_for::<crate::ladder::Ladder>()
+}

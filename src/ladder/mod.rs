@@ -7,7 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use validate::{
-    validate_ladder_file, validate_ladder_text, Diagnostic, Rule, Stage, ValidationReport,
+    validate_ladder, validate_ladder_bytes, validate_ladder_file, validate_ladder_text, Diagnostic,
+    LadderError, Rule, Stage, ValidationReport,
 };
 
 /// The ladder format versions this tool reads.
@@ -42,7 +43,7 @@ pub struct Ladder {
     pub collective: Collective,
     /// The element type of the message.
     pub dtype: Dtype,
-    /// Ranks taking part, 2 to 8.
+    /// Ranks taking part, 2 to 8 (peer kernels run within one host).
     pub world_size: u32,
     /// The architectures a package may be exported for; no other is accepted.
     pub targets: Vec<Arch>,
@@ -53,7 +54,7 @@ pub struct Ladder {
     /// Named algorithms with their parameters.
     pub profiles: Vec<Profile>,
     /// Message-size ranges in strictly increasing `max_bytes`; bucket i covers
-    /// (max_bytes[i-1], max_bytes[i]]. Larger messages use NCCL.
+    /// (`max_bytes[i-1]`, `max_bytes[i]`]. Larger messages use NCCL.
     pub buckets: Vec<Bucket>,
 }
 
@@ -180,7 +181,8 @@ pub struct Profile {
     /// kernel, allowed only in clustered buckets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
-    /// Clusters doing work in a phased kernel; must be 1.
+    /// Clusters doing work in a phased kernel: required on phased profiles, and 1 (cluster 0
+    /// works, the others return at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_clusters: Option<u32>,
     /// Blocks to launch instead of the bucket's (ordinary custom profiles in unclustered buckets),
@@ -276,7 +278,8 @@ pub enum Schedule {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Bucket {
-    /// The largest message in bytes this bucket covers; a multiple of 16 x `world_size`.
+    /// The largest message in bytes this bucket covers: a positive multiple of 16 x `world_size`
+    /// (whole 16-byte vectors on every rank), at most 4 GiB.
     pub max_bytes: u64,
     /// Threads per block: a multiple of 32, at most 1024.
     pub threads: u32,
@@ -285,7 +288,7 @@ pub struct Bucket {
     /// Blocks per thread-block cluster; where present 8, with 512 threads and 64 blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_size: Option<u32>,
-    /// Profile ids to time here, in order of preference on ties; one must be NCCL.
+    /// Profile ids to time here, each once, in order of preference on ties; one must be NCCL.
     pub candidates: Vec<String>,
     /// The profile used when nothing is timed; one of the candidates.
     pub default: String,

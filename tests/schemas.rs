@@ -1,0 +1,112 @@
+//! The committed JSON Schemas are what the types generate, are valid draft 2020-12 schemas, and
+//! judge the shipped ladders and fixtures as `prepare validate` does at the schema stage.
+
+use std::path::{Path, PathBuf};
+
+use prepare::ladder::{validate_ladder_file, LadderError, Stage};
+use prepare::schema::SchemaName;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn json_files(folder: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(folder))
+        .unwrap_or_else(|error| panic!("cannot list {folder}: {error}"))
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "json")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no JSON files in {folder}");
+    files
+}
+
+fn committed_ladder_schema() -> serde_json::Value {
+    let text = std::fs::read_to_string(root().join(SchemaName::Ladder.committed_path()))
+        .expect("schemas/ladder.schema.json is committed");
+    serde_json::from_str(&text).expect("the committed schema is JSON")
+}
+
+/// Set `PREPARE_BLESS=1` to write the generated schemas instead of comparing.
+#[test]
+fn committed_schemas_match_the_types() {
+    let bless = std::env::var("PREPARE_BLESS").is_ok_and(|value| value == "1");
+    for &name in SchemaName::ALL {
+        let path = root().join(name.committed_path());
+        let generated = name.generate_text();
+        if bless {
+            std::fs::write(&path, &generated).expect("can write the schema");
+            continue;
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{} is stale or missing: the types changed. Regenerate it with\n  \
+             cargo run -- schema {} > {}\nor\n  PREPARE_BLESS=1 cargo test --test schemas",
+            name.committed_path(),
+            name.name(),
+            name.committed_path(),
+        );
+    }
+}
+
+#[test]
+fn committed_schemas_are_valid_draft_2020_12() {
+    for &name in SchemaName::ALL {
+        let schema = name.generate();
+        if let Err(error) = jsonschema::meta::validate(&schema) {
+            panic!(
+                "the {} schema is not a valid JSON Schema: {error}",
+                name.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_committed_schema_accepts_every_valid_ladder() {
+    let validator = jsonschema::draft202012::new(&committed_ladder_schema()).expect("compiles");
+    let mut files = json_files("ladders");
+    files.extend(json_files("tests/fixtures/ladders/valid"));
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let value: serde_json::Value =
+            serde_json::from_str(text.trim_start_matches('\u{feff}')).expect("JSON");
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|error| error.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", file.display());
+    }
+}
+
+/// An editor with the committed schema flags exactly the fixtures `prepare validate` refuses
+/// at the schema stage, and none that get past it.
+#[test]
+fn the_committed_schema_refuses_what_the_schema_stage_refuses() {
+    let validator = jsonschema::draft202012::new(&committed_ladder_schema()).expect("compiles");
+    for file in json_files("tests/fixtures/ladders/invalid") {
+        let stage = match validate_ladder_file(&file) {
+            Err(LadderError::Invalid { report, .. }) => report.stage,
+            other => panic!("{}: expected a refusal, got {other:?}", file.display()),
+        };
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if stage == Stage::FormatVersion {
+            continue;
+        }
+        assert_eq!(
+            validator.is_valid(&value),
+            stage != Stage::Schema,
+            "{}: failed at the {stage} stage",
+            file.display()
+        );
+    }
+}
