@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use prepare::ladder::{Arch, Ladder};
+use prepare::ladder::{validate_ladder_bytes, Arch, Ladder, LadderError};
 use prepare::package::{self, PackageError};
 use prepare::progress::Reporter;
 
@@ -61,7 +61,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             )));
         }
     };
-    check_target(&ladder, arch)?;
+    prepare::device::check_export_target(&ladder, arch).map_err(Failure::refused)?;
 
     // Refused before compiling, so the answer does not wait on NVRTC.
     if !args.force && std::fs::symlink_metadata(&args.out).is_ok() {
@@ -97,30 +97,23 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     .map_err(Failure::runtime)
 }
 
-/// The ladder file's text as given, and the ladder it validates to.
+/// The ladder file's text as given, and the ladder it validates to; an invalid ladder gets the
+/// report `prepare validate` prints.
 fn read_ladder(path: &Path) -> Result<(String, Ladder), Failure> {
     let bytes = std::fs::read(path)
-        .with_context(|| format!("cannot read {}", path.display()))
+        .map_err(|source| LadderError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
         .map_err(Failure::refused)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|error| anyhow!("{}: not UTF-8: {error}", path.display()))
+    let ladder = validate_ladder_bytes(&bytes)
+        .map_err(|report| LadderError::Invalid {
+            path: path.to_path_buf(),
+            report,
+        })
         .map_err(Failure::refused)?;
-    let ladder = serde_json::from_str::<Ladder>(&text)
-        .map_err(|error| anyhow!("{}: {error}", path.display()))
-        .map_err(Failure::refused)?;
+    let text = String::from_utf8(bytes).expect("a valid ladder is UTF-8");
     Ok((text, ladder))
-}
-
-fn check_target(ladder: &Ladder, arch: Arch) -> Result<(), Failure> {
-    if ladder.targets.contains(&arch) {
-        return Ok(());
-    }
-    let targets: Vec<&str> = ladder.targets.iter().map(|arch| arch.name()).collect();
-    Err(Failure::refused(anyhow!(
-        "ladder `{}` does not target {arch}; its targets are {}",
-        ladder.name,
-        targets.join(", ")
-    )))
 }
 
 /// Refusals of the output (it exists, it is not a package) are the user's to fix; the rest

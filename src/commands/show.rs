@@ -277,9 +277,7 @@ fn render_qualification(out: &mut String, manifest: &Manifest) {
                 Outcome::Qualified { exact: false } => {
                     "qualified, not bit-exact (NCCL sums in its own order)".to_string()
                 }
-                Outcome::Dropped { reason, detail } => {
-                    format!("dropped: {}: {detail}", reason.describe())
-                }
+                Outcome::Dropped(reason) => format!("dropped: {reason}"),
             };
             table.row([&index, &candidate.profile, &result]);
         }

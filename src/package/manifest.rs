@@ -4,6 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::device::DropReason;
 use crate::ladder::{Algorithm, Arch, Collective, Dtype};
 
 /// The manifest of a package: `manifest.json`. Its sha256 is the package's identity.
@@ -183,7 +184,7 @@ pub struct CandidateQualification {
 
 /// The result of qualifying a candidate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Outcome {
     /// Captured in a graph and run; it may be timed.
     Qualified {
@@ -192,45 +193,8 @@ pub enum Outcome {
         /// may differ beyond two ranks.
         exact: bool,
     },
-    /// Removed from the bucket's candidates.
-    Dropped {
-        /// Why.
-        reason: DropReason,
-        /// What was seen, for people.
-        detail: String,
-    },
-}
-
-/// Why a candidate was dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DropReason {
-    /// Not every block (or cluster) can be resident at once, so peers could wait forever.
-    NotResident,
-    /// Capturing it in a CUDA graph failed.
-    CaptureFailed,
-    /// Its output differed from the reference sum.
-    NotExact,
-    /// Some rank lacks peer access to another, so no custom kernel can run.
-    NoPeerAccess,
-    /// A peer did not arrive before the deadline.
-    Timeout,
-    /// The launch or the driver reported an error.
-    LaunchFailed,
-}
-
-impl DropReason {
-    /// A short phrase for tables.
-    pub fn describe(self) -> &'static str {
-        match self {
-            DropReason::NotResident => "blocks cannot all be resident",
-            DropReason::CaptureFailed => "graph capture failed",
-            DropReason::NotExact => "not exact",
-            DropReason::NoPeerAccess => "no peer access",
-            DropReason::Timeout => "peer timeout",
-            DropReason::LaunchFailed => "launch failed",
-        }
-    }
+    /// Removed from the bucket's candidates, with the reason.
+    Dropped(DropReason),
 }
 
 impl Manifest {

@@ -28,8 +28,7 @@ use crate::ladder::{Arch, Ladder};
 
 pub use manifest::{
     kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
-    CompilerRecord, DropReason, KernelRecord, LadderRecord, Manifest, Outcome, Qualification,
-    QualifiedGpu,
+    CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, Qualification, QualifiedGpu,
 };
 pub use read::open_package;
 pub use write::{build_manifest, write_package, write_qualified_package};
@@ -193,7 +192,7 @@ pub enum PackageError {
         targets: String,
     },
     /// The ladder text given does not parse to the ladder given.
-    #[error("the ladder text does not parse to the ladder it came with")]
+    #[error("the ladder text does not validate to the ladder it came with")]
     LadderTextMismatch,
     /// A bucket names a profile the ladder lacks.
     #[error("bucket {bucket} names profile `{profile}`, which the ladder does not define")]
@@ -410,17 +409,5 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// The manifest's JSON Schema, as committed in `schemas/manifest.schema.json`.
 pub fn manifest_schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(Manifest)).expect("a schema always serializes")
-}
-
-/// The schema of `prepare show --json`'s document.
-pub fn description_schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(Description)).expect("a schema always serializes")
-}
-
-/// A schema as committed: pretty JSON with a trailing newline.
-pub fn schema_text(schema: &serde_json::Value) -> String {
-    let mut text = serde_json::to_string_pretty(schema).expect("a schema always serializes");
-    text.push('\n');
-    text
+    crate::schema::schema_for::<Manifest>()
 }

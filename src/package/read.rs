@@ -461,13 +461,10 @@ fn list(
 }
 
 fn parse_ladder(path: &Path, bytes: &[u8]) -> Result<Ladder, PackageError> {
-    let invalid = |report: String| PackageError::InvalidLadder {
+    crate::ladder::validate_ladder_bytes(bytes).map_err(|report| PackageError::InvalidLadder {
         path: path.to_path_buf(),
-        report,
-    };
-    let text =
-        std::str::from_utf8(bytes).map_err(|error| invalid(format!("not UTF-8: {error}")))?;
-    serde_json::from_str(text).map_err(|error| invalid(error.to_string()))
+        report: format!("{}\n{}", report.summary(), report.render_for(path)),
+    })
 }
 
 /// Where the manifest disagrees with the ladder it hashes.

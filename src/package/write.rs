@@ -97,7 +97,11 @@ pub fn build_manifest(
     arch: Arch,
     qualification: Option<Qualification>,
 ) -> Result<Manifest, PackageError> {
-    if serde_json::from_str::<Ladder>(ladder_text).ok().as_ref() != Some(ladder) {
+    if crate::ladder::validate_ladder_text(ladder_text)
+        .ok()
+        .as_ref()
+        != Some(ladder)
+    {
         return Err(PackageError::LadderTextMismatch);
     }
     if !ladder.targets.contains(&arch) {
