@@ -70,6 +70,8 @@ schema_names! {
     Manifest => "manifest", crate::package::Manifest;
     /// The document `prepare show --json` prints.
     Show => "show", crate::package::Description;
+    /// Choice files (`choice.rank<r>.json`) that startup selection writes.
+    Choice => "choice", crate::tune::choice::Choice;
 }
 
 impl SchemaName {
