@@ -21,9 +21,14 @@
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
 #define PREPARE_STATE_WORDS (1 + PREPARE_MAX_BLOCKS)
 
-// Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | peer rank.
+// Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | rank, where
+// rank is the peer that did not arrive (PEER_TIMEOUT) or this rank (INVALID_LAUNCH).
 #define PREPARE_ABORT_FLAG 0x8000000000000000ull
 #define PREPARE_ABORT_PEER_TIMEOUT 1ull
+// The parameters or geometry break this contract (world, rank, alignment, sizes, cluster).
+#define PREPARE_ABORT_INVALID_LAUNCH 2ull
+// Every pointer in the parameters and `scratch_offset` are multiples of this.
+#define PREPARE_ALIGNMENT_BYTES 16
 
 struct AllReduceParams {
     // buffers[r]: rank r's registered buffer mapped into this process; buffers[rank] is local.
@@ -36,7 +41,7 @@ struct AllReduceParams {
     void* output;
     // Elements in the message (any count up to the bucket's capacity; tails included).
     unsigned long long elements;
-    // Byte offset of the scratch region inside every rank's buffer.
+    // Byte offset of the scratch region inside every rank's buffer; at least 2 * elements.
     unsigned long long scratch_offset;
     // Deadline for every spin, in nanoseconds of %globaltimer from the kernel's start.
     unsigned long long timeout_ns;

@@ -1,5 +1,13 @@
-//! Compilation of the custom kernels with NVRTC into one cubin per kernel and architecture.
+//! Compilation of the custom kernels with NVRTC into one cubin per kernel and architecture,
+//! with the resource usage ptxas reports (registers, shared memory, spills, stack).
+//!
+//! Options are fixed so that the same sources and NVRTC give the same bytes, and so that no
+//! flag can change the reference sum's arithmetic (no fast math, no flush to zero).
 
+use rayon::prelude::*;
+
+use crate::gpu::nvrtc::{Nvrtc, NvrtcError};
+use crate::kernels::{self, KernelSpec};
 use crate::ladder::{Arch, Ladder};
 use crate::progress::Reporter;
 
@@ -33,7 +41,8 @@ pub struct CompiledKernel {
 pub struct Compilation {
     /// NVRTC's version (major, minor).
     pub nvrtc_version: (u32, u32),
-    /// Options every kernel was compiled with.
+    /// Options every kernel was compiled with; each kernel adds
+    /// `--ptxas-options=--entry=<its name>` so its cubin holds that entry alone.
     pub options: Vec<String>,
     /// One entry per distinct kernel, sorted by name.
     pub kernels: Vec<CompiledKernel>,
@@ -42,16 +51,396 @@ pub struct Compilation {
 /// Why compilation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
-    /// Placeholder until the NVRTC layer lands.
-    #[error("compilation is not available")]
-    Unavailable,
+    /// NVRTC could not be found or loaded; the message says how to get it.
+    #[error(transparent)]
+    Library(NvrtcError),
+    /// This NVRTC does not compile for the architecture.
+    #[error("NVRTC {}.{} does not compile for {arch} (it supports {supported}); install `nvidia-cuda-nvrtc==13.0.*` or a CUDA 13 toolkit", .version.0, .version.1)]
+    UnsupportedArch {
+        /// The architecture asked for.
+        arch: Arch,
+        /// NVRTC's version.
+        version: (u32, u32),
+        /// The architectures it supports, as `sm_XX` names.
+        supported: String,
+    },
+    /// A kernel did not compile; NVRTC's log and the options say why.
+    #[error("compiling kernel {kernel} ({source_file}) for {arch} failed with options `{}`:\n{log}", .options.join(" "))]
+    Compile {
+        /// The kernel.
+        kernel: String,
+        /// Its source file.
+        source_file: String,
+        /// The architecture.
+        arch: Arch,
+        /// The options it was compiled with.
+        options: Vec<String>,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// NVRTC failed outside compilation proper (creating the program, reading the log).
+    #[error("NVRTC failed on kernel {kernel} for {arch}: {error}")]
+    Nvrtc {
+        /// The kernel.
+        kernel: String,
+        /// The architecture.
+        arch: Arch,
+        /// What NVRTC said.
+        error: NvrtcError,
+    },
+    /// The compiled kernel's cubin could not be retrieved.
+    #[error("retrieving the cubin of kernel {kernel} for {arch}: {error}")]
+    Cubin {
+        /// The kernel.
+        kernel: String,
+        /// The architecture.
+        arch: Arch,
+        /// What NVRTC said.
+        error: NvrtcError,
+    },
+    /// The resource usage could not be read from the log.
+    #[error("reading the resource usage of kernel {kernel} for {arch} from NVRTC's log: {problem}\nlog:\n{log}")]
+    LogParse {
+        /// The kernel.
+        kernel: String,
+        /// The architecture.
+        arch: Arch,
+        /// What is missing.
+        problem: LogParseError,
+        /// The log.
+        log: String,
+    },
 }
 
-/// Compiles every custom kernel the ladder's profiles need for `arch`.
+/// What the ptxas log lacked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogParseError {
+    /// No `Compiling entry function '<entry>'` line.
+    #[error("no `Compiling entry function '{entry}'` line")]
+    NoEntry {
+        /// The entry symbol.
+        entry: String,
+    },
+    /// The entry's section lacks a line.
+    #[error("the section of `{entry}` has no `{expected}` line")]
+    MissingLine {
+        /// The entry symbol.
+        entry: String,
+        /// The words the line should have.
+        expected: &'static str,
+    },
+    /// A number on a line did not parse.
+    #[error("cannot read the number before `{unit}` in `{line}`")]
+    BadNumber {
+        /// The line.
+        line: String,
+        /// The words after the number.
+        unit: &'static str,
+    },
+}
+
+/// Resource usage of one entry, as ptxas reports it with `-v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResourceUsage {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory per block, bytes.
+    pub shared_bytes: u32,
+    /// Bytes spilled to local memory by stores.
+    pub spill_store_bytes: u32,
+    /// Bytes read back from spills.
+    pub spill_load_bytes: u32,
+    /// Stack frame per thread, bytes.
+    pub stack_bytes: u32,
+}
+
+/// The options every kernel is compiled with for `arch`.
+pub fn compile_options(arch: Arch) -> Vec<String> {
+    [
+        &format!("--gpu-architecture={}", arch.name()),
+        "--std=c++17",
+        "-default-device",
+        // The reference sum's arithmetic: IEEE adds, subnormals kept, nothing fused.
+        "--ftz=false",
+        "--prec-div=true",
+        "--prec-sqrt=true",
+        "--fmad=false",
+        // Registers, shared memory, spills and stack into the log.
+        "--ptxas-options=-v",
+    ]
+    .iter()
+    .map(|option| (*option).to_owned())
+    .collect()
+}
+
+/// Compiles every custom kernel the ladder's profiles need for `arch`, with NVRTC found by
+/// [`Nvrtc::load`].
 pub fn compile_ladder(
-    _ladder: &Ladder,
-    _arch: Arch,
-    _reporter: &dyn Reporter,
+    ladder: &Ladder,
+    arch: Arch,
+    reporter: &dyn Reporter,
 ) -> Result<Compilation, CompileError> {
-    Err(CompileError::Unavailable)
+    compile_kernels(&kernels::kernels_for_ladder(ladder), arch, reporter)
+}
+
+/// Compiles `kernels` for `arch` (each distinct kernel once, in parallel), with NVRTC found by
+/// [`Nvrtc::load`]. Progress: phase "compile", one step per kernel.
+pub fn compile_kernels(
+    kernels: &[KernelSpec],
+    arch: Arch,
+    reporter: &dyn Reporter,
+) -> Result<Compilation, CompileError> {
+    let nvrtc = Nvrtc::load().map_err(CompileError::Library)?;
+    compile_kernels_with(nvrtc, kernels, arch, reporter)
+}
+
+/// [`compile_kernels`] with a given NVRTC.
+pub fn compile_kernels_with(
+    nvrtc: &Nvrtc,
+    kernels: &[KernelSpec],
+    arch: Arch,
+    reporter: &dyn Reporter,
+) -> Result<Compilation, CompileError> {
+    let supported = nvrtc
+        .supported_architectures()
+        .map_err(CompileError::Library)?;
+    let wanted = arch
+        .name()
+        .strip_prefix("sm_")
+        .and_then(|number| number.parse::<u32>().ok());
+    if !wanted.is_some_and(|number| supported.contains(&number)) {
+        return Err(CompileError::UnsupportedArch {
+            arch,
+            version: nvrtc.version(),
+            supported: supported
+                .iter()
+                .map(|number| format!("sm_{number}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    let mut distinct = kernels.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    let options = compile_options(arch);
+    reporter.start("compile", distinct.len() as u64);
+    let compiled = distinct
+        .par_iter()
+        .map(|spec| {
+            let kernel = compile_kernel(nvrtc, spec, arch, &options)?;
+            reporter.advance(&spec.name);
+            Ok(kernel)
+        })
+        .collect::<Result<Vec<_>, CompileError>>();
+    reporter.finish();
+    Ok(Compilation {
+        nvrtc_version: nvrtc.version(),
+        options,
+        kernels: compiled?,
+    })
+}
+
+fn compile_kernel(
+    nvrtc: &Nvrtc,
+    spec: &KernelSpec,
+    arch: Arch,
+    options: &[String],
+) -> Result<CompiledKernel, CompileError> {
+    let nvrtc_error = |error| CompileError::Nvrtc {
+        kernel: spec.name.clone(),
+        arch,
+        error,
+    };
+    let mut program = nvrtc
+        .program(spec.source, kernels::source(spec), kernels::headers())
+        .map_err(nvrtc_error)?;
+    let mut kernel_options = options.to_vec();
+    kernel_options.push(format!("--ptxas-options=--entry={}", spec.name));
+    let log = match program.compile(&kernel_options) {
+        Ok(log) => log,
+        Err(NvrtcError::Compilation { log, .. }) => {
+            return Err(CompileError::Compile {
+                kernel: spec.name.clone(),
+                source_file: spec.source.to_owned(),
+                arch,
+                options: kernel_options,
+                log,
+            })
+        }
+        Err(error) => return Err(nvrtc_error(error)),
+    };
+    let cubin = program.cubin().map_err(|error| CompileError::Cubin {
+        kernel: spec.name.clone(),
+        arch,
+        error,
+    })?;
+    let usage =
+        parse_resource_usage(&log, &spec.name).map_err(|problem| CompileError::LogParse {
+            kernel: spec.name.clone(),
+            arch,
+            problem,
+            log: log.clone(),
+        })?;
+    Ok(CompiledKernel {
+        name: spec.name.clone(),
+        source: spec.source.to_owned(),
+        cluster: spec.cluster,
+        arch,
+        cubin,
+        registers: usage.registers,
+        shared_bytes: usage.shared_bytes,
+        spill_store_bytes: usage.spill_store_bytes,
+        spill_load_bytes: usage.spill_load_bytes,
+        stack_bytes: usage.stack_bytes,
+    })
+}
+
+/// Reads `entry`'s resource usage from a ptxas `-v` log:
+///
+/// ```text
+/// ptxas info    : Compiling entry function 'all_reduce_one_shot_pull_bf16' for 'sm_90'
+/// ptxas info    : Function properties for all_reduce_one_shot_pull_bf16
+/// ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+/// ptxas info    : Used 42 registers, used 1 barriers, 24 bytes smem
+/// ```
+///
+/// Shared memory is absent from the last line when the entry uses none.
+pub fn parse_resource_usage(log: &str, entry: &str) -> Result<ResourceUsage, LogParseError> {
+    const ENTRY_LINE: &str = "Compiling entry function '";
+    let header = format!("{ENTRY_LINE}{entry}'");
+    let mut lines = log.lines().skip_while(|line| !line.contains(&header));
+    if lines.next().is_none() {
+        return Err(LogParseError::NoEntry {
+            entry: entry.to_owned(),
+        });
+    }
+    let section: Vec<&str> = lines
+        .take_while(|line| !line.contains(ENTRY_LINE))
+        .collect();
+    let missing = |expected| LogParseError::MissingLine {
+        entry: entry.to_owned(),
+        expected,
+    };
+    let frame = section
+        .iter()
+        .find(|line| line.contains("bytes stack frame"))
+        .ok_or_else(|| missing("bytes stack frame"))?;
+    let used = section
+        .iter()
+        .find(|line| line.contains("Used ") && line.contains(" registers"))
+        .ok_or_else(|| missing("Used N registers"))?;
+    let registers_text = used
+        .split("Used ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default();
+    let registers = registers_text
+        .parse()
+        .map_err(|_| LogParseError::BadNumber {
+            line: (*used).to_owned(),
+            unit: "registers",
+        })?;
+    Ok(ResourceUsage {
+        registers,
+        shared_bytes: number_before(used, "bytes smem")?.unwrap_or(0),
+        stack_bytes: number_before(frame, "bytes stack frame")?
+            .ok_or_else(|| missing("bytes stack frame"))?,
+        spill_store_bytes: number_before(frame, "bytes spill stores")?
+            .ok_or_else(|| missing("bytes spill stores"))?,
+        spill_load_bytes: number_before(frame, "bytes spill loads")?
+            .ok_or_else(|| missing("bytes spill loads"))?,
+    })
+}
+
+/// The number just before `unit` in `line`, or `None` when `unit` is absent.
+fn number_before(line: &str, unit: &'static str) -> Result<Option<u32>, LogParseError> {
+    let Some(position) = line.find(unit) else {
+        return Ok(None);
+    };
+    line[..position]
+        .split([' ', ',', '.', ':'])
+        .rfind(|word| !word.is_empty())
+        .and_then(|word| word.parse().ok())
+        .map(Some)
+        .ok_or_else(|| LogParseError::BadNumber {
+            line: line.to_owned(),
+            unit,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two entries in one log as NVRTC 13.0 writes it: the first with shared memory, the
+    /// second without, with spills and a stack frame.
+    const LOG: &str = "\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'all_reduce_rsag_phased_bf16' for 'sm_90'
+ptxas info    : Function properties for all_reduce_rsag_phased_bf16
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 56 registers, used 1 barriers, 32 bytes smem
+ptxas info    : Compile time = 426.065 ms
+ptxas info    : Compiling entry function 'all_reduce_one_shot_pull_bf16' for 'sm_90'
+ptxas info    : Function properties for all_reduce_one_shot_pull_bf16
+ptxas         .     48 bytes stack frame, 40 bytes spill stores, 36 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 384 bytes cmem[0]
+ptxas info    : Compile time = 135.894 ms
+";
+
+    #[test]
+    fn reads_each_entry_from_its_own_section() {
+        assert_eq!(
+            parse_resource_usage(LOG, "all_reduce_rsag_phased_bf16"),
+            Ok(ResourceUsage {
+                registers: 56,
+                shared_bytes: 32,
+                spill_store_bytes: 0,
+                spill_load_bytes: 0,
+                stack_bytes: 0,
+            })
+        );
+        assert_eq!(
+            parse_resource_usage(LOG, "all_reduce_one_shot_pull_bf16"),
+            Ok(ResourceUsage {
+                registers: 255,
+                shared_bytes: 0,
+                spill_store_bytes: 40,
+                spill_load_bytes: 36,
+                stack_bytes: 48,
+            })
+        );
+    }
+
+    #[test]
+    fn a_missing_entry_or_line_is_an_error_naming_it() {
+        insta::assert_snapshot!(
+            parse_resource_usage(LOG, "all_reduce_rsag").unwrap_err(),
+            @"no `Compiling entry function 'all_reduce_rsag'` line"
+        );
+        let without_registers = LOG.replace("Used 56 registers, ", "");
+        insta::assert_snapshot!(
+            parse_resource_usage(&without_registers, "all_reduce_rsag_phased_bf16").unwrap_err(),
+            @"the section of `all_reduce_rsag_phased_bf16` has no `Used N registers` line"
+        );
+        // The next entry's frame line must not stand in for a missing one.
+        let without_frame = LOG.replace(
+            "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n",
+            "",
+        );
+        insta::assert_snapshot!(
+            parse_resource_usage(&without_frame, "all_reduce_rsag_phased_bf16").unwrap_err(),
+            @"the section of `all_reduce_rsag_phased_bf16` has no `bytes stack frame` line"
+        );
+        let garbled = LOG.replace("Used 56 registers", "Used many registers");
+        insta::assert_snapshot!(
+            parse_resource_usage(&garbled, "all_reduce_rsag_phased_bf16").unwrap_err(),
+            @"cannot read the number before `registers` in `ptxas info    : Used many registers, used 1 barriers, 32 bytes smem`"
+        );
+    }
+
+    #[test]
+    fn options_keep_exact_arithmetic_and_never_ask_for_o3() {
+        insta::assert_snapshot!(compile_options(Arch::Sm121).join(" "), @"--gpu-architecture=sm_121 --std=c++17 -default-device --ftz=false --prec-div=true --prec-sqrt=true --fmad=false --ptxas-options=-v");
+    }
 }

@@ -1,7 +1,8 @@
 //! The custom kernels: which CUDA source and entry symbol serve each profile, the sources
-//! embedded in the binary, and the launch contract shared with `kernels/prepare_abi.cuh`.
+//! embedded in the binary, the scratch each kernel needs, and the launch contract shared with
+//! `kernels/prepare_abi.cuh`.
 
-use crate::ladder::{Dtype, Profile};
+use crate::ladder::{Algorithm, Dtype, Ladder, Profile, Schedule, Transfer};
 
 /// Mirror of `struct AllReduceParams` in `kernels/prepare_abi.cuh`; passed by value as the
 /// kernel's only argument.
@@ -18,7 +19,7 @@ pub struct AllReduceParams {
     pub output: u64,
     /// Elements in the message.
     pub elements: u64,
-    /// Byte offset of the scratch region in every buffer.
+    /// Byte offset of the scratch region in every buffer; at least 2 x `elements`.
     pub scratch_offset: u64,
     /// Deadline for every spin, nanoseconds from the kernel's start.
     pub timeout_ns: u64,
@@ -36,12 +37,21 @@ pub const MAX_BLOCKS: usize = 1024;
 pub const SIGNAL_SETS: usize = 4;
 /// 64-bit signal words per rank.
 pub const SIGNAL_WORDS: usize = SIGNAL_SETS * MAX_RANKS * MAX_BLOCKS;
+/// Bytes of signal flags per rank (peer-mapped, like the buffer).
+pub const SIGNAL_BYTES: u64 = SIGNAL_WORDS as u64 * 8;
 /// 64-bit state words per rank.
 pub const STATE_WORDS: usize = 1 + MAX_BLOCKS;
 /// Set in the abort word when a kernel gave up.
 pub const ABORT_FLAG: u64 = 1 << 63;
-/// Abort reason: a peer did not arrive before the deadline.
+/// Abort reason: a peer did not arrive before the deadline (the low 32 bits name the peer).
 pub const ABORT_PEER_TIMEOUT: u64 = 1;
+/// Abort reason: the parameters or geometry break the contract (the low bits name this rank).
+pub const ABORT_INVALID_LAUNCH: u64 = 2;
+/// Every pointer in [`AllReduceParams`] and its `scratch_offset` are multiples of this.
+pub const ALIGNMENT_BYTES: u64 = 16;
+/// The input region and the whole buffer are rounded up to this, so scratch starts on a fresh
+/// line.
+pub const BUFFER_ALIGNMENT_BYTES: u64 = 256;
 
 /// A custom kernel: one entry symbol in one source file.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,7 +64,558 @@ pub struct KernelSpec {
     pub cluster: bool,
 }
 
-/// The kernel that runs a profile, or `None` for NCCL profiles.
-pub fn kernel_for(_profile: &Profile, _dtype: Dtype) -> Option<KernelSpec> {
-    None
+/// How a kernel's scratch region is laid out (kernels/prepare_layout.cuh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scratch {
+    /// No scratch.
+    None,
+    /// One message-sized region.
+    Message,
+    /// One message-sized slot per rank.
+    MessageSlots,
+    /// One slice-sized slot per rank, then one message-sized region.
+    SliceSlotsThenMessage,
+}
+
+/// Everything this module knows about one kernel.
+#[derive(Debug)]
+struct Kernel {
+    name: &'static str,
+    source: &'static str,
+    cluster: bool,
+    scratch: Scratch,
+}
+
+/// Every kernel, sorted by name.
+const KERNELS: [Kernel; 6] = [
+    Kernel {
+        name: "all_reduce_full_phased_bf16",
+        source: "all_reduce_full_phased.cu",
+        cluster: true,
+        scratch: Scratch::MessageSlots,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_pull_bf16",
+        source: "all_reduce_one_shot.cu",
+        cluster: false,
+        scratch: Scratch::None,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_push_bf16",
+        source: "all_reduce_one_shot.cu",
+        cluster: false,
+        scratch: Scratch::MessageSlots,
+    },
+    Kernel {
+        name: "all_reduce_rsag_phased_bf16",
+        source: "all_reduce_rsag_phased.cu",
+        cluster: true,
+        scratch: Scratch::SliceSlotsThenMessage,
+    },
+    Kernel {
+        name: "all_reduce_rsag_pull_bf16",
+        source: "all_reduce_rsag.cu",
+        cluster: false,
+        scratch: Scratch::Message,
+    },
+    Kernel {
+        name: "all_reduce_rsag_push_bf16",
+        source: "all_reduce_rsag.cu",
+        cluster: false,
+        scratch: Scratch::SliceSlotsThenMessage,
+    },
+];
+
+/// The kernel sources, by file name.
+const SOURCES: [(&str, &str); 4] = [
+    (
+        "all_reduce_full_phased.cu",
+        include_str!("../kernels/all_reduce_full_phased.cu"),
+    ),
+    (
+        "all_reduce_one_shot.cu",
+        include_str!("../kernels/all_reduce_one_shot.cu"),
+    ),
+    (
+        "all_reduce_rsag.cu",
+        include_str!("../kernels/all_reduce_rsag.cu"),
+    ),
+    (
+        "all_reduce_rsag_phased.cu",
+        include_str!("../kernels/all_reduce_rsag_phased.cu"),
+    ),
+];
+
+/// The headers the sources include, by the name they are included as.
+const HEADERS: [(&str, &str); 5] = [
+    (
+        "prepare_abi.cuh",
+        include_str!("../kernels/prepare_abi.cuh"),
+    ),
+    (
+        "prepare_bf16.cuh",
+        include_str!("../kernels/prepare_bf16.cuh"),
+    ),
+    (
+        "prepare_cluster.cuh",
+        include_str!("../kernels/prepare_cluster.cuh"),
+    ),
+    (
+        "prepare_layout.cuh",
+        include_str!("../kernels/prepare_layout.cuh"),
+    ),
+    (
+        "prepare_sync.cuh",
+        include_str!("../kernels/prepare_sync.cuh"),
+    ),
+];
+
+impl Kernel {
+    fn spec(&self) -> KernelSpec {
+        KernelSpec {
+            name: self.name.to_owned(),
+            source: self.source,
+            cluster: self.cluster,
+        }
+    }
+}
+
+fn kernel_named(name: &str) -> &'static Kernel {
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == name)
+        .unwrap_or_else(|| panic!("`{name}` is not a kernel of this crate"))
+}
+
+/// The kernel that runs a profile, or `None` for NCCL profiles (and for combinations that
+/// validation refuses, such as a phased one-shot or an unphased full all-reduce).
+pub fn kernel_for(profile: &Profile, dtype: Dtype) -> Option<KernelSpec> {
+    let name = match (profile.algorithm, profile.schedule) {
+        (Algorithm::OneShot, None) => match profile.transfer_or_default() {
+            Transfer::Pull => "all_reduce_one_shot_pull",
+            Transfer::Push => "all_reduce_one_shot_push",
+        },
+        (Algorithm::Rsag, None) => match profile.transfer_or_default() {
+            Transfer::Pull => "all_reduce_rsag_pull",
+            Transfer::Push => "all_reduce_rsag_push",
+        },
+        // The phased kernels always write to their peers; `transfer` does not apply.
+        (Algorithm::Rsag, Some(Schedule::Phased)) => "all_reduce_rsag_phased",
+        (Algorithm::Full, Some(Schedule::Phased)) => "all_reduce_full_phased",
+        (Algorithm::OneShot | Algorithm::Full | Algorithm::Nccl, _) => return None,
+    };
+    Some(kernel_named(&format!("{name}_{}", dtype.name())).spec())
+}
+
+/// Every custom kernel this crate has, sorted by name.
+pub fn all_kernels() -> Vec<KernelSpec> {
+    KERNELS.iter().map(Kernel::spec).collect()
+}
+
+/// The distinct kernels a ladder's profiles need, sorted by name.
+pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
+    let mut kernels: Vec<KernelSpec> = ladder
+        .profiles
+        .iter()
+        .filter_map(|profile| kernel_for(profile, ladder.dtype))
+        .collect();
+    kernels.sort();
+    kernels.dedup();
+    kernels
+}
+
+/// The CUDA source of a kernel, embedded in the binary.
+pub fn source(spec: &KernelSpec) -> &'static str {
+    SOURCES
+        .iter()
+        .find(|(file, _)| *file == spec.source)
+        .map_or_else(
+            || panic!("`{}` is not a kernel source of this crate", spec.source),
+            |(_, text)| *text,
+        )
+}
+
+/// The headers every source may include, as (include name, text), for NVRTC's named headers.
+pub fn headers() -> &'static [(&'static str, &'static str)] {
+    &HEADERS
+}
+
+fn round_up(value: u64, multiple: u64) -> u64 {
+    value.div_ceil(multiple) * multiple
+}
+
+/// Bytes of a message-sized scratch region (kernels/prepare_layout.cuh `message_bytes`).
+fn message_bytes(elements: u64) -> u64 {
+    round_up(elements * 2, ALIGNMENT_BYTES)
+}
+
+/// Bytes of one rank's slot of a slice, tail included (`slot_bytes`).
+fn slice_slot_bytes(elements: u64, world: u64) -> u64 {
+    ((elements / 8).div_ceil(world) + 1) * ALIGNMENT_BYTES
+}
+
+/// Scratch bytes a kernel needs for messages up to `max_bytes` at `world` ranks; it grows with
+/// the message, so the largest message sizes the region.
+pub fn scratch_bytes(spec: &KernelSpec, world: u32, max_bytes: u64) -> u64 {
+    let elements = max_bytes.div_ceil(Dtype::Bf16.size_bytes());
+    let world = u64::from(world);
+    match kernel_named(&spec.name).scratch {
+        Scratch::None => 0,
+        Scratch::Message => message_bytes(elements),
+        Scratch::MessageSlots => world * message_bytes(elements),
+        Scratch::SliceSlotsThenMessage => {
+            world * slice_slot_bytes(elements, world) + message_bytes(elements)
+        }
+    }
+}
+
+/// The largest message any custom candidate of the ladder takes, rounded up to
+/// [`BUFFER_ALIGNMENT_BYTES`]: the input region, so also every launch's `scratch_offset`.
+/// Zero when only NCCL is ever a candidate.
+pub fn input_region_bytes(ladder: &Ladder) -> u64 {
+    custom_bucket_kernels(ladder)
+        .map(|(max_bytes, _)| round_up(max_bytes, BUFFER_ALIGNMENT_BYTES))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Bytes of the registered buffer each GPU needs for the ladder: the input region plus the
+/// largest scratch any custom candidate needs in any bucket, rounded up to
+/// [`BUFFER_ALIGNMENT_BYTES`]. The signal flags ([`SIGNAL_BYTES`]) come on top.
+pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
+    let scratch = custom_bucket_kernels(ladder)
+        .map(|(max_bytes, spec)| scratch_bytes(&spec, ladder.world_size, max_bytes))
+        .max()
+        .unwrap_or(0);
+    round_up(input_region_bytes(ladder) + scratch, BUFFER_ALIGNMENT_BYTES)
+}
+
+/// Every (bucket `max_bytes`, kernel) pair where a bucket has a custom candidate.
+fn custom_bucket_kernels(ladder: &Ladder) -> impl Iterator<Item = (u64, KernelSpec)> + '_ {
+    ladder.buckets.iter().flat_map(move |bucket| {
+        bucket.candidates.iter().filter_map(move |id| {
+            let profile = ladder.profile(id)?;
+            Some((bucket.max_bytes, kernel_for(profile, ladder.dtype)?))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+
+    /// `#define NAME VALUE` lines of the contract header, values as written.
+    fn header_defines() -> BTreeMap<String, String> {
+        include_str!("../kernels/prepare_abi.cuh")
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.strip_prefix("#define ")?.split_whitespace();
+                Some((
+                    words.next()?.to_owned(),
+                    words.collect::<Vec<_>>().join(" "),
+                ))
+            })
+            .collect()
+    }
+
+    fn define_value(defines: &BTreeMap<String, String>, name: &str) -> u64 {
+        let text = defines
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        let digits = text.trim_end_matches("ull");
+        if let Some(hex) = digits.strip_prefix("0x") {
+            u64::from_str_radix(hex, 16).unwrap()
+        } else {
+            digits.parse().unwrap()
+        }
+    }
+
+    #[test]
+    fn constants_match_the_contract_header() {
+        let defines = header_defines();
+        assert_eq!(
+            define_value(&defines, "PREPARE_MAX_RANKS"),
+            MAX_RANKS as u64
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_MAX_BLOCKS"),
+            MAX_BLOCKS as u64
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_SIGNAL_SETS"),
+            SIGNAL_SETS as u64
+        );
+        assert_eq!(define_value(&defines, "PREPARE_ABORT_FLAG"), ABORT_FLAG);
+        assert_eq!(
+            define_value(&defines, "PREPARE_ABORT_PEER_TIMEOUT"),
+            ABORT_PEER_TIMEOUT
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_ABORT_INVALID_LAUNCH"),
+            ABORT_INVALID_LAUNCH
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_ALIGNMENT_BYTES"),
+            ALIGNMENT_BYTES
+        );
+        assert_eq!(
+            defines["PREPARE_SIGNAL_WORDS"],
+            "(PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)"
+        );
+        assert_eq!(defines["PREPARE_STATE_WORDS"], "(1 + PREPARE_MAX_BLOCKS)");
+    }
+
+    #[test]
+    fn params_fields_match_the_contract_header_in_order() {
+        let header = include_str!("../kernels/prepare_abi.cuh");
+        let body = &header[header.find("struct AllReduceParams {").unwrap()..];
+        let body = &body[..body.find("};").unwrap()];
+        let fields: Vec<String> = body
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.starts_with("//") && line.ends_with(';'))
+            .map(|line| line.trim_end_matches(';').to_owned())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "unsigned char* buffers[PREPARE_MAX_RANKS]",
+                "unsigned long long* signals[PREPARE_MAX_RANKS]",
+                "unsigned long long* state",
+                "void* output",
+                "unsigned long long elements",
+                "unsigned long long scratch_offset",
+                "unsigned long long timeout_ns",
+                "unsigned int rank",
+                "unsigned int world",
+            ]
+        );
+        // Those C fields on a 64-bit target: 8-byte pointers and u64, 4-byte u32, no padding.
+        assert_eq!(std::mem::size_of::<AllReduceParams>(), 176);
+        assert_eq!(std::mem::align_of::<AllReduceParams>(), 8);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, signals), 64);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, state), 128);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, output), 136);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, elements), 144);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, scratch_offset), 152);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, timeout_ns), 160);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, rank), 168);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, world), 172);
+    }
+
+    #[test]
+    fn every_kernel_is_defined_in_its_source_and_every_include_is_a_header() {
+        for spec in all_kernels() {
+            let text = source(&spec);
+            assert!(
+                text.contains(&format!(
+                    "extern \"C\" __global__ void {}(AllReduceParams params)",
+                    spec.name
+                )),
+                "{} does not define {}",
+                spec.source,
+                spec.name
+            );
+            let uses_cluster = text.contains("prepare_cluster.cuh");
+            assert_eq!(uses_cluster, spec.cluster, "{}", spec.name);
+        }
+        let header_names: Vec<&str> = headers().iter().map(|(name, _)| *name).collect();
+        let texts = SOURCES.iter().chain(HEADERS.iter());
+        for (file, text) in texts {
+            for line in text.lines() {
+                if let Some(include) = line.strip_prefix("#include ") {
+                    let name = include.trim_matches('"');
+                    assert!(
+                        header_names.contains(&name),
+                        "{file} includes {name}, which is not a named header"
+                    );
+                }
+            }
+        }
+    }
+
+    fn ladder(json: &str) -> Ladder {
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// The example ladder of DESIGN.md: world 4, two buckets, every kind of profile.
+    const EXAMPLE: &str = r#"{
+        "format_version": 1, "name": "gb202_pcie_tp4_clustered_full", "collective": "all_reduce",
+        "dtype": "bf16", "world_size": 4, "targets": ["sm_120", "sm_121"],
+        "profiles": [
+            { "id": "one_shot_push", "algorithm": "one_shot", "transfer": "push" },
+            { "id": "rsag_pull", "algorithm": "rsag", "transfer": "pull" },
+            { "id": "rsag_phased", "algorithm": "rsag", "schedule": "phased", "active_clusters": 1 },
+            { "id": "full_phased", "algorithm": "full", "schedule": "phased", "active_clusters": 1 },
+            { "id": "one_shot_push_again", "algorithm": "one_shot", "transfer": "push", "blocks": 8 },
+            { "id": "nccl", "algorithm": "nccl" },
+            { "id": "nccl_4cta", "algorithm": "nccl", "max_ctas": 4 }
+        ],
+        "buckets": [
+            { "max_bytes": 16384, "threads": 256, "blocks": 16,
+              "candidates": ["one_shot_push", "nccl"], "default": "one_shot_push" },
+            { "max_bytes": 98304, "threads": 512, "blocks": 64, "cluster_size": 8,
+              "candidates": ["one_shot_push", "rsag_phased", "full_phased", "nccl"], "default": "rsag_phased" },
+            { "max_bytes": 1048576, "threads": 512, "blocks": 64,
+              "candidates": ["nccl", "nccl_4cta"], "default": "nccl" }
+        ]
+    }"#;
+
+    #[test]
+    fn every_profile_shape_maps_to_its_kernel_or_none() {
+        let mut table = String::new();
+        for algorithm in ["one_shot", "rsag", "full", "nccl"] {
+            for transfer in [None, Some("pull"), Some("push")] {
+                for schedule in [None, Some("phased")] {
+                    let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
+                    if let Some(transfer) = transfer {
+                        profile["transfer"] = transfer.into();
+                    }
+                    if let Some(schedule) = schedule {
+                        profile["schedule"] = schedule.into();
+                    }
+                    let kernel = kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Bf16);
+                    writeln!(
+                        table,
+                        "{algorithm} transfer={} schedule={} -> {}",
+                        transfer.unwrap_or("-"),
+                        schedule.unwrap_or("-"),
+                        kernel.map_or("none".to_owned(), |spec| format!(
+                            "{} ({}{})",
+                            spec.name,
+                            spec.source,
+                            if spec.cluster { ", cluster" } else { "" }
+                        ))
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        insta::assert_snapshot!(table);
+    }
+
+    #[test]
+    fn a_ladder_needs_its_distinct_kernels_sorted() {
+        let names: Vec<String> = kernels_for_ladder(&ladder(EXAMPLE))
+            .into_iter()
+            .map(|spec| spec.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "all_reduce_full_phased_bf16",
+                "all_reduce_one_shot_push_bf16",
+                "all_reduce_rsag_phased_bf16",
+                "all_reduce_rsag_pull_bf16",
+            ]
+        );
+        assert_eq!(all_kernels().len(), KERNELS.len());
+        assert!(all_kernels().windows(2).all(|pair| pair[0] < pair[1]));
+    }
+
+    fn scratch(name: &str, world: u32, max_bytes: u64) -> u64 {
+        scratch_bytes(&kernel_named(name).spec(), world, max_bytes)
+    }
+
+    #[test]
+    fn scratch_follows_each_layout() {
+        // 16 KiB at 4 ranks: 8192 elements, 1024 vectors, 256 per slice.
+        assert_eq!(scratch("all_reduce_one_shot_pull_bf16", 4, 16384), 0);
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_bf16", 4, 16384),
+            4 * 16384
+        );
+        assert_eq!(scratch("all_reduce_full_phased_bf16", 4, 16384), 4 * 16384);
+        assert_eq!(scratch("all_reduce_rsag_pull_bf16", 4, 16384), 16384);
+        assert_eq!(
+            scratch("all_reduce_rsag_push_bf16", 4, 16384),
+            4 * 257 * 16 + 16384
+        );
+        assert_eq!(
+            scratch("all_reduce_rsag_phased_bf16", 4, 16384),
+            4 * 257 * 16 + 16384
+        );
+        // 96 bytes at 3 ranks: 48 elements, 6 vectors, 2 per slice; slots of 3 vectors.
+        assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 3 * 48 + 96);
+        // A message that is not whole vectors still gets whole-vector regions.
+        assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 2 * 32);
+    }
+
+    #[test]
+    fn peer_buffer_is_sized_by_the_largest_bucket_with_custom_candidates() {
+        let example = ladder(EXAMPLE);
+        // The NCCL-only 1 MiB bucket does not count; the 96 KiB one does.
+        assert_eq!(input_region_bytes(&example), 98304);
+        // Largest scratch: one_shot_push (or full_phased) at 96 KiB, 4 slots.
+        assert_eq!(peer_buffer_bytes(&example), 98304 + 4 * 98304);
+        let mut nccl_only = example.clone();
+        for bucket in &mut nccl_only.buckets {
+            bucket.candidates = vec!["nccl".to_owned()];
+        }
+        assert_eq!(input_region_bytes(&nccl_only), 0);
+        assert_eq!(peer_buffer_bytes(&nccl_only), 0);
+    }
+
+    /// `slice_of` of kernels/prepare_layout.cuh, element ranges: (vectors, tail).
+    fn slice_of(slice: u64, elements: u64, world: u64) -> ((u64, u64), (u64, u64)) {
+        let vectors = elements / 8;
+        let per_slice = vectors.div_ceil(world);
+        let last = slice == world - 1;
+        let begin = (slice * per_slice).min(vectors);
+        let end = if last {
+            vectors
+        } else {
+            ((slice + 1) * per_slice).min(vectors)
+        };
+        let tail = if last {
+            (vectors * 8, elements)
+        } else {
+            (0, 0)
+        };
+        ((begin, end), tail)
+    }
+
+    proptest::proptest! {
+        /// The slices cover every element once, in order, and each fits a slot of
+        /// `slice_slot_bytes`, so the scratch `scratch_bytes` reports holds what the kernels
+        /// write for any message up to the bucket's size.
+        #[test]
+        fn slices_partition_the_message_and_fit_their_slots(
+            elements in 0u64..5000,
+            world in 2u64..=8,
+            smaller in 0u64..5000,
+        ) {
+            let mut next = 0;
+            for slice in 0..world {
+                let ((begin, end), (tail_begin, tail_end)) = slice_of(slice, elements, world);
+                proptest::prop_assert!(begin <= end);
+                if begin < end {
+                    proptest::prop_assert_eq!(begin * 8, next);
+                    next = end * 8;
+                }
+                if tail_begin < tail_end {
+                    proptest::prop_assert_eq!(tail_begin, next);
+                    next = tail_end;
+                }
+                // The highest byte written into a slot: the last tail element, or the last vector.
+                let used = if tail_begin < tail_end {
+                    (tail_end - begin * 8) * 2
+                } else {
+                    (end - begin) * 16
+                };
+                proptest::prop_assert!(used <= slice_slot_bytes(elements, world));
+            }
+            proptest::prop_assert_eq!(next, elements);
+            // Scratch grows with the message, so the bucket's largest message sizes it.
+            let smaller = smaller.min(elements);
+            for spec in all_kernels() {
+                proptest::prop_assert!(
+                    scratch_bytes(&spec, world as u32, smaller * 2)
+                        <= scratch_bytes(&spec, world as u32, elements * 2)
+                );
+            }
+        }
+    }
 }

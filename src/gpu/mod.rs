@@ -1,8 +1,10 @@
-//! The one module that calls the GPU libraries (driver, NVRTC, NCCL) through FFI. Everything
-//! else in the crate uses the safe types defined here; every `unsafe` block says why it is
-//! sound.
+//! Everything that calls into NVIDIA libraries (driver, NVRTC, NCCL) through raw pointers: the
+//! one module of the crate allowed `unsafe`. Each `unsafe` block says in a `// SAFETY:` line why
+//! it is sound; the rest of the crate uses the safe types exported here.
+
 #![allow(unsafe_code)]
 // FFI takes C ints; ranks, counts and ids here are small.
 #![allow(clippy::cast_possible_wrap)]
 
 pub mod nccl;
+pub mod nvrtc;

@@ -1,0 +1,185 @@
+// prepare_sync.cuh: flags between ranks, the deadline, the sticky abort word and launch checks.
+//
+// Protocol (see prepare_abi.cuh for the memory): block b of rank r raises a flag at rank q by
+// writing its epoch into q's signals[set][r][b] with st.release.sys, and waits for q's flag by
+// spinning with ld.acquire.sys on its own signals[set][q][b] until it equals the epoch. Every
+// kernel starts with such a barrier (set 0) before touching any peer memory or its own scratch,
+// so no launch can overwrite data a peer's previous launch still reads; epochs are unique per
+// launch and block, so a stale flag never matches. Every spin ends at the deadline: the waiting
+// thread records PEER_TIMEOUT and the whole block returns together after its __syncthreads.
+#pragma once
+
+#include "prepare_abi.cuh"
+#include "prepare_bf16.cuh"
+
+namespace prepare {
+
+// Flag sets; one per barrier of a launch.
+enum : unsigned int {
+    kSetStart = 0,
+    kSetData = 1,
+    kSetGather = 2,
+    kSetEnd = 3,
+};
+
+__device__ __forceinline__ u64 global_timer_ns() {
+    u64 now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+
+__device__ __forceinline__ u64 deadline_after(u64 start, u64 timeout_ns) {
+    return timeout_ns > ~0ull - start ? ~0ull : start + timeout_ns;
+}
+
+__device__ __forceinline__ void store_release_system(u64* address, u64 value) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ u64 load_acquire_system(const u64* address) {
+    u64 value;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+    return value;
+}
+
+__device__ __forceinline__ u64 load_relaxed_device(const u64* address) {
+    u64 value;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+    return value;
+}
+
+// Keeps the first abort code (later failures are its consequences); returns the word it found.
+__device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int rank) {
+    const u64 code = PREPARE_ABORT_FLAG | (reason << 32) | rank;
+    u64 previous;
+    asm volatile("atom.relaxed.gpu.global.cas.b64 %0, [%1], 0, %2;"
+                 : "=l"(previous)
+                 : "l"(state), "l"(code)
+                 : "memory");
+    return previous;
+}
+
+__device__ __forceinline__ u64* signal_word(u64* signals, unsigned int set, unsigned int source,
+                                           unsigned int block) {
+    return signals + (static_cast<u64>(set) * PREPARE_MAX_RANKS + source) * PREPARE_MAX_BLOCKS +
+           block;
+}
+
+// True when the flag reached `epoch` before the deadline.
+__device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadline) {
+    while (load_acquire_system(flag) != epoch) {
+        if (global_timer_ns() > deadline) {
+            // One last look, so a flag that landed with the deadline is not called late.
+            return load_acquire_system(flag) == epoch;
+        }
+    }
+    return true;
+}
+
+// Checks what the kernels rely on; every thread computes the same answer, so a refusal is a
+// uniform return. `blocks` is the grid's block count (each has its own epoch and flags); a
+// block needs a thread per rank to raise and wait for flags.
+__device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params, unsigned int blocks) {
+    if (params.world < 2 || params.world > PREPARE_MAX_RANKS || params.rank >= params.world) {
+        return false;
+    }
+    if (blocks > PREPARE_MAX_BLOCKS || blockDim.x < params.world || blockDim.y != 1 ||
+        blockDim.z != 1 || gridDim.y != 1 || gridDim.z != 1) {
+        return false;
+    }
+    if (params.elements > params.scratch_offset / 2 || params.state == nullptr ||
+        params.output == nullptr) {
+        return false;
+    }
+    for (unsigned int q = 0; q < params.world; ++q) {
+        if (params.buffers[q] == nullptr || params.signals[q] == nullptr) {
+            return false;
+        }
+    }
+    u64 addresses = reinterpret_cast<u64>(params.output) | params.scratch_offset |
+                    reinterpret_cast<u64>(params.state);
+    for (unsigned int q = 0; q < params.world; ++q) {
+        addresses |= reinterpret_cast<u64>(params.buffers[q]) |
+                     reinterpret_cast<u64>(params.signals[q]);
+    }
+    return (addresses % PREPARE_ALIGNMENT_BYTES) == 0;
+}
+
+// Per-block flag state, in shared memory.
+struct BlockFlags {
+    u64 epoch;
+    u64 deadline;
+    // The abort word was set before this launch: return without touching anything.
+    int stopped;
+    // A wait in this launch passed the deadline.
+    int timed_out;
+};
+
+// Every thread of the block calls it first; false means return at once.
+__device__ __forceinline__ bool block_begin(const AllReduceParams& params, BlockFlags& flags) {
+    if (threadIdx.x == 0) {
+        flags.stopped = load_relaxed_device(params.state) != 0;
+        flags.timed_out = 0;
+        flags.epoch = params.state[1 + blockIdx.x] + 1;
+        flags.deadline = deadline_after(global_timer_ns(), params.timeout_ns);
+    }
+    __syncthreads();
+    return !flags.stopped;
+}
+
+// A barrier between this block and the same-numbered block of every peer. Every thread of the
+// block calls it; false (the same in every thread) means a peer timed out: return at once.
+template <int N>
+__device__ __forceinline__ bool block_barrier(const AllReduceParams& params, BlockFlags& flags,
+                                              unsigned int set) {
+    // Every thread's loads and stores before the barrier are done before its flags go out;
+    // st.release.sys then carries them to the peers (release is cumulative through bar.sync).
+    __syncthreads();
+    const unsigned int peer = threadIdx.x;
+    if (peer < N && peer != params.rank) {
+        store_release_system(signal_word(params.signals[peer], set, params.rank, blockIdx.x),
+                             flags.epoch);
+        if (!wait_flag(signal_word(params.signals[params.rank], set, peer, blockIdx.x),
+                       flags.epoch, flags.deadline)) {
+            record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
+            flags.timed_out = 1;
+        }
+    }
+    // The acquiring loads happen before every thread's later accesses to peer data.
+    __syncthreads();
+    return !flags.timed_out;
+}
+
+// The launch finished: the next launch of this block number uses the next epoch.
+__device__ __forceinline__ void block_end(const AllReduceParams& params, const BlockFlags& flags) {
+    if (threadIdx.x == 0) {
+        params.state[1 + blockIdx.x] = flags.epoch;
+    }
+}
+
+// Refuses an invalid launch for every block and records why once per block.
+__device__ __forceinline__ bool block_launch_is_valid(const AllReduceParams& params) {
+    if (launch_is_valid(params, gridDim.x)) {
+        return true;
+    }
+    if (threadIdx.x == 0 && params.state != nullptr) {
+        record_abort(params.state, PREPARE_ABORT_INVALID_LAUNCH, params.rank);
+    }
+    return false;
+}
+
+}  // namespace prepare
+
+// Calls `body<N>(arguments...)` with N the runtime world size, so rank loops unroll; the
+// first argument is the AllReduceParams (a world outside 2..8 was refused before).
+#define PREPARE_DISPATCH_WORLD(body, params, ...)              \
+    switch ((params).world) {                                  \
+        case 2: body<2>(params, ##__VA_ARGS__); break;         \
+        case 3: body<3>(params, ##__VA_ARGS__); break;         \
+        case 4: body<4>(params, ##__VA_ARGS__); break;         \
+        case 5: body<5>(params, ##__VA_ARGS__); break;         \
+        case 6: body<6>(params, ##__VA_ARGS__); break;         \
+        case 7: body<7>(params, ##__VA_ARGS__); break;         \
+        case 8: body<8>(params, ##__VA_ARGS__); break;         \
+        default: break;                                        \
+    }
