@@ -46,11 +46,14 @@ fn render(package: &Package) -> String {
     render_header(&mut out, package);
     render_buckets(&mut out, manifest);
     render_kernels(&mut out, manifest);
+    let memory = manifest.peer_memory;
     let _ = writeln!(
         out,
-        "\nPeer memory per GPU: {} ({} bytes)",
-        human_bytes(manifest.peer_memory_bytes),
-        manifest.peer_memory_bytes
+        "\nPeer memory per GPU: {} ({} bytes): buffer {}, signal flags {}",
+        human_bytes(memory.total_bytes()),
+        memory.total_bytes(),
+        human_bytes(memory.buffer_bytes),
+        human_bytes(memory.signal_bytes)
     );
     render_qualification(&mut out, manifest);
     out

@@ -26,9 +26,8 @@ pub struct Manifest {
     pub kernels: Vec<KernelRecord>,
     /// Every bucket of the ladder, in order, with what each candidate launches.
     pub buckets: Vec<BucketRecord>,
-    /// Bytes of peer-mapped memory (registered buffer, scratch and signal flags) each GPU
-    /// allocates to run the package.
-    pub peer_memory_bytes: u64,
+    /// Peer-mapped memory each GPU allocates to run the package's custom kernels.
+    pub peer_memory: PeerMemoryRecord,
     /// Results of qualifying every candidate on GPUs; null when exported without GPUs.
     pub qualification: Option<Qualification>,
     /// sha256 of this manifest serialized with `checksum` empty; a reader recomputes it, so a
@@ -136,6 +135,24 @@ pub struct CandidateRecord {
     pub cluster_scheduling: bool,
     /// Blocks it launches; null for NCCL, which picks its own.
     pub blocks: Option<u32>,
+}
+
+/// Peer-mapped memory per GPU: allocated once, shared with every peer by CUDA IPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PeerMemoryRecord {
+    /// The registered buffer: the input region (the largest message a custom candidate takes)
+    /// plus the largest scratch any custom candidate needs. Zero when every candidate is NCCL.
+    pub buffer_bytes: u64,
+    /// The signal flags. Zero when every candidate is NCCL.
+    pub signal_bytes: u64,
+}
+
+impl PeerMemoryRecord {
+    /// Buffer and signal flags together.
+    pub fn total_bytes(&self) -> u64 {
+        self.buffer_bytes + self.signal_bytes
+    }
 }
 
 /// Results of qualifying every candidate on GPUs.

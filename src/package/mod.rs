@@ -28,7 +28,8 @@ use crate::ladder::{Arch, Ladder};
 
 pub use manifest::{
     kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
-    CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, Qualification, QualifiedGpu,
+    CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
+    QualifiedGpu,
 };
 pub use read::open_package;
 pub use write::{build_manifest, write_package, write_qualified_package};

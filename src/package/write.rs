@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{
     kernel_file, BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord,
-    Manifest, Qualification,
+    Manifest, PeerMemoryRecord, Qualification,
 };
 use super::{
     sha256_hex, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
@@ -222,6 +222,7 @@ pub fn build_manifest(
         });
     }
 
+    let peer_memory = peer_memory(ladder, &buckets);
     let mut manifest = Manifest {
         format_version: PACKAGE_FORMAT_VERSION,
         tool_version: crate::TOOL_VERSION.to_string(),
@@ -242,7 +243,7 @@ pub fn build_manifest(
         },
         kernels,
         buckets,
-        peer_memory_bytes: peer_buffer_bytes(ladder),
+        peer_memory,
         qualification,
         checksum: String::new(),
     };
@@ -251,6 +252,17 @@ pub fn build_manifest(
     // kernel name that is no file name, a qualification that does not fit the buckets).
     super::read::check_manifest(Path::new(MANIFEST_FILE), &manifest)?;
     Ok(manifest)
+}
+
+fn peer_memory(ladder: &Ladder, buckets: &[BucketRecord]) -> PeerMemoryRecord {
+    let custom = buckets
+        .iter()
+        .flat_map(|bucket| &bucket.candidates)
+        .any(|candidate| candidate.kernel.is_some());
+    PeerMemoryRecord {
+        buffer_bytes: kernels::peer_buffer_bytes(ladder),
+        signal_bytes: if custom { kernels::SIGNAL_BYTES } else { 0 },
+    }
 }
 
 fn cluster_word(cluster: bool) -> &'static str {
@@ -394,15 +406,4 @@ fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> Packag
         path: path.to_path_buf(),
         source,
     }
-}
-
-// Until the kernel layer's sizing lands: the largest message plus the signal and state words.
-fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
-    let largest = ladder
-        .buckets
-        .iter()
-        .map(|bucket| bucket.max_bytes)
-        .max()
-        .unwrap_or(0);
-    largest + ((kernels::SIGNAL_WORDS + kernels::STATE_WORDS) * 8) as u64
 }
