@@ -4,6 +4,7 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -163,11 +164,17 @@ impl Reporter for BarReporter {
         };
         let bar = ProgressBar::with_draw_target(Some(total), target);
         bar.set_style(
-            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-                .expect("the template is valid")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{spinner} {prefix} [{bar:30}] {pos}/{len} {elapsed} {msg}",
+            )
+            .expect("the template is valid")
+            .progress_chars("=> "),
         );
         bar.set_prefix(phase.to_string());
+        if self.visible {
+            // Each step can take seconds; the spinner and clock show it is still working.
+            bar.enable_steady_tick(Duration::from_millis(100));
+        }
         let previous = self
             .bar
             .lock()
