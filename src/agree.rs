@@ -22,9 +22,9 @@ pub struct RankRecord {
     pub gpu_uuid: String,
     /// The GPU's PCI bus id, to tell GPUs of one host apart.
     pub pci_bus_id: String,
-    /// Whether this rank's GPU can access rank r's GPU, for every rank r (true for itself).
-    /// Meaningful only between ranks of one host.
-    pub peer_access: Vec<bool>,
+    /// UUIDs of the GPUs of this host that this rank's GPU can map (peer access), itself
+    /// included.
+    pub reachable_gpus: Vec<String>,
 }
 
 /// Why records could not be read or agreed on.
@@ -138,18 +138,9 @@ pub fn agree(records: &[RankRecord]) -> Topology {
     }
     let mut missing = Vec::new();
     for record in records {
-        if record.peer_access.len() != world {
-            return Topology::NcclOnly {
-                reason: format!(
-                    "rank {} reported peer access for {} ranks, not {world}",
-                    record.rank,
-                    record.peer_access.len()
-                ),
-            };
-        }
-        for (peer, &access) in record.peer_access.iter().enumerate() {
-            if !access && peer != record.rank as usize {
-                missing.push(format!("rank {} -> rank {peer}", record.rank));
+        for peer in records {
+            if peer.rank != record.rank && !record.reachable_gpus.contains(&peer.gpu_uuid) {
+                missing.push(format!("rank {} -> rank {}", record.rank, peer.rank));
             }
         }
     }
@@ -182,28 +173,32 @@ pub fn host_identity(lookup: impl Fn(&str) -> Option<String>) -> String {
 mod tests {
     use super::*;
 
-    fn record(rank: u32, host: &str, peer_access: Vec<bool>) -> RankRecord {
+    /// A rank on `host` whose GPU reaches the GPUs of the ranks in `reaches`.
+    fn record(rank: u32, host: &str, reaches: &[bool]) -> RankRecord {
         RankRecord {
             rank,
             host: host.to_owned(),
             gpu_name: "NVIDIA H200".to_owned(),
             gpu_uuid: format!("GPU-{rank}"),
             pci_bus_id: format!("0000:{rank:02x}:00.0"),
-            peer_access,
+            reachable_gpus: reaches
+                .iter()
+                .enumerate()
+                .filter(|(_, reached)| **reached)
+                .map(|(peer, _)| format!("GPU-{peer}"))
+                .collect(),
         }
     }
 
     #[test]
     fn one_host_with_full_peer_access_uses_peer_kernels() {
-        let records: Vec<_> = (0..4)
-            .map(|rank| record(rank, "a", vec![true; 4]))
-            .collect();
+        let records: Vec<_> = (0..4).map(|rank| record(rank, "a", &[true; 4])).collect();
         assert_eq!(agree(&records), Topology::PeerKernels);
     }
 
     #[test]
     fn two_hosts_use_nccl_only() {
-        let records = vec![record(0, "a", vec![true; 2]), record(1, "b", vec![true; 2])];
+        let records = vec![record(0, "a", &[true; 2]), record(1, "b", &[true; 2])];
         assert_eq!(
             agree(&records),
             Topology::NcclOnly {
@@ -214,10 +209,8 @@ mod tests {
 
     #[test]
     fn one_missing_link_turns_peer_kernels_off_and_is_named() {
-        let mut records: Vec<_> = (0..3)
-            .map(|rank| record(rank, "a", vec![true; 3]))
-            .collect();
-        records[2].peer_access[0] = false;
+        let mut records: Vec<_> = (0..3).map(|rank| record(rank, "a", &[true; 3])).collect();
+        records[2].reachable_gpus.retain(|uuid| uuid != "GPU-0");
         assert_eq!(
             agree(&records),
             Topology::NcclOnly {
@@ -228,9 +221,7 @@ mod tests {
 
     #[test]
     fn shared_gpu_uses_nccl_only() {
-        let mut records: Vec<_> = (0..2)
-            .map(|rank| record(rank, "a", vec![true; 2]))
-            .collect();
+        let mut records: Vec<_> = (0..2).map(|rank| record(rank, "a", &[true; 2])).collect();
         let first = records[0].pci_bus_id.clone();
         records[1].pci_bus_id = first;
         assert!(matches!(agree(&records), Topology::NcclOnly { .. }));
@@ -239,7 +230,7 @@ mod tests {
     #[test]
     fn records_round_trip_through_fixed_slots() {
         let records: Vec<_> = (0..3)
-            .map(|rank| record(rank, "host", vec![true; 3]))
+            .map(|rank| record(rank, "host", &[true; 3]))
             .collect();
         let gathered: Vec<u8> = records
             .iter()
@@ -251,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_slot_from_the_wrong_rank_is_refused() {
-        let gathered: Vec<u8> = [record(0, "h", vec![true; 2]), record(0, "h", vec![true; 2])]
+        let gathered: Vec<u8> = [record(0, "h", &[true; 2]), record(0, "h", &[true; 2])]
             .iter()
             .flat_map(|record| record.encode().unwrap())
             .collect();

@@ -69,7 +69,7 @@ pub fn hex(bytes: &[u8]) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// A file operation failed.
-    #[error("cache {path}: {source}")]
+    #[error("cache {path}", path = path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,

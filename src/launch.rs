@@ -56,7 +56,7 @@ pub trait OutputSink: Send + Sync {
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// A child could not be started.
-    #[error("could not start rank {rank} ({program}): {source}")]
+    #[error("could not start rank {rank} ({program})")]
     Spawn {
         /// The rank.
         rank: u32,
@@ -84,7 +84,7 @@ pub enum LaunchError {
         seconds: u64,
     },
     /// Waiting on a child failed.
-    #[error("could not wait for rank {rank}: {source}")]
+    #[error("could not wait for rank {rank}")]
     Wait {
         /// The rank.
         rank: u32,

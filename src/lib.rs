@@ -6,6 +6,7 @@
 
 pub mod agree;
 pub mod cache;
+pub mod check;
 pub mod compile;
 pub mod device;
 pub mod gpu;
@@ -15,6 +16,7 @@ pub mod launch;
 pub mod package;
 pub mod progress;
 pub mod reference;
+pub mod runtime;
 pub mod schema;
 pub mod tune;
 

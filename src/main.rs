@@ -8,6 +8,13 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // A rank process sets NCCL's rendezvous and connection mode before any thread starts.
+    if std::env::var_os("RANK").is_some() {
+        for (name, value) in prepare::runtime::environment_defaults(|name| std::env::var(name).ok())
+        {
+            std::env::set_var(name, value);
+        }
+    }
     let cli = commands::Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

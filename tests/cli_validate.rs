@@ -137,5 +137,12 @@ fn an_unknown_schema_name_is_a_usage_error() {
         .args(["schema", "bogus"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("[possible values: ladder]"));
+        .stderr(predicate::str::contains(format!(
+            "[possible values: {}]",
+            prepare::schema::SchemaName::ALL
+                .iter()
+                .map(|name| name.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
 }

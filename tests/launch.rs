@@ -104,9 +104,12 @@ fn a_program_that_cannot_start_names_the_rank() {
     let mut spec = shell("true", 2);
     spec.program = PathBuf::from("/nonexistent/prepare");
     let error = launch(&spec, &(sink as Arc<dyn OutputSink>)).unwrap_err();
-    assert!(error
-        .to_string()
-        .starts_with("could not start rank 0 (/nonexistent/prepare):"));
+    assert_eq!(
+        error.to_string(),
+        "could not start rank 0 (/nonexistent/prepare)"
+    );
+    let source = std::error::Error::source(&error).expect("the OS error is kept");
+    assert!(source.to_string().contains("No such file"), "{source}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Command-line commands: each turns parsed flags into calls over the library and prints the
 //! result. Failures carry the exit code they map to.
 
+mod check;
 mod export;
 mod schema;
 mod show;
@@ -26,6 +27,8 @@ enum Command {
     Export(export::Args),
     /// Show a package, its qualification and a choice.
     Show(show::Args),
+    /// Bring the runtime up on every GPU and check NCCL and the custom kernels for exactness.
+    Check(check::Args),
 }
 
 /// Runs the parsed command.
@@ -35,6 +38,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Schema(args) => schema::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Show(args) => show::run(&args),
+        Command::Check(args) => check::run(&args),
     }
 }
 

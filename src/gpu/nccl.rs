@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
 
+use super::driver::{DeviceMemory, DriverError, Stream};
+
 /// How often a nonblocking operation is polled.
 const POLL_INTERVAL: Duration = Duration::from_micros(200);
 
@@ -42,6 +44,19 @@ pub enum NcclError {
         rank: u32,
         /// The time allowed.
         seconds: f64,
+    },
+    /// The stream's context could not be made current.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// Buffers do not fit the operation.
+    #[error("{call} on rank {rank}: {message}")]
+    Buffers {
+        /// The NCCL function.
+        call: &'static str,
+        /// This rank.
+        rank: u32,
+        /// What does not fit.
+        message: String,
     },
     /// The communicator was aborted earlier, by the watchdog or after an error.
     #[error("the communicator of rank {rank} was aborted")]
@@ -422,59 +437,92 @@ impl Communicator {
         Watchdog::arm(Arc::clone(&self.handle), deadline)
     }
 
-    /// Enqueues a sum all-reduce of `count` elements of `dtype` on `stream` (device pointers;
-    /// `send` may equal `recv`).
-    ///
-    /// # Safety
-    /// `send` and `recv` must be device allocations of at least `count` elements of `dtype`
-    /// on this rank's device, and `stream` a live stream of that device's context, all valid
-    /// until the operation completes.
-    pub unsafe fn all_reduce_sum(
+    fn check_buffers(
         &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: sys::ncclDataType_t,
-        stream: sys::cudaStream_t,
-    ) -> Result<(), NcclError> {
+        call: &'static str,
+        stream: &Stream,
+        buffers: &[(&dyn DeviceMemory, usize)],
+    ) -> Result<sys::cudaStream_t, NcclError> {
         self.ensure_live()?;
-        // SAFETY: the caller guarantees the pointers and stream (see above).
+        for (memory, needed) in buffers {
+            if memory.ordinal() != stream.ordinal() {
+                return Err(NcclError::Buffers {
+                    call,
+                    rank: self.rank,
+                    message: format!(
+                        "a buffer of GPU {} used on a stream of GPU {}",
+                        memory.ordinal(),
+                        stream.ordinal()
+                    ),
+                });
+            }
+            if memory.len_bytes() < *needed {
+                return Err(NcclError::Buffers {
+                    call,
+                    rank: self.rank,
+                    message: format!(
+                        "a buffer of {} bytes where {needed} are needed",
+                        memory.len_bytes()
+                    ),
+                });
+            }
+        }
+        Ok(stream.bound_raw()?.cast())
+    }
+
+    /// Enqueues a sum all-reduce of `count` bf16 elements from `send` into `recv` (they may be
+    /// the same buffer) on `stream`. The buffers free themselves only after their device's
+    /// work is done, so they outlive the operation.
+    pub fn all_reduce_bf16(
+        &self,
+        stream: &Stream,
+        send: &dyn DeviceMemory,
+        recv: &dyn DeviceMemory,
+        count: usize,
+    ) -> Result<(), NcclError> {
+        let bytes = count * 2;
+        let raw_stream =
+            self.check_buffers("ncclAllReduce", stream, &[(send, bytes), (recv, bytes)])?;
+        // SAFETY: both buffers hold `count` bf16 elements on the stream's device (checked
+        // above) and are freed only after that device's work completes; the stream is live and
+        // its context current.
         let result = unsafe {
             sys::ncclAllReduce(
-                send as *const std::ffi::c_void,
-                recv as *mut std::ffi::c_void,
+                send.address() as *const std::ffi::c_void,
+                recv.address() as *mut std::ffi::c_void,
                 count,
-                dtype,
+                sys::ncclDataType_t::ncclBfloat16,
                 sys::ncclRedOp_t::ncclSum,
                 self.handle.raw,
-                stream,
+                raw_stream,
             )
         };
         check("ncclAllReduce", self.rank, result, self.handle.raw)
     }
 
-    /// Enqueues an all-gather of `bytes` bytes per rank on `stream`.
-    ///
-    /// # Safety
-    /// `send` must hold `bytes` bytes and `recv` `bytes` x world bytes of device memory on this
-    /// rank's device, and `stream` be a live stream of its context, valid until completion.
-    pub unsafe fn all_gather_bytes(
+    /// Enqueues an all-gather of `bytes` bytes per rank from `send` into `recv` (world x
+    /// `bytes`, in rank order) on `stream`.
+    pub fn all_gather(
         &self,
-        send: u64,
-        recv: u64,
+        stream: &Stream,
+        send: &dyn DeviceMemory,
+        recv: &dyn DeviceMemory,
         bytes: usize,
-        stream: sys::cudaStream_t,
     ) -> Result<(), NcclError> {
-        self.ensure_live()?;
-        // SAFETY: the caller guarantees the pointers and stream (see above).
+        let total = bytes * self.world as usize;
+        let raw_stream =
+            self.check_buffers("ncclAllGather", stream, &[(send, bytes), (recv, total)])?;
+        // SAFETY: `send` holds `bytes` and `recv` world x `bytes` bytes on the stream's device
+        // (checked above), freed only after that device's work completes; the stream is live and
+        // its context current.
         let result = unsafe {
             sys::ncclAllGather(
-                send as *const std::ffi::c_void,
-                recv as *mut std::ffi::c_void,
+                send.address() as *const std::ffi::c_void,
+                recv.address() as *mut std::ffi::c_void,
                 bytes,
                 sys::ncclDataType_t::ncclUint8,
                 self.handle.raw,
-                stream,
+                raw_stream,
             )
         };
         check("ncclAllGather", self.rank, result, self.handle.raw)

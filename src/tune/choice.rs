@@ -78,7 +78,7 @@ pub enum ChoiceError {
         ours: String,
     },
     /// A file operation failed.
-    #[error("{path}: {source}")]
+    #[error("{path}", path = path.display())]
     Io {
         /// The file.
         path: PathBuf,

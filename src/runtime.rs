@@ -1,0 +1,571 @@
+//! A rank's runtime on its GPU: the bounded NCCL bootstrap (a nonblocking communicator polled
+//! to the deadline, then a blocking split for the collectives), the one-host agreement, and the
+//! peer memory shared by CUDA IPC that the custom kernels use. Every step is bounded by the
+//! rank's timeout; a step that passes it aborts the communicator and names what it waited for.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::agree::{self, RankRecord, Topology, RECORD_BYTES};
+use crate::gpu::driver::{
+    Device, DeviceBuffer, DeviceMemory, Driver, DriverError, IpcHandle, PeerBuffer, Stream,
+};
+use crate::gpu::nccl::{self, CommConfig, Communicator, NcclError, UniqueId};
+use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+use crate::launch::RankEnvironment;
+
+/// How the ranks find each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// `NCCL_COMM_ID` (host:port): every rank derives the same id; rank 0 serves it.
+    CommId,
+    /// Rank 0 writes its id to this file; the others wait for it (a shared file system).
+    IdFile(PathBuf),
+}
+
+/// What a rank needs to start.
+#[derive(Debug, Clone)]
+pub struct RankSetup {
+    /// This rank.
+    pub rank: u32,
+    /// Ranks in the world.
+    pub world: u32,
+    /// The GPU ordinal this rank drives.
+    pub gpu: usize,
+    /// Bounds every step: bootstrap, agreement, collectives, kernel waits.
+    pub timeout: Duration,
+    /// How the ranks find each other.
+    pub rendezvous: Rendezvous,
+    /// This host's identity.
+    pub host: String,
+}
+
+/// Why a rank's runtime failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The driver failed.
+    #[error("rank {rank}")]
+    Driver {
+        /// This rank.
+        rank: u32,
+        /// What failed.
+        source: DriverError,
+    },
+    /// NCCL failed.
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+    /// A peer did not take part before the deadline.
+    #[error("rank {rank}: {step} did not finish within {seconds:.1} s: {who}")]
+    Timeout {
+        /// This rank.
+        rank: u32,
+        /// What was waited for.
+        step: String,
+        /// The time allowed.
+        seconds: f64,
+        /// Which ranks may be missing.
+        who: String,
+    },
+    /// The id file could not be written or read.
+    #[error("rank {rank}: id file {path}: {message}")]
+    IdFile {
+        /// This rank.
+        rank: u32,
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The gathered records could not be read.
+    #[error(transparent)]
+    Agree(#[from] agree::AgreeError),
+    /// The setup is not possible.
+    #[error("rank {rank}: {message}")]
+    Setup {
+        /// This rank.
+        rank: u32,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl RuntimeError {
+    fn driver(rank: u32) -> impl FnOnce(DriverError) -> RuntimeError {
+        move |source| RuntimeError::Driver { rank, source }
+    }
+}
+
+/// Who may be missing when a step times out: with two ranks it can only be the other one.
+fn missing_peers(rank: u32, world: u32) -> String {
+    if world == 2 {
+        format!("rank {} did not arrive", 1 - rank)
+    } else {
+        "one of the other ranks did not arrive (NCCL does not say which)".to_owned()
+    }
+}
+
+/// Variables a rank process sets for itself before anything else runs, when they are unset:
+/// `NCCL_COMM_ID` from `MASTER_ADDR` and `PREPARE_PORT` (default `MASTER_PORT` + 1, so it never
+/// collides with a server's own store), and `NCCL_RUNTIME_CONNECT=0`, so NCCL connects inside
+/// the bounded bootstrap rather than in the first collective.
+pub fn environment_defaults(lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    let mut defaults = Vec::new();
+    if lookup("NCCL_COMM_ID").is_none() {
+        if let (Some(address), Some(master_port)) = (lookup("MASTER_ADDR"), lookup("MASTER_PORT")) {
+            let port = lookup("PREPARE_PORT")
+                .and_then(|port| port.trim().parse::<u16>().ok())
+                .or_else(|| {
+                    master_port
+                        .trim()
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|port| port.checked_add(1))
+                });
+            if let Some(port) = port {
+                let host = if address.contains(':') && !address.starts_with('[') {
+                    format!("[{address}]")
+                } else {
+                    address
+                };
+                defaults.push(("NCCL_COMM_ID".to_owned(), format!("{host}:{port}")));
+            }
+        }
+    }
+    if lookup("NCCL_RUNTIME_CONNECT").is_none() {
+        defaults.push(("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned()));
+    }
+    defaults
+}
+
+/// The GPU a rank drives: entry `LOCAL_RANK` of `PREPARE_GPUS` when set, else `LOCAL_RANK`.
+pub fn gpu_for_rank(
+    environment: &RankEnvironment,
+    gpus: Option<&str>,
+) -> Result<usize, RuntimeError> {
+    let Some(list) = gpus.filter(|list| !list.trim().is_empty()) else {
+        return Ok(environment.local_rank as usize);
+    };
+    let parsed: Result<Vec<usize>, _> = list.split(',').map(|gpu| gpu.trim().parse()).collect();
+    let setup = |message: String| RuntimeError::Setup {
+        rank: environment.rank,
+        message,
+    };
+    let gpus = parsed.map_err(|_| {
+        setup(format!(
+            "PREPARE_GPUS={list:?} is not a list of GPU numbers"
+        ))
+    })?;
+    gpus.get(environment.local_rank as usize)
+        .copied()
+        .ok_or_else(|| {
+            setup(format!(
+                "LOCAL_RANK {} has no GPU in PREPARE_GPUS={list:?}",
+                environment.local_rank
+            ))
+        })
+}
+
+/// A rank's runtime: its GPU, stream, communicators and the agreed topology.
+#[derive(Debug)]
+pub struct Runtime {
+    rank: u32,
+    world: u32,
+    timeout: Duration,
+    device: Device,
+    stream: Stream,
+    records: Vec<RankRecord>,
+    topology: Topology,
+    // Dropped before the communicators: buffers wait for the device's work when freed.
+    gather_send: DeviceBuffer,
+    gather_receive: DeviceBuffer,
+    communicator: Communicator,
+    // The split shares its resources; it lives as long as the split.
+    _bootstrap: Communicator,
+}
+
+fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeError> {
+    match &setup.rendezvous {
+        Rendezvous::CommId => Ok(UniqueId::new()?),
+        Rendezvous::IdFile(path) => {
+            let file_error = |message: String| RuntimeError::IdFile {
+                rank: setup.rank,
+                path: path.clone(),
+                message,
+            };
+            if setup.rank == 0 {
+                let id = UniqueId::new()?;
+                crate::cache::write_atomically(path, &id.to_bytes())
+                    .map_err(|error| file_error(error.to_string()))?;
+                return Ok(id);
+            }
+            loop {
+                match std::fs::read(path) {
+                    Ok(bytes) if bytes.len() == 128 => {
+                        let mut id = [0; 128];
+                        id.copy_from_slice(&bytes);
+                        return Ok(UniqueId::from_bytes(id));
+                    }
+                    Ok(bytes) => {
+                        return Err(file_error(format!(
+                            "holds {} bytes, not the 128 of an NCCL id",
+                            bytes.len()
+                        )))
+                    }
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => return Err(file_error(error.to_string())),
+                }
+                if Instant::now() >= deadline {
+                    return Err(RuntimeError::Timeout {
+                        rank: setup.rank,
+                        step: format!("waiting for rank 0 to write {}", path.display()),
+                        seconds: setup.timeout.as_secs_f64(),
+                        who: "rank 0 did not arrive".to_owned(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// Opens the GPU, joins the communicator, splits the blocking one, and agrees the
+    /// topology, all within `setup.timeout`.
+    pub fn start(setup: &RankSetup) -> Result<Runtime, RuntimeError> {
+        let rank = setup.rank;
+        if setup.world < 2 || setup.world as usize > MAX_RANKS || rank >= setup.world {
+            return Err(RuntimeError::Setup {
+                rank,
+                message: format!(
+                    "rank {rank} of {} ranks: prepare runs 2 to {MAX_RANKS} ranks",
+                    setup.world
+                ),
+            });
+        }
+        let deadline = Instant::now() + setup.timeout;
+        let driver = Driver::open().map_err(RuntimeError::driver(rank))?;
+        let device = driver
+            .open_device(setup.gpu)
+            .map_err(RuntimeError::driver(rank))?;
+        let info = driver
+            .describe(setup.gpu)
+            .map_err(RuntimeError::driver(rank))?;
+        let stream = device.new_stream().map_err(RuntimeError::driver(rank))?;
+
+        let id = unique_id(setup, deadline)?;
+        // NCCL binds the communicator to the thread's current device: the stream's context.
+        stream.bind_current().map_err(RuntimeError::driver(rank))?;
+        let bootstrap = Communicator::init(&id, rank, setup.world, deadline)
+            .map_err(|error| timeout_names_peer(error, setup))?;
+        let communicator = bootstrap
+            .split(
+                CommConfig {
+                    split_share: true,
+                    ..CommConfig::default()
+                },
+                deadline,
+            )
+            .map_err(|error| timeout_names_peer(error, setup))?;
+
+        let gather_send = device
+            .allocate(RECORD_BYTES)
+            .map_err(RuntimeError::driver(rank))?;
+        let gather_receive = device
+            .allocate(RECORD_BYTES * setup.world as usize)
+            .map_err(RuntimeError::driver(rank))?;
+        let mut runtime = Runtime {
+            rank,
+            world: setup.world,
+            timeout: setup.timeout,
+            device,
+            stream,
+            records: Vec::new(),
+            topology: Topology::NcclOnly {
+                reason: "not agreed yet".to_owned(),
+            },
+            gather_send,
+            gather_receive,
+            communicator,
+            _bootstrap: bootstrap,
+        };
+
+        let count = driver.device_count().map_err(RuntimeError::driver(rank))?;
+        let mut reachable_gpus = vec![info.uuid.clone()];
+        for other in (0..count).filter(|other| *other != setup.gpu) {
+            if driver
+                .can_access_peer(setup.gpu, other)
+                .map_err(RuntimeError::driver(rank))?
+            {
+                reachable_gpus.push(
+                    driver
+                        .describe(other)
+                        .map_err(RuntimeError::driver(rank))?
+                        .uuid,
+                );
+            }
+        }
+        let record = RankRecord {
+            rank,
+            host: setup.host.clone(),
+            gpu_name: info.name,
+            gpu_uuid: info.uuid,
+            pci_bus_id: info.pci_bus_id,
+            reachable_gpus,
+        };
+        let gathered = runtime.all_gather(&record.encode()?, "the agreement all-gather")?;
+        runtime.records = RankRecord::decode_all(&gathered)?;
+        runtime.topology = agree::agree(&runtime.records);
+        Ok(runtime)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Ranks in the world.
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// The timeout every step runs under.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The GPU.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The rank's stream, on which collectives run.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The blocking communicator the NCCL candidate runs on.
+    pub fn communicator(&self) -> &Communicator {
+        &self.communicator
+    }
+
+    /// Every rank's record, in rank order.
+    pub fn records(&self) -> &[RankRecord] {
+        &self.records
+    }
+
+    /// What the ranks agreed.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Gathers `local` (at most [`RECORD_BYTES`], the same length on every rank) from every
+    /// rank, in rank order, under a watchdog that aborts the communicator at the deadline.
+    pub fn all_gather(&self, local: &[u8], step: &str) -> Result<Vec<u8>, RuntimeError> {
+        let bytes = local.len();
+        if bytes > RECORD_BYTES {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!("{step}: {bytes} bytes exceed the {RECORD_BYTES} of a slot"),
+            });
+        }
+        let driver = RuntimeError::driver(self.rank);
+        self.stream
+            .write(&self.gather_send, 0, local)
+            .map_err(driver)?;
+        let deadline = Instant::now() + self.timeout;
+        let watchdog = self.communicator.watchdog(deadline);
+        self.communicator.all_gather(
+            &self.stream,
+            &self.gather_send,
+            &self.gather_receive,
+            bytes,
+        )?;
+        let waited = self
+            .stream
+            .synchronize_within(self.timeout)
+            .map_err(RuntimeError::driver(self.rank));
+        if watchdog.disarm()
+            || matches!(
+                waited,
+                Err(RuntimeError::Driver {
+                    source: DriverError::Timeout { .. },
+                    ..
+                })
+            )
+        {
+            self.communicator.abort();
+            return Err(RuntimeError::Timeout {
+                rank: self.rank,
+                step: step.to_owned(),
+                seconds: self.timeout.as_secs_f64(),
+                who: missing_peers(self.rank, self.world),
+            });
+        }
+        waited?;
+        let mut gathered = vec![0_u8; bytes * self.world as usize];
+        self.stream
+            .read(&self.gather_receive, 0, &mut gathered)
+            .map_err(RuntimeError::driver(self.rank))?;
+        Ok(gathered)
+    }
+
+    /// Allocates this rank's peer memory (`buffer_bytes` of buffer with the scratch at
+    /// `scratch_offset`, the signal flags and the state words), zeroes the flags and state,
+    /// and maps every peer's by CUDA IPC. Needs the peer-kernel topology.
+    pub fn map_peer_memory(
+        &self,
+        buffer_bytes: usize,
+        scratch_offset: usize,
+    ) -> Result<PeerMemory, RuntimeError> {
+        if let Topology::NcclOnly { reason } = &self.topology {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!("peer memory needs peer kernels, but {reason}"),
+            });
+        }
+        let driver = RuntimeError::driver(self.rank);
+        let buffer = self.device.allocate(buffer_bytes).map_err(driver)?;
+        let signals = self
+            .device
+            .allocate(SIGNAL_WORDS * 8)
+            .map_err(RuntimeError::driver(self.rank))?;
+        let state = self
+            .device
+            .allocate(STATE_WORDS * 8)
+            .map_err(RuntimeError::driver(self.rank))?;
+        for memory in [&signals, &state] {
+            self.stream
+                .fill_u8(memory, 0..memory.len_bytes(), 0)
+                .map_err(RuntimeError::driver(self.rank))?;
+        }
+        // Zeroed before any peer can see the handles, which travel after this.
+        self.stream
+            .synchronize()
+            .map_err(RuntimeError::driver(self.rank))?;
+        let mut handles = Vec::with_capacity(128);
+        for memory in [&buffer, &signals] {
+            handles.extend_from_slice(
+                &memory
+                    .ipc_handle()
+                    .map_err(RuntimeError::driver(self.rank))?
+                    .0,
+            );
+        }
+        let gathered = self.all_gather(&handles, "the IPC handle all-gather")?;
+        let mut peer_buffers = Vec::new();
+        let mut peer_signals = Vec::new();
+        for (peer, slot) in gathered.chunks(128).enumerate() {
+            if peer == self.rank as usize {
+                peer_buffers.push(None);
+                peer_signals.push(None);
+                continue;
+            }
+            let open = |bytes: &[u8]| {
+                let mut handle = [0_u8; 64];
+                handle.copy_from_slice(bytes);
+                self.device
+                    .open_ipc(&IpcHandle(handle))
+                    .map_err(RuntimeError::driver(self.rank))
+            };
+            peer_buffers.push(Some(open(&slot[..64])?));
+            peer_signals.push(Some(open(&slot[64..])?));
+        }
+        // No rank may launch a kernel on peers' memory before every rank has mapped it: this
+        // gather is the barrier.
+        self.all_gather(&[0], "the peer mapping barrier")?;
+        Ok(PeerMemory {
+            rank: self.rank,
+            world: self.world,
+            scratch_offset,
+            buffer,
+            signals,
+            state,
+            peer_buffers,
+            peer_signals,
+        })
+    }
+}
+
+fn timeout_names_peer(error: NcclError, setup: &RankSetup) -> RuntimeError {
+    match error {
+        NcclError::Timeout {
+            step,
+            rank,
+            seconds,
+        } => RuntimeError::Timeout {
+            rank,
+            step: step.to_owned(),
+            seconds,
+            who: missing_peers(rank, setup.world),
+        },
+        other => RuntimeError::Nccl(other),
+    }
+}
+
+/// A rank's registered memory and its peers' mapped into this process.
+#[derive(Debug)]
+pub struct PeerMemory {
+    rank: u32,
+    world: u32,
+    scratch_offset: usize,
+    buffer: DeviceBuffer,
+    signals: DeviceBuffer,
+    state: DeviceBuffer,
+    peer_buffers: Vec<Option<PeerBuffer>>,
+    peer_signals: Vec<Option<PeerBuffer>>,
+}
+
+impl PeerMemory {
+    /// This rank's registered buffer (the input region starts at byte 0).
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.buffer
+    }
+
+    /// This rank's state words (abort word first).
+    pub fn state(&self) -> &DeviceBuffer {
+        &self.state
+    }
+
+    /// The kernel parameters for a message of `elements`, summed into `output`.
+    pub fn params(
+        &self,
+        output: &dyn DeviceMemory,
+        elements: u64,
+        timeout: Duration,
+    ) -> AllReduceParams {
+        let mut buffers = [0_u64; MAX_RANKS];
+        let mut signals = [0_u64; MAX_RANKS];
+        for rank in 0..self.world as usize {
+            let (buffer, signal) = if rank == self.rank as usize {
+                (self.buffer.address(), self.signals.address())
+            } else {
+                (
+                    self.peer_buffers[rank]
+                        .as_ref()
+                        .map_or(0, DeviceMemory::address),
+                    self.peer_signals[rank]
+                        .as_ref()
+                        .map_or(0, DeviceMemory::address),
+                )
+            };
+            buffers[rank] = buffer;
+            signals[rank] = signal;
+        }
+        AllReduceParams {
+            buffers,
+            signals,
+            state: self.state.address(),
+            output: output.address(),
+            elements,
+            scratch_offset: self.scratch_offset as u64,
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            rank: self.rank,
+            world: self.world,
+        }
+    }
+}
+
+/// Whether NCCL can be loaded here.
+pub fn nccl_available() -> bool {
+    nccl::is_available()
+}

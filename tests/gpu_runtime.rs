@@ -1,0 +1,358 @@
+//! The GPU runtime on real GPUs: `prepare check` on two GPUs (bootstrap, agreement, IPC peer
+//! memory, NCCL and every custom candidate exact), and the faults that must never hang: a rank
+//! that never starts, a rank killed or stopped during an NCCL or a custom collective, another
+//! "host" turning peer kernels off, and a kernel whose peer never arrives.
+
+// Timings and rank output are reported on stderr for the GPU run's log.
+#![allow(clippy::print_stderr)]
+
+mod gpu_support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// The `prepare` binary: carried next to the tests on the GPU machine, else this build's.
+fn prepare_bin() -> PathBuf {
+    std::env::var_os("PREPARE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
+        PathBuf::from,
+    )
+}
+
+fn ladder(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
+        PathBuf::from,
+    );
+    dir.join(name)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A rank started by hand, its output lines arriving on a channel.
+struct Rank {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+fn start_rank(rank: u32, port: u16, host: &str, args: &[&str]) -> Rank {
+    let mut child = Command::new(prepare_bin())
+        .arg("check")
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("PREPARE_GPUS", "0,1")
+        .env("PREPARE_HOST_ID", host)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("prepare starts");
+    let (sender, lines) = channel();
+    for reader in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines().map_while(Result::ok) {
+                eprintln!("[rank {rank}] {line}");
+                let _ = sender.send(line);
+            }
+        });
+    }
+    Rank { child, lines }
+}
+
+impl Rank {
+    /// Waits for a line containing `text`, returning every line seen so far.
+    fn wait_for(&self, text: &str, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            let found = line.contains(text);
+            seen.push(line);
+            if found {
+                return seen;
+            }
+        }
+        panic!("no line containing {text:?} within {limit:?}; saw {seen:#?}");
+    }
+
+    /// Waits for the process to end, returning its code and every remaining line.
+    fn finish(mut self, limit: Duration) -> (Option<i32>, Vec<String>, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let elapsed = started.elapsed();
+                std::thread::sleep(Duration::from_millis(100));
+                let lines = self.lines.try_iter().collect();
+                return (status.code(), lines, elapsed);
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("the rank did not exit within {limit:?}: it hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+        let output = Command::new(prepare_bin())
+            .args([
+                "check",
+                "--gpus",
+                "0,1",
+                "--timeout",
+                "30",
+                "--collective-ladder",
+            ])
+            .arg(ladder(name))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("{name}:\n{stdout}{stderr}");
+        assert!(output.status.success(), "{name}: prepare check failed");
+        for rank in 0..2 {
+            assert!(
+                stdout.contains(&format!("[rank {rank}] check passed")),
+                "{name}"
+            );
+            assert!(stdout.contains(&format!("[rank {rank}] rank {rank}/2 on GPU {rank}")));
+            assert!(stdout.contains("PeerKernels"));
+        }
+        assert!(
+            !stdout.contains("dropped"),
+            "{name}: a candidate was dropped"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_that_never_starts_ends_the_other_within_the_timeout_naming_it() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let rank = start_rank(0, free_port(), "one", &["--timeout", "5"]);
+    let (code, lines, elapsed) = rank.finish(Duration::from_secs(40));
+    eprintln!("a rank that never starts: rank 0 exited after {elapsed:?}");
+    assert_eq!(code, Some(3), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("rank 1 did not arrive")),
+        "{lines:#?}"
+    );
+    assert!(elapsed < Duration::from_secs(20));
+}
+
+fn fault_during_soak(collective: &str, signal: Signal) {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let port = free_port();
+    let tp2 = ladder("h200_nvlink_tp2.json");
+    let args = [
+        "--timeout",
+        "5",
+        "--soak",
+        "100000000",
+        "--soak-collective",
+        collective,
+        "--collective-ladder",
+        tp2.to_str().unwrap(),
+    ];
+    let survivor = start_rank(0, port, "one", &args);
+    let victim = start_rank(1, port, "one", &args);
+    survivor.wait_for("soak:", Duration::from_secs(90));
+    victim.wait_for("soak:", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = Pid::from_raw(i32::try_from(victim.child.id()).unwrap());
+    kill(pid, signal).unwrap();
+    let injected = Instant::now();
+    let (code, lines, _) = survivor.finish(Duration::from_secs(60));
+    let elapsed = injected.elapsed();
+    eprintln!("{signal:?} during the {collective} soak: rank 0 exited {elapsed:?} after the fault");
+    let _ = kill(pid, Signal::SIGKILL);
+    let mut victim = victim;
+    let _ = victim.child.wait();
+    assert_eq!(code, Some(3), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("rank 1 did not arrive")
+                || line.contains("peer rank 1 did not arrive")),
+        "{lines:#?}"
+    );
+    // The timeout is 5 s; a kernel's waits and the stream's bound add at most two more.
+    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_killed_during_nccl_ends_the_other_within_the_timeout() {
+    fault_during_soak("nccl", Signal::SIGKILL);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_stopped_during_nccl_ends_the_other_within_the_timeout() {
+    fault_during_soak("nccl", Signal::SIGSTOP);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_killed_during_a_custom_kernel_ends_the_other_within_the_timeout() {
+    fault_during_soak("custom", Signal::SIGKILL);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_stopped_during_a_custom_kernel_ends_the_other_within_the_timeout() {
+    fault_during_soak("custom", Signal::SIGSTOP);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_on_another_host_turns_peer_kernels_off_for_all() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let port = free_port();
+    let tp2 = ladder("h200_nvlink_tp2.json");
+    let args = [
+        "--timeout",
+        "30",
+        "--collective-ladder",
+        tp2.to_str().unwrap(),
+    ];
+    let ranks = [
+        start_rank(0, port, "host-a", &args),
+        start_rank(1, port, "host-b", &args),
+    ];
+    for rank in ranks {
+        let (code, lines, _) = rank.finish(Duration::from_secs(120));
+        assert_eq!(code, Some(0), "{lines:#?}");
+        let text = lines.join("\n");
+        assert!(
+            text.contains("the ranks are on 2 hosts (host-a, host-b)"),
+            "{text}"
+        );
+        assert!(text.contains("custom kernels are not checked"), "{text}");
+    }
+}
+
+/// A graph of many replays of a real kernel whose peer never launches fails within about one
+/// deadline: the first launch records the abort code naming the peer, the rest return at once.
+#[test]
+#[ignore = "needs GPUs"]
+fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
+    use prepare::gpu::abort::{Abort, AbortReason};
+    use prepare::gpu::driver::{DeviceMemory, Geometry, ModuleImage};
+    use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+
+    let Some((driver, devices)) = gpu_support::gpus(1) else {
+        return;
+    };
+    let device = &devices[0];
+    let arch = driver.describe(0).unwrap().description().unwrap().arch;
+    let spec = prepare::kernels::all_kernels()
+        .into_iter()
+        .find(|spec| spec.name == "all_reduce_one_shot_pull_bf16")
+        .unwrap();
+    let compiled = prepare::compile::compile_kernels(
+        std::slice::from_ref(&spec),
+        arch,
+        &prepare::progress::Silent,
+    )
+    .unwrap();
+    let module = device
+        .load_module(ModuleImage::Cubin(&compiled.kernels[0].cubin))
+        .unwrap();
+    let kernel = module.load(&spec.name, false).unwrap();
+    let mut stream = device.new_stream().unwrap();
+
+    let elements = 4096_usize;
+    let region = 1 << 20;
+    // Rank 1's memory lives here too, but no kernel ever runs as rank 1.
+    let buffers: Vec<_> = (0..2)
+        .map(|_| device.allocate(region * 2).unwrap())
+        .collect();
+    let signals: Vec<_> = (0..2)
+        .map(|_| device.allocate(SIGNAL_WORDS * 8).unwrap())
+        .collect();
+    let state = device.allocate(STATE_WORDS * 8).unwrap();
+    let output = device.allocate(elements * 2).unwrap();
+    for memory in signals.iter().chain([&state]) {
+        stream.fill_u8(memory, 0..memory.len_bytes(), 0).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let mut buffer_addresses = [0; MAX_RANKS];
+    let mut signal_addresses = [0; MAX_RANKS];
+    for rank in 0..2 {
+        buffer_addresses[rank] = buffers[rank].address();
+        signal_addresses[rank] = signals[rank].address();
+    }
+    let timeout = Duration::from_millis(300);
+    let params = AllReduceParams {
+        buffers: buffer_addresses,
+        signals: signal_addresses,
+        state: state.address(),
+        output: output.address(),
+        elements: elements as u64,
+        scratch_offset: region as u64,
+        timeout_ns: timeout.as_nanos() as u64,
+        rank: 0,
+        world: 2,
+    };
+    let geometry = Geometry::new(8, 256).unwrap();
+    let replays = 32;
+    let graph = stream
+        .capture(|capture| {
+            for _ in 0..replays {
+                capture.launch_loaded(&kernel, geometry, &params)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let started = Instant::now();
+    graph.launch().unwrap();
+    stream.synchronize_within(Duration::from_secs(30)).unwrap();
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{replays} replays with a missing peer ended after {elapsed:?} (deadline {timeout:?})"
+    );
+    let mut word = [0_u64];
+    stream.read(&state, 0, &mut word).unwrap();
+    let abort = Abort::decode(word[0]).expect("the abort word is set");
+    assert_eq!(abort.reason, AbortReason::PeerTimeout);
+    assert_eq!(abort.peer, 1);
+    // One deadline, not one per replay (32 x 300 ms would be 9.6 s).
+    assert!(elapsed < timeout * 4, "{elapsed:?}");
+}
