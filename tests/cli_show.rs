@@ -160,7 +160,7 @@ fn show_refuses_what_is_not_a_package() {
     assert_eq!(
         stderr,
         format!(
-            "error: package {} does not match its manifest:\n  manifest.json: missing\n",
+            "error: {} is not a package: it has no manifest.json\n",
             out.display()
         )
     );

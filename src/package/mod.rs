@@ -234,6 +234,12 @@ pub enum PackageError {
         /// The path.
         path: PathBuf,
     },
+    /// The directory has no manifest.
+    #[error("{} is not a package: it has no {MANIFEST_FILE}", dir.display())]
+    NoManifest {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// The manifest is not valid JSON.
     #[error("{}:{line}:{column}: not valid JSON: {message}", path.display())]
     ManifestSyntax {

@@ -33,18 +33,16 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let manifest_bytes = match fs::read(&manifest_path) {
         Ok(bytes) => bytes,
-        Err(error) => {
-            let kind = if error.kind() == std::io::ErrorKind::NotFound {
-                FileProblemKind::Missing
-            } else {
-                FileProblemKind::Unreadable(error.to_string())
-            };
-            return Err(PackageError::Files {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(PackageError::NoManifest {
                 dir: dir.to_path_buf(),
-                problems: vec![FileProblem {
-                    path: MANIFEST_FILE.to_string(),
-                    kind,
-                }],
+            });
+        }
+        Err(source) => {
+            return Err(PackageError::Io {
+                action: "read",
+                path: manifest_path,
+                source,
             });
         }
     };
