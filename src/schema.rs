@@ -66,6 +66,10 @@ macro_rules! schema_names {
 schema_names! {
     /// Collective ladders (`ladders/*.json`).
     Ladder => "ladder", crate::ladder::Ladder;
+    /// Package manifests (`manifest.json`).
+    Manifest => "manifest", crate::package::Manifest;
+    /// The document `prepare show --json` prints.
+    Show => "show", crate::package::Description;
     /// Choice files (`choice.rank<r>.json`) that startup selection writes.
     Choice => "choice", crate::tune::choice::Choice;
 }

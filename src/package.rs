@@ -1,1 +1,0 @@
-//! Packages: the ladder, compiled kernels and a manifest that describes and hashes them.

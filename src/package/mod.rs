@@ -1,0 +1,420 @@
+//! Packages: what `prepare export` writes for one architecture and what a server opens at
+//! startup. A package is a directory holding the ladder as given, one cubin per kernel, and a
+//! manifest that describes and hashes them; the sha256 of the manifest is the package's identity.
+//!
+//! ```text
+//! pkg/
+//!   manifest.json
+//!   ladder.json
+//!   kernels/<kernel>.<arch>.cubin
+//! ```
+//!
+//! Writing is atomic (a staging directory renamed into place) and deterministic (no timestamps:
+//! the same ladder, compilation and tool give the same bytes). Reading verifies every hash and
+//! refuses a changed, missing or extra file by name.
+
+mod manifest;
+mod read;
+mod write;
+
+use std::fmt::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ladder::{Arch, Ladder};
+
+pub use manifest::{
+    kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
+    CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
+    QualifiedGpu,
+};
+pub use read::open_package;
+pub use write::{build_manifest, write_package, write_qualified_package};
+
+/// The package contract this tool writes.
+pub const PACKAGE_FORMAT_VERSION: u32 = 1;
+
+/// Every package contract this tool reads, with the first tool version that writes it.
+pub const PACKAGE_FORMATS: &[(u32, &str)] = &[(1, "prepare 0.1")];
+
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The ladder's file name.
+pub const LADDER_FILE: &str = "ladder.json";
+/// The directory holding the cubins.
+pub const KERNELS_DIR: &str = "kernels";
+
+/// The contract of `prepare show --json`'s document.
+pub const DESCRIPTION_FORMAT_VERSION: u32 = 1;
+
+/// An opened, verified package.
+#[derive(Debug, Clone)]
+pub struct Package {
+    dir: PathBuf,
+    identity: String,
+    manifest: Manifest,
+    ladder: Ladder,
+    cubins: Vec<Vec<u8>>,
+}
+
+impl Package {
+    /// The directory it was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The package's identity: sha256 of `manifest.json`, lowercase hex.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The ladder, validated.
+    pub fn ladder(&self) -> &Ladder {
+        &self.ladder
+    }
+
+    /// The architecture the package runs on.
+    pub fn arch(&self) -> Arch {
+        self.manifest.arch
+    }
+
+    /// The cubin of the kernel with this name.
+    pub fn cubin(&self, kernel: &str) -> Option<&[u8]> {
+        self.manifest
+            .kernels
+            .iter()
+            .position(|record| record.name == kernel)
+            .map(|index| self.cubins[index].as_slice())
+    }
+
+    /// Every kernel with its cubin, sorted by name.
+    pub fn kernels(&self) -> impl Iterator<Item = (&KernelRecord, &[u8])> {
+        self.manifest
+            .kernels
+            .iter()
+            .zip(self.cubins.iter().map(Vec::as_slice))
+    }
+
+    /// The document `prepare show --json` prints.
+    pub fn describe(&self) -> Description {
+        Description {
+            format_version: DESCRIPTION_FORMAT_VERSION,
+            package: self.dir.display().to_string(),
+            identity: self.identity.clone(),
+            manifest: self.manifest.clone(),
+        }
+    }
+}
+
+/// What `prepare show --json` prints: a package's identity and manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "prepare show document")]
+pub struct Description {
+    /// The contract of this document; 1 so far.
+    pub format_version: u32,
+    /// The package directory as named on the command line.
+    pub package: String,
+    /// The package's identity: sha256 of its `manifest.json`.
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub identity: String,
+    /// The package's manifest, verified.
+    pub manifest: Manifest,
+}
+
+/// What `write_package` produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageSummary {
+    /// The package directory.
+    pub dir: PathBuf,
+    /// sha256 of `manifest.json`.
+    pub identity: String,
+    /// The architecture it was compiled for.
+    pub arch: Arch,
+    /// Kernels written.
+    pub kernels: usize,
+    /// Buckets described.
+    pub buckets: usize,
+    /// Whether an existing package was replaced.
+    pub replaced: bool,
+}
+
+/// Why a package could not be written or opened.
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    /// The output exists and replacing it was not asked for.
+    #[error("{} already exists", path.display())]
+    Exists {
+        /// The output directory.
+        path: PathBuf,
+    },
+    /// Replacing was asked for, but the output is not a package.
+    #[error(
+        "refusing to replace {}: it is not a package (no {MANIFEST_FILE} in it)",
+        path.display()
+    )]
+    NotAPackage {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// The output path names no directory (empty, `/` or `..`).
+    #[error("{} does not name a directory to write", path.display())]
+    BadOutput {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// A file system operation failed.
+    #[error("cannot {action} {}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The architecture is not one of the ladder's targets.
+    #[error("ladder `{ladder}` does not target {arch}; its targets are {targets}")]
+    NotTargeted {
+        /// The ladder's name.
+        ladder: String,
+        /// The architecture asked for.
+        arch: Arch,
+        /// The ladder's targets, comma-separated.
+        targets: String,
+    },
+    /// The ladder text given does not parse to the ladder given.
+    #[error("the ladder text does not validate to the ladder it came with")]
+    LadderTextMismatch,
+    /// A bucket names a profile the ladder lacks.
+    #[error("bucket {bucket} names profile `{profile}`, which the ladder does not define")]
+    UnknownProfile {
+        /// The bucket's index.
+        bucket: usize,
+        /// The profile id.
+        profile: String,
+    },
+    /// No kernel implements a custom profile.
+    #[error("no kernel implements profile `{profile}` for {dtype}")]
+    NoKernel {
+        /// The profile id.
+        profile: String,
+        /// The element type.
+        dtype: &'static str,
+    },
+    /// The compilation lacks a kernel a candidate needs.
+    #[error("the compilation has no kernel `{kernel}`, which profile `{profile}` needs")]
+    MissingKernel {
+        /// The kernel's name.
+        kernel: String,
+        /// The profile that needs it.
+        profile: String,
+    },
+    /// A compiled kernel disagrees with the package: another architecture, a duplicate, or a
+    /// cluster flag unlike the kernel table's.
+    #[error("kernel `{kernel}` in the compilation: {problem}")]
+    BadKernel {
+        /// The kernel's name.
+        kernel: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The path to open is not a directory.
+    #[error("{} is not a package directory", path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The directory has no manifest.
+    #[error("{} is not a package: it has no {MANIFEST_FILE}", dir.display())]
+    NoManifest {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The manifest is not valid JSON.
+    #[error("{}:{line}:{column}: not valid JSON: {message}", path.display())]
+    ManifestSyntax {
+        /// The manifest's path.
+        path: PathBuf,
+        /// Line, from 1.
+        line: usize,
+        /// Column, from 1.
+        column: usize,
+        /// What the parser said.
+        message: String,
+    },
+    /// The manifest's contract is not one this tool reads.
+    #[error("{}: {}", path.display(), describe_unknown_format(*found, writer.as_deref()))]
+    UnknownFormat {
+        /// The manifest's path.
+        path: PathBuf,
+        /// The `format_version` found.
+        found: u64,
+        /// The `tool_version` the manifest names, if it has one.
+        writer: Option<String>,
+    },
+    /// The manifest breaks the manifest schema.
+    #[error("{} breaks the manifest schema:{}", path.display(), bullets(problems))]
+    ManifestSchema {
+        /// The manifest's path.
+        path: PathBuf,
+        /// Each problem, with its JSON path.
+        problems: Vec<Problem>,
+    },
+    /// The manifest contradicts itself or the ladder.
+    #[error("{} is inconsistent:{}", path.display(), bullets(problems))]
+    ManifestInconsistent {
+        /// The manifest's path.
+        path: PathBuf,
+        /// Each problem, with its JSON path.
+        problems: Vec<Problem>,
+    },
+    /// Files do not match the manifest.
+    #[error("package {} does not match its manifest:{}", dir.display(), bullets(problems))]
+    Files {
+        /// The package directory.
+        dir: PathBuf,
+        /// Each changed, missing or extra file.
+        problems: Vec<FileProblem>,
+    },
+    /// `ladder.json` matches its hash but is not a valid ladder.
+    #[error("{} is not a valid ladder:\n{report}", path.display())]
+    InvalidLadder {
+        /// The ladder's path.
+        path: PathBuf,
+        /// The validation report.
+        report: String,
+    },
+}
+
+/// A problem at a JSON path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The JSON pointer it is about (`/kernels/0/file`); empty for the whole document.
+    pub pointer: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pointer = if self.pointer.is_empty() {
+            "/"
+        } else {
+            &self.pointer
+        };
+        write!(formatter, "{pointer}: {}", self.message)
+    }
+}
+
+/// A package file that does not match the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileProblem {
+    /// The path relative to the package, `/`-separated.
+    pub path: String,
+    /// What is wrong with it.
+    pub kind: FileProblemKind,
+}
+
+/// How a file fails to match the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileProblemKind {
+    /// Its sha256 is not the one the manifest records.
+    Changed {
+        /// The manifest's sha256.
+        expected: String,
+        /// The file's sha256.
+        found: String,
+    },
+    /// The manifest's content does not give the checksum it records.
+    ChecksumMismatch {
+        /// The checksum recorded.
+        expected: String,
+        /// The checksum the content gives.
+        found: String,
+    },
+    /// The manifest lists it but it is absent.
+    Missing,
+    /// It is present but the manifest does not list it.
+    Extra,
+    /// It is listed but is not a regular file (a directory, a link).
+    NotAFile,
+    /// Reading it failed.
+    Unreadable(String),
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = &self.path;
+        match &self.kind {
+            FileProblemKind::Changed { expected, found } => write!(
+                formatter,
+                "{path}: changed (its sha256 is {found}, {MANIFEST_FILE} records {expected})"
+            ),
+            FileProblemKind::ChecksumMismatch { expected, found } => write!(
+                formatter,
+                "{path}: changed (its content's checksum is {found}, it records {expected})"
+            ),
+            FileProblemKind::Missing => write!(formatter, "{path}: missing"),
+            FileProblemKind::Extra => {
+                write!(formatter, "{path}: not part of the package")
+            }
+            FileProblemKind::NotAFile => write!(formatter, "{path}: not a regular file"),
+            FileProblemKind::Unreadable(error) => write!(formatter, "{path}: unreadable: {error}"),
+        }
+    }
+}
+
+fn bullets<T: fmt::Display>(items: &[T]) -> String {
+    items.iter().fold(String::new(), |mut text, item| {
+        let _ = write!(text, "\n  {item}");
+        text
+    })
+}
+
+fn describe_unknown_format(found: u64, writer: Option<&str>) -> String {
+    let readable = PACKAGE_FORMATS
+        .iter()
+        .map(|(version, tool)| format!("{version} (written by {tool})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tool = crate::TOOL_VERSION;
+    let reads = format!("this prepare ({tool}) reads format {readable}");
+    let newest = PACKAGE_FORMATS
+        .iter()
+        .map(|(version, _)| u64::from(*version))
+        .max()
+        .unwrap_or(0);
+    let again = "or export the package again with this prepare";
+    match writer {
+        Some(writer) if found > newest => format!(
+            "package format_version {found} was written by prepare {writer}; {reads}. Read it with prepare {writer} or newer, {again}"
+        ),
+        None if found > newest => format!(
+            "package format_version {found} is newer than this prepare ({tool}) reads (format {readable}). Read it with a newer prepare, {again}"
+        ),
+        Some(writer) => format!(
+            "package format_version {found} (naming prepare {writer} as its writer) is not one any prepare writes; {reads}"
+        ),
+        None => format!("package format_version {found} is not one any prepare writes; {reads}"),
+    }
+}
+
+/// sha256 of bytes, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// The manifest's JSON Schema, as committed in `schemas/manifest.schema.json`.
+pub fn manifest_schema() -> serde_json::Value {
+    crate::schema::schema_for::<Manifest>()
+}

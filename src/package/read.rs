@@ -1,0 +1,581 @@
+//! Opening a package: the manifest's contract, schema and checksum first, then every file
+//! against the manifest, then the ladder, then the manifest against the ladder.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use super::manifest::{kernel_file, Manifest};
+use super::{
+    manifest_schema, sha256_hex, FileProblem, FileProblemKind, Package, PackageError, Problem,
+    KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
+};
+use crate::ladder::Ladder;
+
+/// Opens the package in `dir` and verifies it: a contract this tool reads, a manifest that fits
+/// the schema and its checksum, every file's sha256, no missing or extra file, a valid ladder
+/// that agrees with the manifest.
+pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
+    let metadata = fs::metadata(dir).map_err(|source| PackageError::Io {
+        action: "open the package",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !metadata.is_dir() {
+        return Err(PackageError::NotADirectory {
+            path: dir.to_path_buf(),
+        });
+    }
+
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let manifest_bytes = match fs::read(&manifest_path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(PackageError::NoManifest {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Err(source) => {
+            return Err(PackageError::Io {
+                action: "read",
+                path: manifest_path,
+                source,
+            });
+        }
+    };
+    let manifest = parse_manifest(&manifest_path, &manifest_bytes)?;
+    let found = manifest.compute_checksum();
+    if found != manifest.checksum {
+        return Err(PackageError::Files {
+            dir: dir.to_path_buf(),
+            problems: vec![FileProblem {
+                path: MANIFEST_FILE.to_string(),
+                kind: FileProblemKind::ChecksumMismatch {
+                    expected: manifest.checksum.clone(),
+                    found,
+                },
+            }],
+        });
+    }
+    check_manifest(&manifest_path, &manifest)?;
+
+    let mut contents = verify_files(dir, &manifest)?;
+    let ladder_bytes = contents
+        .remove(LADDER_FILE)
+        .expect("verified files include the ladder");
+    let cubins = manifest
+        .kernels
+        .iter()
+        .map(|kernel| {
+            contents
+                .remove(&kernel.file)
+                .expect("verified files include every kernel")
+        })
+        .collect();
+
+    let ladder_path = dir.join(LADDER_FILE);
+    let ladder = parse_ladder(&ladder_path, &ladder_bytes)?;
+    let problems = ladder_problems(&manifest, &ladder);
+    if !problems.is_empty() {
+        return Err(PackageError::ManifestInconsistent {
+            path: manifest_path,
+            problems,
+        });
+    }
+
+    Ok(Package {
+        dir: dir.to_path_buf(),
+        identity: sha256_hex(&manifest_bytes),
+        manifest,
+        ladder,
+        cubins,
+    })
+}
+
+/// JSON syntax, then the contract (read before anything else), then the schema, then types.
+fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest, PackageError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|error| syntax_error(path, &error))?;
+    if let Some(found) = value.get("format_version").and_then(Value::as_u64) {
+        if !PACKAGE_FORMATS
+            .iter()
+            .any(|(version, _)| u64::from(*version) == found)
+        {
+            return Err(PackageError::UnknownFormat {
+                path: path.to_path_buf(),
+                found,
+                writer: value
+                    .get("tool_version")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            });
+        }
+    }
+    check_schema(path, &value)?;
+    serde_json::from_value(value).map_err(|error| PackageError::ManifestSchema {
+        path: path.to_path_buf(),
+        problems: vec![Problem {
+            pointer: String::new(),
+            message: error.to_string(),
+        }],
+    })
+}
+
+fn check_schema(path: &Path, value: &Value) -> Result<(), PackageError> {
+    let problems: Vec<Problem> = manifest_validator()
+        .iter_errors(value)
+        .map(|error| Problem {
+            pointer: error.instance_path().as_str().to_string(),
+            message: error.to_string(),
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(PackageError::ManifestSchema {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+}
+
+/// The schema and the manifest's own consistency, which the writer checks too.
+pub(super) fn check_manifest(path: &Path, manifest: &Manifest) -> Result<(), PackageError> {
+    let value = serde_json::to_value(manifest).expect("a manifest always serializes");
+    check_schema(path, &value)?;
+    let problems = manifest_problems(manifest);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(PackageError::ManifestInconsistent {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+}
+
+fn manifest_validator() -> &'static jsonschema::Validator {
+    static VALIDATOR: OnceLock<jsonschema::Validator> = OnceLock::new();
+    VALIDATOR.get_or_init(|| {
+        jsonschema::validator_for(&manifest_schema())
+            .expect("the manifest schema generated from the types is a valid schema")
+    })
+}
+
+fn syntax_error(path: &Path, error: &serde_json::Error) -> PackageError {
+    let message = error.to_string();
+    // serde_json appends the position, which the error carries separately.
+    let suffix = format!(" at line {} column {}", error.line(), error.column());
+    PackageError::ManifestSyntax {
+        path: path.to_path_buf(),
+        line: error.line(),
+        column: error.column(),
+        message: message
+            .strip_suffix(&suffix)
+            .unwrap_or(&message)
+            .to_string(),
+    }
+}
+
+/// What the manifest says that contradicts itself; checked before any path it names is read.
+fn manifest_problems(manifest: &Manifest) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut problem =
+        |pointer: String, message: String| problems.push(Problem { pointer, message });
+
+    for (index, kernel) in manifest.kernels.iter().enumerate() {
+        let expected = kernel_file(&kernel.name, manifest.arch);
+        if kernel.file != expected {
+            problem(
+                format!("/kernels/{index}/file"),
+                format!(
+                    "is `{}`; kernel `{}` is `{expected}`",
+                    kernel.file, kernel.name
+                ),
+            );
+        }
+        if let Some(previous) = index.checked_sub(1).map(|before| &manifest.kernels[before]) {
+            if previous.name >= kernel.name {
+                problem(
+                    format!("/kernels/{index}/name"),
+                    format!(
+                        "`{}` follows `{}`; kernels are unique and sorted by name",
+                        kernel.name, previous.name
+                    ),
+                );
+            }
+        }
+    }
+
+    for (position, bucket) in manifest.buckets.iter().enumerate() {
+        let at = format!("/buckets/{position}");
+        if bucket.index != position {
+            problem(
+                format!("{at}/index"),
+                format!(
+                    "is {}; the bucket at position {position} has index {position}",
+                    bucket.index
+                ),
+            );
+        }
+        if !bucket
+            .candidates
+            .iter()
+            .any(|candidate| candidate.profile == bucket.default)
+        {
+            problem(
+                format!("{at}/default"),
+                format!("`{}` is not one of the bucket's candidates", bucket.default),
+            );
+        }
+        for (slot, candidate) in bucket.candidates.iter().enumerate() {
+            let at = format!("{at}/candidates/{slot}");
+            let Some(name) = &candidate.kernel else {
+                if candidate.cluster_kernel
+                    || candidate.cluster_scheduling
+                    || candidate.blocks.is_some()
+                {
+                    problem(
+                        at,
+                        "an NCCL candidate has no cluster kernel, cluster scheduling or blocks"
+                            .to_string(),
+                    );
+                }
+                continue;
+            };
+            let Some(kernel) = manifest.kernel(name) else {
+                problem(
+                    format!("{at}/kernel"),
+                    format!("`{name}` is not among the package's kernels"),
+                );
+                continue;
+            };
+            if candidate.cluster_kernel != kernel.cluster {
+                problem(
+                    format!("{at}/cluster_kernel"),
+                    format!(
+                        "is {}, but kernel `{name}` has cluster {}",
+                        candidate.cluster_kernel, kernel.cluster
+                    ),
+                );
+            }
+            let scheduling = bucket.cluster_size.is_some() && !kernel.cluster;
+            if candidate.cluster_scheduling != scheduling {
+                problem(
+                    format!("{at}/cluster_scheduling"),
+                    format!(
+                        "is {}; it follows from the bucket and the kernel: {scheduling}",
+                        candidate.cluster_scheduling
+                    ),
+                );
+            }
+            if kernel.cluster && bucket.cluster_size.is_none() {
+                problem(
+                    format!("{at}/kernel"),
+                    format!("cluster kernel `{name}` in a bucket without cluster_size"),
+                );
+            }
+        }
+    }
+
+    if let Some(qualification) = &manifest.qualification {
+        if qualification.buckets.len() != manifest.buckets.len() {
+            problem(
+                "/qualification/buckets".to_string(),
+                format!(
+                    "has {} entries for {} buckets",
+                    qualification.buckets.len(),
+                    manifest.buckets.len()
+                ),
+            );
+        }
+        for (position, (qualified, bucket)) in qualification
+            .buckets
+            .iter()
+            .zip(&manifest.buckets)
+            .enumerate()
+        {
+            let at = format!("/qualification/buckets/{position}");
+            if qualified.index != bucket.index {
+                problem(
+                    format!("{at}/index"),
+                    format!("is {}; expected {}", qualified.index, bucket.index),
+                );
+            }
+            let found: Vec<&str> = qualified
+                .candidates
+                .iter()
+                .map(|candidate| candidate.profile.as_str())
+                .collect();
+            let expected: Vec<&str> = bucket
+                .candidates
+                .iter()
+                .map(|candidate| candidate.profile.as_str())
+                .collect();
+            if found != expected {
+                problem(
+                    format!("{at}/candidates"),
+                    format!(
+                        "names {}; the bucket's candidates are {}",
+                        found.join(", "),
+                        expected.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    problems
+}
+
+/// Compares every file under `dir` with the manifest; returns the contents of the ladder and
+/// the cubins by relative path.
+fn verify_files(
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<BTreeMap<String, Vec<u8>>, PackageError> {
+    let mut expected: BTreeMap<String, &str> = BTreeMap::new();
+    expected.insert(LADDER_FILE.to_string(), &manifest.ladder.sha256);
+    for kernel in &manifest.kernels {
+        expected.insert(kernel.file.clone(), &kernel.sha256);
+    }
+
+    let mut problems = Vec::new();
+    let mut present = BTreeSet::new();
+    let mut listing = Vec::new();
+    list(dir, dir, &mut listing).map_err(|(path, source)| PackageError::Io {
+        action: "list",
+        path,
+        source,
+    })?;
+    for (relative, kind) in listing {
+        let is_listed = relative == MANIFEST_FILE || expected.contains_key(&relative);
+        match kind {
+            EntryKind::File if is_listed => {
+                present.insert(relative);
+            }
+            EntryKind::Directory if relative == KERNELS_DIR => {}
+            EntryKind::Other | EntryKind::Directory if is_listed || relative == KERNELS_DIR => {
+                problems.push(FileProblem {
+                    path: relative,
+                    kind: FileProblemKind::NotAFile,
+                });
+            }
+            EntryKind::Directory => problems.push(FileProblem {
+                path: format!("{relative}/"),
+                kind: FileProblemKind::Extra,
+            }),
+            _ => problems.push(FileProblem {
+                path: relative,
+                kind: FileProblemKind::Extra,
+            }),
+        }
+    }
+
+    let mut contents = BTreeMap::new();
+    for (relative, expected_sha) in expected {
+        if !present.contains(&relative) {
+            if !problems.iter().any(|problem| problem.path == relative) {
+                problems.push(FileProblem {
+                    path: relative,
+                    kind: FileProblemKind::Missing,
+                });
+            }
+            continue;
+        }
+        match fs::read(dir.join(&relative)) {
+            Ok(bytes) => {
+                let found = sha256_hex(&bytes);
+                if found == expected_sha {
+                    contents.insert(relative, bytes);
+                } else {
+                    problems.push(FileProblem {
+                        path: relative,
+                        kind: FileProblemKind::Changed {
+                            expected: expected_sha.to_string(),
+                            found,
+                        },
+                    });
+                }
+            }
+            Err(error) => problems.push(FileProblem {
+                path: relative,
+                kind: FileProblemKind::Unreadable(error.to_string()),
+            }),
+        }
+    }
+
+    if problems.is_empty() {
+        Ok(contents)
+    } else {
+        problems.sort_by(|left, right| left.path.cmp(&right.path));
+        Err(PackageError::Files {
+            dir: dir.to_path_buf(),
+            problems,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryKind {
+    File,
+    Directory,
+    Other,
+}
+
+/// Every entry under `dir`, links not followed; only the kernels directory is descended into,
+/// since nothing else in a package is a directory.
+fn list(
+    root: &Path,
+    dir: &Path,
+    entries: &mut Vec<(String, EntryKind)>,
+) -> Result<(), (PathBuf, std::io::Error)> {
+    let reader = fs::read_dir(dir).map_err(|error| (dir.to_path_buf(), error))?;
+    for entry in reader {
+        let entry = entry.map_err(|error| (dir.to_path_buf(), error))?;
+        let path = entry.path();
+        let file_type = entry.file_type().map_err(|error| (path.clone(), error))?;
+        let relative = path
+            .strip_prefix(root)
+            .expect("entries lie under the root")
+            .components()
+            .map(|component| component.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/");
+        let kind = if file_type.is_file() {
+            EntryKind::File
+        } else if file_type.is_dir() {
+            EntryKind::Directory
+        } else {
+            EntryKind::Other
+        };
+        if kind == EntryKind::Directory && relative == KERNELS_DIR {
+            list(root, &path, entries)?;
+        }
+        entries.push((relative, kind));
+    }
+    Ok(())
+}
+
+fn parse_ladder(path: &Path, bytes: &[u8]) -> Result<Ladder, PackageError> {
+    crate::ladder::validate_ladder_bytes(bytes).map_err(|report| PackageError::InvalidLadder {
+        path: path.to_path_buf(),
+        report: format!("{}\n{}", report.summary(), report.render_for(path)),
+    })
+}
+
+/// Where the manifest disagrees with the ladder it hashes.
+fn ladder_problems(manifest: &Manifest, ladder: &Ladder) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut problem = |pointer: &str, found: String, expected: String| {
+        problems.push(Problem {
+            pointer: pointer.to_string(),
+            message: format!("is {found}; {LADDER_FILE} says {expected}"),
+        });
+    };
+    let record = &manifest.ladder;
+    if record.name != ladder.name {
+        problem(
+            "/ladder/name",
+            format!("`{}`", record.name),
+            format!("`{}`", ladder.name),
+        );
+    }
+    if record.collective != ladder.collective {
+        problem(
+            "/ladder/collective",
+            format!("{:?}", record.collective),
+            format!("{:?}", ladder.collective),
+        );
+    }
+    if record.dtype != ladder.dtype {
+        problem(
+            "/ladder/dtype",
+            record.dtype.name().to_string(),
+            ladder.dtype.name().to_string(),
+        );
+    }
+    if record.world_size != ladder.world_size {
+        problem(
+            "/ladder/world_size",
+            record.world_size.to_string(),
+            ladder.world_size.to_string(),
+        );
+    }
+    if !ladder.targets.contains(&manifest.arch) {
+        let targets: Vec<&str> = ladder.targets.iter().map(|target| target.name()).collect();
+        problem(
+            "/arch",
+            manifest.arch.to_string(),
+            format!("the targets are {}", targets.join(", ")),
+        );
+    }
+    if manifest.buckets.len() != ladder.buckets.len() {
+        problem(
+            "/buckets",
+            format!("{} buckets", manifest.buckets.len()),
+            format!("{}", ladder.buckets.len()),
+        );
+    }
+    for (index, (record, bucket)) in manifest.buckets.iter().zip(&ladder.buckets).enumerate() {
+        let at = |field: &str| format!("/buckets/{index}/{field}");
+        let fields = [
+            (
+                "min_bytes",
+                record.min_bytes,
+                ladder.bucket_min_bytes(index),
+            ),
+            ("max_bytes", record.max_bytes, bucket.max_bytes),
+            (
+                "threads",
+                u64::from(record.threads),
+                u64::from(bucket.threads),
+            ),
+            ("blocks", u64::from(record.blocks), u64::from(bucket.blocks)),
+        ];
+        for (field, found, expected) in fields {
+            if found != expected {
+                problem(&at(field), found.to_string(), expected.to_string());
+            }
+        }
+        if record.cluster_size != bucket.cluster_size {
+            problem(
+                &at("cluster_size"),
+                format!("{:?}", record.cluster_size),
+                format!("{:?}", bucket.cluster_size),
+            );
+        }
+        if record.default != bucket.default {
+            problem(
+                &at("default"),
+                format!("`{}`", record.default),
+                format!("`{}`", bucket.default),
+            );
+        }
+        let found: Vec<&str> = record
+            .candidates
+            .iter()
+            .map(|candidate| candidate.profile.as_str())
+            .collect();
+        let expected: Vec<&str> = bucket.candidates.iter().map(String::as_str).collect();
+        if found != expected {
+            problem(&at("candidates"), found.join(", "), expected.join(", "));
+            continue;
+        }
+        for (slot, candidate) in record.candidates.iter().enumerate() {
+            if let Some(profile) = ladder.profile(&candidate.profile) {
+                if profile.algorithm != candidate.algorithm
+                    || profile.is_nccl() != candidate.kernel.is_none()
+                {
+                    problem(
+                        &at(&format!("candidates/{slot}/algorithm")),
+                        candidate.algorithm.name().to_string(),
+                        profile.algorithm.name().to_string(),
+                    );
+                }
+            }
+        }
+    }
+    problems
+}

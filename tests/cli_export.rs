@@ -1,0 +1,257 @@
+//! `prepare export` refusals, which need no NVRTC: each exits with its code, says what is
+//! wrong, and leaves nothing behind.
+
+mod package_support;
+
+use std::fs;
+use std::path::Path;
+
+use assert_cmd::Command;
+use package_support::{names, LADDER};
+
+/// Runs `prepare` in `dir` with `args`; returns exit code, stdout and stderr.
+fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let output = Command::cargo_bin("prepare")
+        .expect("the binary builds")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("prepare runs");
+    (
+        output.status.code().expect("exited"),
+        String::from_utf8(output.stdout).expect("UTF-8 stdout"),
+        String::from_utf8(output.stderr).expect("UTF-8 stderr"),
+    )
+}
+
+/// A scratch directory holding the GB202 fixture ladder as `ladder.json`.
+fn scratch_with_ladder() -> tempfile::TempDir {
+    let scratch = tempfile::tempdir().expect("temporary directory");
+    fs::write(scratch.path().join("ladder.json"), LADDER).unwrap();
+    scratch
+}
+
+#[test]
+fn an_architecture_the_ladder_does_not_target_is_refused_and_leaves_nothing() {
+    let scratch = scratch_with_ladder();
+    let (code, stdout, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            "sm_90",
+            "--out",
+            "pkg",
+        ],
+    );
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    insta::assert_snapshot!(stderr);
+    assert_eq!(names(scratch.path()), ["ladder.json"]);
+}
+
+#[test]
+fn without_an_architecture_export_says_to_name_one() {
+    let scratch = scratch_with_ladder();
+    let (code, stdout, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--out",
+            "pkg",
+        ],
+    );
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    insta::assert_snapshot!(stderr);
+    assert_eq!(names(scratch.path()), ["ladder.json"]);
+}
+
+#[test]
+fn gpus_are_a_runtime_failure_until_qualification_exists() {
+    let scratch = scratch_with_ladder();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--gpus",
+            "0,1",
+            "--out",
+            "pkg",
+        ],
+    );
+    assert_eq!(code, 3, "{stderr}");
+    insta::assert_snapshot!(stderr);
+    assert_eq!(names(scratch.path()), ["ladder.json"]);
+}
+
+#[test]
+fn unknown_architectures_and_conflicting_flags_are_usage_errors() {
+    let scratch = scratch_with_ladder();
+    for args in [
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            "sm_99",
+            "--out",
+            "pkg",
+        ][..],
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            "sm_120",
+            "--gpus",
+            "0",
+            "--out",
+            "pkg",
+        ],
+        &["export", "--arch", "sm_120", "--out", "pkg"],
+    ] {
+        let (code, _, stderr) = run_in(scratch.path(), args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+    }
+    let (_, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            "sm_99",
+            "--out",
+            "pkg",
+        ],
+    );
+    assert!(
+        stderr.contains("unknown architecture; expected one of sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, sm_121"),
+        "{stderr}"
+    );
+    assert_eq!(names(scratch.path()), ["ladder.json"]);
+}
+
+#[test]
+fn an_existing_output_is_refused_before_compiling() {
+    let scratch = scratch_with_ladder();
+    fs::create_dir(scratch.path().join("pkg")).unwrap();
+    fs::write(scratch.path().join("pkg/keep.txt"), "keep").unwrap();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            "sm_120",
+            "--out",
+            "pkg",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: pkg already exists; pass --force to replace it\n"
+    );
+    assert_eq!(names(&scratch.path().join("pkg")), ["keep.txt"]);
+}
+
+#[test]
+fn a_missing_ladder_is_refused_naming_it() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "absent.json",
+            "--arch",
+            "sm_120",
+            "--out",
+            "pkg",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: cannot read ladder absent.json: "),
+        "{stderr}"
+    );
+    assert!(names(scratch.path()).is_empty());
+}
+
+#[test]
+fn an_invalid_ladder_is_refused_with_the_report_of_prepare_validate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = tempfile::tempdir().unwrap();
+    for fixture in [
+        "cluster_size_without_512_threads.json",
+        "json_syntax__trailing_comma.json",
+        "unknown_field__typo.json",
+    ] {
+        let ladder = root.join("tests/fixtures/ladders/invalid").join(fixture);
+        let ladder = ladder.to_str().unwrap();
+        let (code, stdout, stderr) = run_in(
+            scratch.path(),
+            &[
+                "export",
+                "--collective-ladder",
+                ladder,
+                "--arch",
+                "sm_90",
+                "--out",
+                "pkg",
+            ],
+        );
+        assert_eq!((code, stdout.as_str()), (1, ""), "{fixture}: {stderr}");
+        let (_, report, _) = run_in(scratch.path(), &["validate", ladder]);
+        let diagnostics: Vec<&str> = report.lines().skip(1).collect();
+        assert!(!diagnostics.is_empty(), "{fixture}: {report}");
+        assert_eq!(
+            stderr.lines().skip(1).collect::<Vec<_>>(),
+            diagnostics,
+            "{fixture}"
+        );
+        assert!(
+            stderr.starts_with(&format!("error: {ladder} is not a valid ladder: ")),
+            "{stderr}"
+        );
+        assert!(names(scratch.path()).is_empty());
+    }
+}
+
+#[test]
+fn a_shipped_gb202_ladder_for_sm_90_is_refused_naming_the_rule() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = tempfile::tempdir().unwrap();
+    for ladder in [
+        "gb202_pcie_tp4",
+        "gb202_pcie_tp4_clustered",
+        "gb202_pcie_tp4_clustered_full",
+    ] {
+        let file = root.join("ladders").join(format!("{ladder}.json"));
+        let (code, stdout, stderr) = run_in(
+            scratch.path(),
+            &[
+                "export",
+                "--collective-ladder",
+                file.to_str().unwrap(),
+                "--arch",
+                "sm_90",
+                "--out",
+                "pkg",
+            ],
+        );
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert_eq!(
+            stderr,
+            format!("error: ladder {ladder} targets sm_120, sm_121 only, not sm_90 [architecture_not_targeted]\n")
+        );
+        assert!(names(scratch.path()).is_empty(), "nothing is left behind");
+    }
+}

@@ -1,0 +1,226 @@
+//! `prepare export` and `prepare show` with NVRTC: every shipped ladder for each of its
+//! targets. Skips when NVRTC is missing unless `PREPARE_REQUIRE_NVRTC=1`, which CI sets so that
+//! these tests can never pass by skipping.
+
+mod package_support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use package_support::{files, names, settings};
+use prepare::gpu::nvrtc::Nvrtc;
+use prepare::kernels::kernels_for_ladder;
+use prepare::ladder::{validate_ladder_file, Ladder};
+use prepare::package::open_package;
+
+fn nvrtc_present() -> bool {
+    match Nvrtc::load() {
+        Ok(_) => true,
+        Err(error) if std::env::var("PREPARE_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            panic!("PREPARE_REQUIRE_NVRTC=1 but {error}")
+        }
+        Err(error) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipped: {error}");
+            }
+            false
+        }
+    }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn shipped_ladders() -> Vec<(PathBuf, Ladder)> {
+    let mut files: Vec<PathBuf> = fs::read_dir(root().join("ladders"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "json")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "ladders/ holds the shipped ladders");
+    files
+        .into_iter()
+        .map(|file| {
+            let ladder = validate_ladder_file(&file).unwrap();
+            (file, ladder)
+        })
+        .collect()
+}
+
+/// Runs `prepare` in `dir`; returns exit code, stdout and stderr.
+fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let output = Command::cargo_bin("prepare")
+        .unwrap()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code().expect("exited"),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+fn export(dir: &Path, ladder: &Path, arch: &str, out: &str, force: bool) -> (i32, String, String) {
+    let ladder = ladder.to_str().unwrap();
+    let mut args = vec![
+        "export",
+        "--collective-ladder",
+        ladder,
+        "--arch",
+        arch,
+        "--out",
+        out,
+    ];
+    if force {
+        args.push("--force");
+    }
+    run_in(dir, &args)
+}
+
+/// Register counts and cubin sizes change with every kernel edit and are checked above; the
+/// snapshots pin the rest, for the NVRTC wheel CI installs.
+fn show_settings(package: &Path) -> insta::Settings {
+    let mut settings = settings(package);
+    settings.add_filter(
+        r"(?m)^(all_reduce_\w+(?: \[cluster kernel\])?) +\d+ ",
+        "$1  [registers] ",
+    );
+    settings.add_filter(
+        r"(?m) +\d+(?:\.\d)? (?:B|KiB|MiB)  (all_reduce_\w+\.cu)$",
+        "  [cubin size]  $1",
+    );
+    settings
+}
+
+/// Packages whose `prepare show` output is pinned by a snapshot.
+const SHOWN: [(&str, &str); 2] = [
+    ("h200_nvlink_tp2_clustered", "sm_90"),
+    ("gb202_pcie_tp4_clustered_full", "sm_121"),
+];
+
+#[test]
+fn every_shipped_ladder_exports_for_each_of_its_targets_and_shows() {
+    if !nvrtc_present() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let mut exported = Vec::new();
+    for (file, ladder) in shipped_ladders() {
+        for arch in &ladder.targets {
+            let out = format!("{}.{arch}", ladder.name);
+            let (code, stdout, stderr) = export(scratch.path(), &file, arch.name(), &out, false);
+            assert_eq!((code, stderr.as_str()), (0, ""), "{out}");
+
+            let package = open_package(&scratch.path().join(&out)).unwrap();
+            let summary = format!(
+                "Exported `{}` for {arch} to {out}\n  identity  {}\n  kernels   {}\n  buckets   {}\n",
+                ladder.name,
+                package.identity(),
+                package.kernels().count(),
+                ladder.buckets.len()
+            );
+            assert_eq!(stdout, summary);
+            assert_eq!(package.ladder(), &ladder);
+            assert_eq!(
+                fs::read(scratch.path().join(&out).join("ladder.json")).unwrap(),
+                fs::read(&file).unwrap(),
+                "ladder.json is the ladder file's bytes"
+            );
+            let expected: Vec<String> = kernels_for_ladder(&ladder)
+                .into_iter()
+                .map(|spec| spec.name)
+                .collect();
+            let found: Vec<String> = package
+                .kernels()
+                .map(|(record, _)| record.name.clone())
+                .collect();
+            assert_eq!(found, expected, "{out}");
+            for (record, cubin) in package.kernels() {
+                assert!(
+                    cubin.starts_with(b"\x7fELF"),
+                    "{out}: {} is an ELF cubin",
+                    record.name
+                );
+                assert!(
+                    record.registers > 0,
+                    "{out}: {} uses registers",
+                    record.name
+                );
+            }
+            assert_eq!(package.manifest().compiler.nvrtc_version, "13.0");
+
+            if SHOWN.contains(&(ladder.name.as_str(), arch.name())) {
+                let (code, stdout, stderr) = run_in(scratch.path(), &["show", &out]);
+                assert_eq!((code, stderr.as_str()), (0, ""));
+                show_settings(Path::new(&out)).bind(|| {
+                    insta::assert_snapshot!(format!("show_{out}"), stdout);
+                });
+            }
+            exported.push(out);
+        }
+    }
+    exported.sort();
+    assert_eq!(
+        names(scratch.path()),
+        exported,
+        "nothing else is left behind"
+    );
+}
+
+#[test]
+fn export_is_deterministic_and_force_replaces_atomically() {
+    if !nvrtc_present() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let tp2 = root().join("ladders/h200_nvlink_tp2.json");
+    let tp4 = root().join("ladders/h200_nvlink_tp4.json");
+
+    assert_eq!(export(scratch.path(), &tp2, "sm_90", "first", false).0, 0);
+    assert_eq!(export(scratch.path(), &tp2, "sm_90", "second", false).0, 0);
+    let first = files(&scratch.path().join("first"));
+    assert_eq!(
+        first,
+        files(&scratch.path().join("second")),
+        "same inputs, same bytes"
+    );
+
+    let (code, _, stderr) = export(scratch.path(), &tp4, "sm_90", "first", false);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: first already exists; pass --force to replace it\n"
+        )
+    );
+    assert_eq!(
+        files(&scratch.path().join("first")),
+        first,
+        "the old package stays"
+    );
+
+    let (code, stdout, stderr) = export(scratch.path(), &tp4, "sm_90", "first", true);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(
+        stdout.starts_with(
+            "Exported `h200_nvlink_tp4` for sm_90 to first (replaced the previous package)\n"
+        ),
+        "{stdout}"
+    );
+    let package = open_package(&scratch.path().join("first")).unwrap();
+    assert_eq!(package.ladder().name, "h200_nvlink_tp4");
+    assert_eq!(
+        names(scratch.path()),
+        ["first", "second"],
+        "nothing else is left behind"
+    );
+}

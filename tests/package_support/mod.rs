@@ -1,0 +1,179 @@
+//! Shared fixtures for package tests: a ladder with ordinary, clustered and NCCL candidates,
+//! and a compilation with fake cubins built from the kernel table, so packages can be written
+//! and read without NVRTC.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use prepare::compile::{Compilation, CompiledKernel};
+use prepare::kernels::kernel_for;
+use prepare::ladder::{Arch, Ladder};
+
+/// A TP4 GB202 ladder: an unclustered bucket (one profile with its own block count), a
+/// clustered bucket with a cluster kernel and an ordinary kernel under cluster scheduling.
+pub const LADDER: &str = r#"{
+  "format_version": 1,
+  "name": "test_tp4_clustered",
+  "collective": "all_reduce",
+  "dtype": "bf16",
+  "world_size": 4,
+  "targets": ["sm_120", "sm_121"],
+  "profiles": [
+    { "id": "one_shot_push", "algorithm": "one_shot", "transfer": "push" },
+    { "id": "one_shot_pull_32", "algorithm": "one_shot", "transfer": "pull", "blocks": 32 },
+    { "id": "rsag_phased", "algorithm": "rsag", "schedule": "phased", "active_clusters": 1 },
+    { "id": "nccl", "algorithm": "nccl" },
+    { "id": "nccl_4cta", "algorithm": "nccl", "max_ctas": 4 }
+  ],
+  "buckets": [
+    { "max_bytes": 16384, "threads": 256, "blocks": 16,
+      "candidates": ["one_shot_push", "one_shot_pull_32", "nccl"], "default": "one_shot_push" },
+    { "max_bytes": 98304, "threads": 512, "blocks": 64, "cluster_size": 8,
+      "candidates": ["one_shot_push", "rsag_phased", "nccl", "nccl_4cta"], "default": "rsag_phased" }
+  ]
+}
+"#;
+
+/// A ladder whose only candidates are NCCL: it compiles no kernel.
+pub const NCCL_ONLY_LADDER: &str = r#"{
+  "format_version": 1,
+  "name": "test_tp2_nccl_only",
+  "collective": "all_reduce",
+  "dtype": "bf16",
+  "world_size": 2,
+  "targets": ["sm_90"],
+  "profiles": [ { "id": "nccl", "algorithm": "nccl" } ],
+  "buckets": [
+    { "max_bytes": 65536, "threads": 512, "blocks": 8, "candidates": ["nccl"], "default": "nccl" }
+  ]
+}
+"#;
+
+/// Parses a fixture ladder.
+pub fn ladder(text: &str) -> Ladder {
+    serde_json::from_str(text).expect("fixture ladders parse")
+}
+
+/// A compilation of every kernel the ladder's profiles need, with fake cubins that differ per
+/// kernel and architecture.
+pub fn compilation(ladder: &Ladder, arch: Arch) -> Compilation {
+    let mut kernels = BTreeMap::new();
+    for profile in &ladder.profiles {
+        let Some(spec) = kernel_for(profile, ladder.dtype) else {
+            continue;
+        };
+        let mut cubin = b"\x7fELF fake cubin ".to_vec();
+        cubin.extend_from_slice(spec.name.as_bytes());
+        cubin.extend_from_slice(arch.name().as_bytes());
+        cubin.extend((0..=255u8).cycle().take(300));
+        let registers = 32 + spec.name.len() as u32;
+        kernels.insert(
+            spec.name.clone(),
+            CompiledKernel {
+                name: spec.name,
+                source: spec.source.to_string(),
+                cluster: spec.cluster,
+                arch,
+                cubin,
+                registers,
+                shared_bytes: if spec.cluster { 16 * 1024 } else { 0 },
+                spill_store_bytes: 0,
+                spill_load_bytes: 0,
+                stack_bytes: 8,
+            },
+        );
+    }
+    Compilation {
+        nvrtc_version: (13, 0),
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "-std=c++17".to_string(),
+            "--ptxas-options=-v".to_string(),
+        ],
+        kernels: kernels.into_values().collect(),
+    }
+}
+
+/// Writes the fixture ladder's package for `arch` into `out`.
+pub fn write_fixture(out: &Path, arch: Arch) -> prepare::package::PackageSummary {
+    let ladder = ladder(LADDER);
+    prepare::package::write_package(
+        out,
+        LADDER,
+        &ladder,
+        &compilation(&ladder, arch),
+        arch,
+        false,
+    )
+    .expect("the fixture package writes")
+}
+
+/// Every file under `dir`, relative and `/`-separated, with its bytes.
+pub fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).expect("directory lists") {
+            let path = entry.expect("entry reads").path();
+            if path.is_dir() {
+                walk(root, &path, files);
+            } else {
+                let relative = path.strip_prefix(root).expect("under root");
+                let relative = relative
+                    .components()
+                    .map(|part| part.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                files.insert(relative, std::fs::read(&path).expect("file reads"));
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
+}
+
+/// Names in a directory, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("directory lists")
+        .map(|entry| {
+            entry
+                .expect("entry reads")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// A scratch directory and a package path inside it.
+pub fn scratch() -> (tempfile::TempDir, PathBuf) {
+    let scratch = tempfile::tempdir().expect("temporary directory");
+    let out = scratch.path().join("pkg");
+    (scratch, out)
+}
+
+/// Snapshot settings for command output: the package path, every sha256 and the tool version
+/// are replaced.
+pub fn settings(package: &Path) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(&regex_escape(&package.display().to_string()), "[package]");
+    settings.add_filter("[0-9a-f]{64}", "[sha256]");
+    settings.add_filter(&regex_escape(prepare::TOOL_VERSION), "[tool version]");
+    settings
+}
+
+/// Escapes regular expression metacharacters.
+pub fn regex_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for character in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(character) {
+            escaped.push('\\');
+        }
+        escaped.push(character);
+    }
+    escaped
+}
