@@ -1,19 +1,18 @@
 //! `prepare check`'s work on one rank: the runtime comes up, NCCL's all-reduce is compared with
-//! the reference sum, and with a ladder every custom candidate of every bucket runs once at the
-//! bucket's largest size on fresh random data and must give the reference's exact bytes. An
+//! the reference sum, and with a package every custom candidate of every bucket runs once at
+//! the bucket's largest size on fresh random data and must give the reference's exact bytes. An
 //! optional soak repeats collectives so that faults (a peer killed or stopped) can be seen to
 //! end every other rank within the timeout.
 
 use std::time::Instant;
 
 use crate::agree::Topology;
-use crate::compile;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{DeviceBuffer, Geometry, LoadedKernel, ModuleImage};
 use crate::kernels;
-use crate::ladder::{Bucket, Ladder, Profile};
-use crate::progress::Silent;
+use crate::ladder::{Bucket, Profile};
+use crate::package::Package;
 use crate::reference::{random_inputs, reference_sum_bf16};
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
 
@@ -30,13 +29,15 @@ pub enum CheckError {
     /// The runtime failed (driver, NCCL, a timeout naming the rank).
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// The kernels could not be compiled.
-    #[error("rank {rank}")]
-    Compile {
+    /// The package does not fit this GPU.
+    #[error("rank {rank}: the package is for {package}, this GPU is {device}")]
+    WrongArchitecture {
         /// This rank.
         rank: u32,
-        /// Why.
-        source: compile::CompileError,
+        /// The package's architecture.
+        package: String,
+        /// The GPU's.
+        device: String,
     },
     /// A kernel gave up waiting for a peer.
     #[error("rank {rank}: {what}: {abort}")]
@@ -227,7 +228,7 @@ pub enum SoakCollective {
 /// follow the checks.
 pub fn check_rank(
     runtime: &Runtime,
-    ladder: Option<&Ladder>,
+    package: Option<&Package>,
     soak: u32,
     soak_collective: SoakCollective,
     log: &dyn Fn(String),
@@ -248,7 +249,8 @@ pub fn check_rank(
     let mut candidates = Vec::new();
     let mut memory: Option<(PeerMemory, DeviceBuffer)> = None;
     let mut prepared: Vec<Prepared<'_>> = Vec::new();
-    if let Some(ladder) = ladder {
+    if let Some(package) = package {
+        let ladder = package.ladder();
         let peer_reason = match runtime.topology() {
             Topology::PeerKernels => None,
             Topology::NcclOnly { reason } => Some(reason.clone()),
@@ -256,10 +258,16 @@ pub fn check_rank(
         let info = crate::gpu::driver::Driver::open()
             .and_then(|driver| driver.describe(runtime.device().ordinal()))
             .map_err(driver)?;
-        let arch = info.description().map_err(driver)?.arch;
-        if peer_reason.is_none() {
-            let compilation = compile::compile_ladder(ladder, arch, &Silent)
-                .map_err(|source| CheckError::Compile { rank, source })?;
+        if info.arch != Some(package.arch()) {
+            return Err(CheckError::WrongArchitecture {
+                rank,
+                package: package.arch().to_string(),
+                device: info.arch_name(),
+            });
+        }
+        if let Some(reason) = peer_reason {
+            log(format!("custom kernels are not checked: {reason}"));
+        } else {
             let buffer_bytes = kernels::peer_buffer_bytes(ladder) as usize;
             let scratch_offset = kernels::input_region_bytes(ladder) as usize;
             let peer = runtime.map_peer_memory(buffer_bytes, scratch_offset)?;
@@ -269,12 +277,12 @@ pub fn check_rank(
                 .map_err(driver)?;
             memory = Some((peer, output));
             let mut modules = Vec::new();
-            for kernel in &compilation.kernels {
+            for (record, cubin) in package.kernels() {
                 let module = runtime
                     .device()
-                    .load_module(ModuleImage::Cubin(&kernel.cubin))
+                    .load_module(ModuleImage::Cubin(cubin))
                     .map_err(driver)?;
-                modules.push((kernel.name.clone(), kernel.cluster, module));
+                modules.push((record.name.clone(), module));
             }
             for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
                 for id in &bucket.candidates {
@@ -284,11 +292,11 @@ pub fn check_rank(
                     let Some(spec) = kernels::kernel_for(profile, ladder.dtype) else {
                         continue;
                     };
-                    let (_, cluster, module) = modules
+                    let (_, module) = modules
                         .iter()
-                        .find(|(name, _, _)| *name == spec.name)
-                        .expect("every kernel of the ladder was compiled");
-                    let kernel = module.load(&spec.name, *cluster).map_err(driver)?;
+                        .find(|(name, _)| *name == spec.name)
+                        .expect("a verified package holds every kernel its ladder needs");
+                    let kernel = module.load(&spec.name, spec.cluster).map_err(driver)?;
                     let geometry = geometry_for(bucket, profile).map_err(driver)?;
                     let resident = kernel.resident_capacity(geometry).map_err(driver)?;
                     if let Err(reason) = check_candidate_residency(bucket, profile, resident) {
@@ -309,8 +317,6 @@ pub fn check_rank(
                     });
                 }
             }
-        } else if let Some(reason) = peer_reason {
-            log(format!("custom kernels are not checked: {reason}"));
         }
     }
 
@@ -408,7 +414,7 @@ pub fn check_rank(
             (SoakCollective::Custom, _, _) => {
                 return Err(CheckError::Runtime(RuntimeError::Setup {
                     rank,
-                    message: "a custom soak needs a ladder and peer kernels".to_owned(),
+                    message: "a custom soak needs a package and peer kernels".to_owned(),
                 }))
             }
             (SoakCollective::Nccl, _, _) => None,

@@ -33,6 +33,26 @@ fn ladder(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Exports a shipped ladder for sm_90 into a fresh directory (NVRTC runs in its own process,
+/// before any GPU work).
+fn export(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
+    let output = Command::new(prepare_bin())
+        .args(["export", "--arch", "sm_90", "--collective-ladder"])
+        .arg(ladder(name))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "export of {name} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (dir, out)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -122,16 +142,10 @@ fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
         return;
     }
     for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+        let (_dir, package) = export(name);
         let output = Command::new(prepare_bin())
-            .args([
-                "check",
-                "--gpus",
-                "0,1",
-                "--timeout",
-                "30",
-                "--collective-ladder",
-            ])
-            .arg(ladder(name))
+            .args(["check", "--gpus", "0,1", "--timeout", "30", "--package"])
+            .arg(&package)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -177,7 +191,7 @@ fn fault_during_soak(collective: &str, signal: Signal) {
         return;
     }
     let port = free_port();
-    let tp2 = ladder("h200_nvlink_tp2.json");
+    let (_dir, tp2) = export("h200_nvlink_tp2.json");
     let args = [
         "--timeout",
         "5",
@@ -185,7 +199,7 @@ fn fault_during_soak(collective: &str, signal: Signal) {
         "100000000",
         "--soak-collective",
         collective,
-        "--collective-ladder",
+        "--package",
         tp2.to_str().unwrap(),
     ];
     let survivor = start_rank(0, port, "one", &args);
@@ -245,13 +259,8 @@ fn a_rank_on_another_host_turns_peer_kernels_off_for_all() {
         return;
     }
     let port = free_port();
-    let tp2 = ladder("h200_nvlink_tp2.json");
-    let args = [
-        "--timeout",
-        "30",
-        "--collective-ladder",
-        tp2.to_str().unwrap(),
-    ];
+    let (_dir, tp2) = export("h200_nvlink_tp2.json");
+    let args = ["--timeout", "30", "--package", tp2.to_str().unwrap()];
     let ranks = [
         start_rank(0, port, "host-a", &args),
         start_rank(1, port, "host-b", &args),

@@ -1,5 +1,5 @@
 //! `prepare check`: brings the runtime up on every GPU (one process each, like torchrun),
-//! compares NCCL's all-reduce with the reference sum and, given a ladder, runs every custom
+//! compares NCCL's all-reduce with the reference sum and, given a package, runs every custom
 //! candidate once per bucket and requires the reference's exact bytes on every rank.
 
 use std::path::PathBuf;
@@ -22,9 +22,9 @@ pub struct Args {
     /// Seconds any step may take before the rank gives up and names who is missing.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
-    /// A ladder whose custom candidates are compiled and checked for exactness.
-    #[arg(long, value_name = "FILE")]
-    collective_ladder: Option<PathBuf>,
+    /// A package (from `prepare export`) whose custom candidates are checked for exactness.
+    #[arg(long, value_name = "DIR")]
+    package: Option<PathBuf>,
     /// Collectives to repeat after the checks.
     #[arg(long, default_value_t = 0)]
     soak: u32,
@@ -131,8 +131,8 @@ fn free_port() -> anyhow::Result<u16> {
 fn run_rank(args: &Args, environment: &RankEnvironment, timeout: Duration) -> Result<(), Failure> {
     let gpu = gpu_for_rank(environment, std::env::var("PREPARE_GPUS").ok().as_deref())
         .map_err(Failure::refused)?;
-    let ladder = match &args.collective_ladder {
-        Some(path) => Some(prepare::ladder::validate_ladder_file(path).map_err(Failure::refused)?),
+    let package = match &args.package {
+        Some(dir) => Some(prepare::package::open_package(dir).map_err(Failure::refused)?),
         None => None,
     };
     let setup = RankSetup {
@@ -162,7 +162,7 @@ fn run_rank(args: &Args, environment: &RankEnvironment, timeout: Duration) -> Re
     };
     let report = check_rank(
         &runtime,
-        ladder.as_ref(),
+        package.as_ref(),
         args.soak,
         soak_collective,
         &|line| println!("{line}"),
