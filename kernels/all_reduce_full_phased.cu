@@ -59,7 +59,7 @@ __device__ void full_phased(const AllReduceParams& params, ClusterFlags& flags, 
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
     for_each_owned(

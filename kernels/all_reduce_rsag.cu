@@ -109,7 +109,9 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
         unsigned char* destination = params.buffers[owner] + params.scratch_offset + rank * slot;
         for_each_owned(
             slice, workers,
-            [&](u64 v) { store_vector(destination, v - slice.begin_vector, load_vector(input, v)); },
+            [&](u64 v) {
+                store_vector(destination, v - slice.begin_vector, load_vector(input, v));
+            },
             [&](u64 e) {
                 store_element(destination, e - slice.begin_vector * 8, load_element(input, e));
             });
@@ -123,7 +125,8 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input + own.begin_vector * 16 : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input + own.begin_vector * 16
+                                                          : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
     for_each_owned(

@@ -54,7 +54,9 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
             params.buffers[destination_rank] + params.scratch_offset + rank * slot;
         for_each_owned(
             slice, workers,
-            [&](u64 v) { store_vector(destination, v - slice.begin_vector, load_vector(input, v)); },
+            [&](u64 v) {
+                store_vector(destination, v - slice.begin_vector, load_vector(input, v));
+            },
             [&](u64 e) {
                 store_element(destination, e - slice.begin_vector * 8, load_element(input, e));
             });
@@ -70,7 +72,8 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input + own.begin_vector * 16 : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input + own.begin_vector * 16
+                                                          : own_scratch + q * slot;
     }
     for_each_owned(
         own, workers,
