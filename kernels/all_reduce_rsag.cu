@@ -176,7 +176,9 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
 
 }  // namespace prepare
 
-extern "C" __global__ void all_reduce_rsag_pull_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_rsag_pull_bf16(AllReduceParams params) {
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }
@@ -184,7 +186,9 @@ extern "C" __global__ void all_reduce_rsag_pull_bf16(AllReduceParams params) {
     PREPARE_DISPATCH_WORLD(prepare::rsag_pull, params, flags)
 }
 
-extern "C" __global__ void all_reduce_rsag_push_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_rsag_push_bf16(AllReduceParams params) {
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }

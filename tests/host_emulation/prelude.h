@@ -17,6 +17,7 @@ inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __launch_bounds__(threads)
 
 // One CUDA block: its barrier, its cluster's barrier and blocks, its shared memory.
 struct EmuBlock {
