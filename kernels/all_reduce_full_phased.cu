@@ -59,7 +59,7 @@ __device__ void full_phased(const AllReduceParams& params, ClusterFlags& flags, 
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
     for_each_owned(
@@ -87,7 +87,9 @@ __device__ void full_phased(const AllReduceParams& params, ClusterFlags& flags, 
 
 }  // namespace prepare
 
-extern "C" __global__ void all_reduce_full_phased_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_full_phased_bf16(AllReduceParams params) {
     // One active cluster: the others leave before any cluster barrier or flag.
     if (prepare::cluster_index() != 0) {
         return;

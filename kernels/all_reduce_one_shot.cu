@@ -106,7 +106,7 @@ __device__ void one_shot_push(const AllReduceParams& params, BlockFlags& flags) 
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
     for_each_owned(
@@ -132,7 +132,9 @@ __device__ void one_shot_push(const AllReduceParams& params, BlockFlags& flags) 
 
 }  // namespace prepare
 
-extern "C" __global__ void all_reduce_one_shot_pull_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_one_shot_pull_bf16(AllReduceParams params) {
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }
@@ -140,7 +142,9 @@ extern "C" __global__ void all_reduce_one_shot_pull_bf16(AllReduceParams params)
     PREPARE_DISPATCH_WORLD(prepare::one_shot_pull, params, flags)
 }
 
-extern "C" __global__ void all_reduce_one_shot_push_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_one_shot_push_bf16(AllReduceParams params) {
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }

@@ -109,7 +109,9 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
         unsigned char* destination = params.buffers[owner] + params.scratch_offset + rank * slot;
         for_each_owned(
             slice, workers,
-            [&](u64 v) { store_vector(destination, v - slice.begin_vector, load_vector(input, v)); },
+            [&](u64 v) {
+                store_vector(destination, v - slice.begin_vector, load_vector(input, v));
+            },
             [&](u64 e) {
                 store_element(destination, e - slice.begin_vector * 8, load_element(input, e));
             });
@@ -123,7 +125,8 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input + own.begin_vector * 16 : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input + own.begin_vector * 16
+                                                          : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
     for_each_owned(
@@ -173,7 +176,9 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
 
 }  // namespace prepare
 
-extern "C" __global__ void all_reduce_rsag_pull_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_rsag_pull_bf16(AllReduceParams params) {
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }
@@ -181,7 +186,9 @@ extern "C" __global__ void all_reduce_rsag_pull_bf16(AllReduceParams params) {
     PREPARE_DISPATCH_WORLD(prepare::rsag_pull, params, flags)
 }
 
-extern "C" __global__ void all_reduce_rsag_push_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_rsag_push_bf16(AllReduceParams params) {
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }

@@ -54,7 +54,9 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
             params.buffers[destination_rank] + params.scratch_offset + rank * slot;
         for_each_owned(
             slice, workers,
-            [&](u64 v) { store_vector(destination, v - slice.begin_vector, load_vector(input, v)); },
+            [&](u64 v) {
+                store_vector(destination, v - slice.begin_vector, load_vector(input, v));
+            },
             [&](u64 e) {
                 store_element(destination, e - slice.begin_vector * 8, load_element(input, e));
             });
@@ -70,7 +72,8 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
     const unsigned char* sources[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = q == rank ? input + own.begin_vector * 16 : own_scratch + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank ? input + own.begin_vector * 16
+                                                          : own_scratch + q * slot;
     }
     for_each_owned(
         own, workers,
@@ -117,7 +120,9 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
 
 }  // namespace prepare
 
-extern "C" __global__ void all_reduce_rsag_phased_bf16(AllReduceParams params) {
+// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
+extern "C" __global__ void __launch_bounds__(1024)
+    all_reduce_rsag_phased_bf16(AllReduceParams params) {
     // One active cluster: the others leave before any cluster barrier or flag.
     if (prepare::cluster_index() != 0) {
         return;

@@ -8,6 +8,8 @@
 //   signals: PREPARE_SIGNAL_WORDS 64-bit flags, written by peers with st.release.sys and read
 //            by the owner with ld.acquire.sys; zeroed once at allocation, never reset.
 //   state:   local only: state[0] is the sticky abort word, state[1 + b] block b's epoch.
+// After an abort the ranks' epochs may disagree: only zeroing every rank's signals and state
+// together (no launch in flight anywhere) makes the kernels usable again.
 // Epochs live in device memory and advance on every launch, so a captured graph replays any
 // number of times. A spin that passes `timeout_ns` (against %globaltimer) stores an abort code
 // in state[0] and returns; every later launch sees it and returns at once.

@@ -1,8 +1,8 @@
 // prepare_bf16.cuh: bf16 as raw bits and the exact reduction every custom kernel performs.
 //
 // The reduction of one element over N ranks is, in this order and nothing else:
-//   acc = float(x[0]); acc += float(x[1]); ...; acc += float(x[N-1]);   (fp32, round to nearest even)
-//   result = bf16(acc)                                                 (one round to nearest even)
+//   acc = float(x[0]); acc += float(x[1]); ...; acc += float(x[N-1]);  (fp32, nearest even)
+//   result = bf16(acc);                                                 (once, nearest even)
 // Starting from rank 0's value (not 0.0) keeps -0; additions are explicit `add.rn.f32` (no FTZ,
 // no contraction, whatever the compile flags); a NaN result becomes the canonical 0x7FFF. The
 // host mirror is `prepare::reference::reference_sum_bf16`; the two must agree bit for bit.
@@ -79,7 +79,8 @@ __device__ __forceinline__ unsigned short load_element(const unsigned char* base
     return reinterpret_cast<const unsigned short*>(base)[element];
 }
 
-__device__ __forceinline__ void store_element(unsigned char* base, u64 element, unsigned short value) {
+__device__ __forceinline__ void store_element(unsigned char* base, u64 element,
+                                              unsigned short value) {
     reinterpret_cast<unsigned short*>(base)[element] = value;
 }
 

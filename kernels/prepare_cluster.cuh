@@ -34,11 +34,13 @@ __device__ __forceinline__ unsigned int cluster_index() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile(
         "barrier.cluster.arrive.release;\n\t"
-        "barrier.cluster.wait.acquire;" ::: "memory");
+        "barrier.cluster.wait.acquire;" ::
+            : "memory");
 }
 
 // Stores `value` into the copy of the shared variable `local` that CTA `cta` of the cluster has.
-__device__ __forceinline__ void store_cluster_shared(const int* local, unsigned int cta, int value) {
+__device__ __forceinline__ void store_cluster_shared(const int* local, unsigned int cta,
+                                                     int value) {
     unsigned int own_address;
     asm("{\n\t.reg .u64 generic_address;\n\t"
         "cvta.to.shared.u64 generic_address, %1;\n\t"
@@ -117,8 +119,8 @@ __device__ __forceinline__ bool cluster_exchange(const AllReduceParams& params, 
     return outcome == 0;
 }
 
-__device__ __forceinline__ void cluster_end(const AllReduceParams& params, const ClusterFlags& flags,
-                                            unsigned int cta) {
+__device__ __forceinline__ void cluster_end(const AllReduceParams& params,
+                                            const ClusterFlags& flags, unsigned int cta) {
     if (cta == 0 && threadIdx.x == 0) {
         params.state[1 + blockIdx.x] = flags.epoch;
     }

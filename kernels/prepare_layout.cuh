@@ -79,9 +79,13 @@ __device__ __forceinline__ u64 slot_bytes(u64 elements) {
 template <typename VectorOp, typename ElementOp>
 __device__ __forceinline__ void for_each_owned(const Range& range, const Workers& workers,
                                                VectorOp vector_op, ElementOp element_op) {
+    // Not unrolled: every kernel must fit 64 registers (1024-thread blocks) without spilling;
+    // each iteration already has a load per rank in flight.
+#pragma unroll 1
     for (u64 v = range.begin_vector + workers.index; v < range.end_vector; v += workers.count) {
         vector_op(v);
     }
+#pragma unroll 1
     for (u64 e = range.tail_begin + workers.index; e < range.tail_end; e += workers.count) {
         element_op(e);
     }

@@ -60,7 +60,7 @@ __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int
 }
 
 __device__ __forceinline__ u64* signal_word(u64* signals, unsigned int set, unsigned int source,
-                                           unsigned int block) {
+                                            unsigned int block) {
     return signals + (static_cast<u64>(set) * PREPARE_MAX_RANKS + source) * PREPARE_MAX_BLOCKS +
            block;
 }
@@ -79,7 +79,8 @@ __device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadli
 // Checks what the kernels rely on; every thread computes the same answer, so a refusal is a
 // uniform return. `blocks` is the grid's block count (each has its own epoch and flags); a
 // block needs a thread per rank to raise and wait for flags.
-__device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params, unsigned int blocks) {
+__device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
+                                                unsigned int blocks) {
     if (params.world < 2 || params.world > PREPARE_MAX_RANKS || params.rank >= params.world) {
         return false;
     }
@@ -99,8 +100,8 @@ __device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params, u
     u64 addresses = reinterpret_cast<u64>(params.output) | params.scratch_offset |
                     reinterpret_cast<u64>(params.state);
     for (unsigned int q = 0; q < params.world; ++q) {
-        addresses |= reinterpret_cast<u64>(params.buffers[q]) |
-                     reinterpret_cast<u64>(params.signals[q]);
+        addresses |=
+            reinterpret_cast<u64>(params.buffers[q]) | reinterpret_cast<u64>(params.signals[q]);
     }
     return (addresses % PREPARE_ALIGNMENT_BYTES) == 0;
 }
@@ -139,8 +140,8 @@ __device__ __forceinline__ bool block_barrier(const AllReduceParams& params, Blo
     if (peer < N && peer != params.rank) {
         store_release_system(signal_word(params.signals[peer], set, params.rank, blockIdx.x),
                              flags.epoch);
-        if (!wait_flag(signal_word(params.signals[params.rank], set, peer, blockIdx.x),
-                       flags.epoch, flags.deadline)) {
+        if (!wait_flag(signal_word(params.signals[params.rank], set, peer, blockIdx.x), flags.epoch,
+                       flags.deadline)) {
             record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
             flags.timed_out = 1;
         }
@@ -172,14 +173,14 @@ __device__ __forceinline__ bool block_launch_is_valid(const AllReduceParams& par
 
 // Calls `body<N>(arguments...)` with N the runtime world size, so rank loops unroll; the
 // first argument is the AllReduceParams (a world outside 2..8 was refused before).
-#define PREPARE_DISPATCH_WORLD(body, params, ...)              \
-    switch ((params).world) {                                  \
-        case 2: body<2>(params, ##__VA_ARGS__); break;         \
-        case 3: body<3>(params, ##__VA_ARGS__); break;         \
-        case 4: body<4>(params, ##__VA_ARGS__); break;         \
-        case 5: body<5>(params, ##__VA_ARGS__); break;         \
-        case 6: body<6>(params, ##__VA_ARGS__); break;         \
-        case 7: body<7>(params, ##__VA_ARGS__); break;         \
-        case 8: body<8>(params, ##__VA_ARGS__); break;         \
-        default: break;                                        \
+#define PREPARE_DISPATCH_WORLD(body, params, ...)      \
+    switch ((params).world) {                          \
+        case 2: body<2>(params, ##__VA_ARGS__); break; \
+        case 3: body<3>(params, ##__VA_ARGS__); break; \
+        case 4: body<4>(params, ##__VA_ARGS__); break; \
+        case 5: body<5>(params, ##__VA_ARGS__); break; \
+        case 6: body<6>(params, ##__VA_ARGS__); break; \
+        case 7: body<7>(params, ##__VA_ARGS__); break; \
+        case 8: body<8>(params, ##__VA_ARGS__); break; \
+        default: break;                                \
     }

@@ -411,7 +411,7 @@ mod tests {
             let text = source(&spec);
             assert!(
                 text.contains(&format!(
-                    "extern \"C\" __global__ void {}(AllReduceParams params)",
+                    "extern \"C\" __global__ void __launch_bounds__(1024)\n    {}(AllReduceParams params)",
                     spec.name
                 )),
                 "{} does not define {}",

@@ -115,8 +115,9 @@ fn every_kernel_compiles_for_every_cluster_architecture_deterministically() {
                 "{} is not an ELF cubin",
                 kernel.name
             );
+            // __launch_bounds__(1024): a 1024-thread block fits the 64K-register file.
             assert!(
-                (16..=255).contains(&kernel.registers),
+                (16..=64).contains(&kernel.registers),
                 "{}: {} registers",
                 kernel.name,
                 kernel.registers

@@ -1,0 +1,398 @@
+// Runs the real kernel bodies on the host and checks them against the reference sum.
+//
+// Every rank runs at once, one OS thread per CUDA thread; only the inline-PTX primitives are
+// replaced (host_*_prims.h), so the layouts, loops, tails, barriers, epochs, cluster exchanges
+// and timeout paths are the kernels' own. Each rank runs its launches in stream order: it
+// writes the next input as soon as its own previous launch ends, while peers may still be in
+// theirs, so a missing barrier shows up as a wrong sum or, under ThreadSanitizer, as a race.
+//
+// Modes:
+//   quick        every kernel, worlds 2, 3 and 8, sizes around every vector and slice edge,
+//                one launch at a time with exact scratch (guards catch overruns); a rank
+//                that never launches (peers time out naming it, then return at once);
+//                an invalid launch (refused with its code)
+//   full         the same for every world 2..8 and two geometries per kernel
+//   streams N    N rounds per world of 66 launches back to back: random kernels, sizes and
+//                geometries, every kernel repeated, and every ordered pair of kernels
+// Exit status 0 when every check passed; failures are printed.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "all_reduce_full_phased.cu"
+#include "all_reduce_one_shot.cu"
+#include "all_reduce_rsag.cu"
+#include "all_reduce_rsag_phased.cu"
+
+namespace {
+
+using u64 = unsigned long long;
+
+enum class Scratch { None, Message, MessageSlots, SliceSlotsThenMessage };
+
+struct Kernel {
+    const char* name;
+    void (*entry)(AllReduceParams);
+    Scratch scratch;
+    bool cluster;
+};
+
+const Kernel kKernels[] = {
+    {"one_shot_pull", all_reduce_one_shot_pull_bf16, Scratch::None, false},
+    {"one_shot_push", all_reduce_one_shot_push_bf16, Scratch::MessageSlots, false},
+    {"rsag_pull", all_reduce_rsag_pull_bf16, Scratch::Message, false},
+    {"rsag_push", all_reduce_rsag_push_bf16, Scratch::SliceSlotsThenMessage, false},
+    {"rsag_phased", all_reduce_rsag_phased_bf16, Scratch::SliceSlotsThenMessage, true},
+    {"full_phased", all_reduce_full_phased_bf16, Scratch::MessageSlots, true},
+};
+
+u64 round_up(u64 value, u64 multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+}
+
+// Mirror of prepare::kernels::scratch_bytes.
+u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
+    const u64 message = round_up(elements * 2, 16);
+    const u64 slot = ((elements / 8 + world - 1) / world + 1) * 16;
+    switch (scratch) {
+        case Scratch::None: return 0;
+        case Scratch::Message: return message;
+        case Scratch::MessageSlots: return world * message;
+        case Scratch::SliceSlotsThenMessage: return world * slot + message;
+    }
+    return 0;
+}
+
+float bf16_to_float(unsigned short bits) {
+    return __uint_as_float(unsigned(bits) << 16);
+}
+
+unsigned short float_to_bf16(float value) {
+    const unsigned bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fff;
+    return (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+}
+
+// Rank `rank`'s element `e` in launch `launch`: mostly ordinary magnitudes, any bits otherwise
+// (signed zeros, subnormals, huge values, infinities, NaNs).
+unsigned short input_value(u64 seed, unsigned launch, unsigned rank, u64 e) {
+    u64 x = seed ^ (u64(launch) << 40) ^ (u64(rank) << 32) ^ e;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    unsigned short value = static_cast<unsigned short>(x);
+    if ((x >> 20) % 4 != 0)
+        value = (value & 0x807f) | ((112 + (x >> 24) % 31) << 7);
+    return value;
+}
+
+unsigned short reference(u64 seed, unsigned launch, unsigned world, u64 e) {
+    float sum = bf16_to_float(input_value(seed, launch, 0, e));
+    for (unsigned q = 1; q < world; ++q)
+        sum += bf16_to_float(input_value(seed, launch, q, e));
+    return float_to_bf16(sum);
+}
+
+int failures = 0;
+std::mutex print_mutex;
+
+#define CHECK(condition, ...)                              \
+    do {                                                   \
+        if (!(condition)) {                                \
+            std::lock_guard<std::mutex> lock(print_mutex); \
+            ++failures;                                    \
+            std::printf("FAIL line %d: ", __LINE__);       \
+            std::printf(__VA_ARGS__);                      \
+            std::printf("\n");                             \
+            if (failures > 40)                             \
+                std::exit(1);                              \
+        }                                                  \
+    } while (0)
+
+struct Launch {
+    const Kernel* kernel;
+    unsigned blocks;
+    unsigned threads;
+    unsigned cluster_size;  // CTAs per cluster (cluster kernels)
+    u64 elements;
+};
+
+Launch geometry(const Kernel& kernel, unsigned variant, u64 elements) {
+    if (kernel.cluster) {
+        const unsigned size = variant == 0 ? 2 : variant == 1 ? 8 : 2 + variant % 3;
+        return {&kernel, size * (1 + variant % 2), 32, size, elements};
+    }
+    return {&kernel, 1 + variant % 5, variant == 1 ? 64u : 32u, 1, elements};
+}
+
+// Ranks' persistent memory: signal flags and state words live across launches.
+struct Rank {
+    std::vector<u64> signals = std::vector<u64>(PREPARE_SIGNAL_WORDS, 0);
+    std::vector<u64> state = std::vector<u64>(PREPARE_STATE_WORDS, 0);
+};
+
+struct Options {
+    std::vector<bool> present;  // ranks that launch at all
+    u64 timeout_ns = 10'000'000'000ull;
+    u64 extra_offset = 0;        // input region beyond the largest message
+    bool expect_success = true;  // check outputs (else only report abort words)
+};
+
+constexpr int kGuard = 64;
+constexpr unsigned char kBufferFill = 0xEE;
+
+// Runs one launch of one rank: every block's threads, joined (the launch ends).
+void launch_rank(const Launch& launch, const AllReduceParams& params) {
+    const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
+    std::vector<std::unique_ptr<std::barrier<>>> barriers;
+    std::vector<std::unique_ptr<EmuBlock>> blocks;
+    std::vector<std::unique_ptr<EmuBlock*[]>> clusters;
+    std::vector<std::thread> threads;
+    for (unsigned cluster = 0; cluster < launch.blocks / cluster_size; ++cluster) {
+        barriers.emplace_back(new std::barrier<>(cluster_size * launch.threads));
+        std::barrier<>* cluster_barrier = barriers.back().get();
+        clusters.emplace_back(new EmuBlock*[cluster_size]);
+        EmuBlock** members = clusters.back().get();
+        for (unsigned cta = 0; cta < cluster_size; ++cta) {
+            barriers.emplace_back(new std::barrier<>(launch.threads));
+            blocks.emplace_back(new EmuBlock{
+                barriers.back().get(), cluster_barrier, cta, cluster_size, cluster, members, {}});
+            std::memset(blocks.back()->shared, 0xAB, sizeof blocks.back()->shared);
+            members[cta] = blocks.back().get();
+        }
+        for (unsigned cta = 0; cta < cluster_size; ++cta) {
+            for (unsigned thread = 0; thread < launch.threads; ++thread) {
+                threads.emplace_back(
+                    [&, block = members[cta], index = cluster * cluster_size + cta, thread] {
+                        threadIdx = {thread, 0, 0};
+                        blockIdx = {index, 0, 0};
+                        blockDim = {launch.threads, 1, 1};
+                        gridDim = {launch.blocks, 1, 1};
+                        emu_block = block;
+                        launch.kernel->entry(params);
+                    });
+            }
+        }
+    }
+    for (std::thread& thread : threads)
+        thread.join();
+}
+
+// Every present rank runs `sequence` in stream order; returns each rank's abort word.
+std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequence,
+                     const Options& options, u64 seed) {
+    const unsigned world = static_cast<unsigned>(ranks.size());
+    u64 max_elements = 0, max_scratch = 0;
+    for (const Launch& launch : sequence) {
+        max_elements = std::max(max_elements, launch.elements);
+        max_scratch =
+            std::max(max_scratch, scratch_bytes(launch.kernel->scratch, world, launch.elements));
+    }
+    const u64 scratch_offset = round_up(max_elements * 2, 16) + options.extra_offset;
+    const u64 buffer_bytes = scratch_offset + max_scratch;
+    std::vector<std::unique_ptr<unsigned char[]>> buffers(world);
+    for (auto& buffer : buffers) {
+        buffer.reset(new (std::align_val_t(16)) unsigned char[buffer_bytes + kGuard]);
+        std::memset(buffer.get(), kBufferFill, buffer_bytes + kGuard);
+    }
+    std::vector<std::thread> streams;
+    for (unsigned rank = 0; rank < world; ++rank) {
+        if (!options.present[rank])
+            continue;
+        streams.emplace_back([&, rank] {
+            for (unsigned index = 0; index < sequence.size(); ++index) {
+                const Launch& launch = sequence[index];
+                for (u64 e = 0; e < launch.elements; ++e) {
+                    const unsigned short value = input_value(seed, index, rank, e);
+                    std::memcpy(buffers[rank].get() + 2 * e, &value, 2);
+                }
+                const u64 output_bytes = launch.elements * 2;
+                std::unique_ptr<unsigned char[]> output(
+                    new (std::align_val_t(16)) unsigned char[output_bytes + kGuard]);
+                std::memset(output.get(), 0xCC, output_bytes + kGuard);
+                AllReduceParams params;
+                std::memset(&params, 0, sizeof params);
+                for (unsigned q = 0; q < world; ++q) {
+                    params.buffers[q] = buffers[q].get();
+                    params.signals[q] = ranks[q].signals.data();
+                }
+                params.state = ranks[rank].state.data();
+                params.output = output.get();
+                params.elements = launch.elements;
+                params.scratch_offset = scratch_offset;
+                params.timeout_ns = options.timeout_ns;
+                params.rank = rank;
+                params.world = world;
+                launch_rank(launch, params);
+                for (int g = 0; g < kGuard; ++g) {
+                    CHECK(output[output_bytes + g] == 0xCC,
+                          "%s world %u elements %llu rank %u: wrote past the output",
+                          launch.kernel->name, world, launch.elements, rank);
+                }
+                if (!options.expect_success)
+                    continue;
+                const u64 abort = ranks[rank].state[0];
+                CHECK(abort == 0, "%s world %u elements %llu launch %u rank %u: aborted %llx",
+                      launch.kernel->name, world, launch.elements, index, rank, abort);
+                if (abort != 0)
+                    return;
+                u64 wrong = 0, first = 0;
+                for (u64 e = 0; e < launch.elements; ++e) {
+                    unsigned short got;
+                    std::memcpy(&got, output.get() + 2 * e, 2);
+                    if (got != reference(seed, index, world, e) && wrong++ == 0)
+                        first = e;
+                }
+                CHECK(wrong == 0,
+                      "%s world %u elements %llu blocks %u threads %u launch %u rank %u: %llu "
+                      "wrong, first at %llu",
+                      launch.kernel->name, world, launch.elements, launch.blocks, launch.threads,
+                      index, rank, wrong, first);
+                for (u64 e = 0; e < launch.elements; ++e) {
+                    unsigned short kept;
+                    std::memcpy(&kept, buffers[rank].get() + 2 * e, 2);
+                    CHECK(kept == input_value(seed, index, rank, e),
+                          "%s rank %u: input element %llu changed", launch.kernel->name, rank, e);
+                    if (kept != input_value(seed, index, rank, e))
+                        break;
+                }
+            }
+        });
+    }
+    for (std::thread& stream : streams)
+        stream.join();
+    std::vector<u64> aborts(world);
+    for (unsigned rank = 0; rank < world; ++rank) {
+        aborts[rank] = ranks[rank].state[0];
+        for (int g = 0; g < kGuard; ++g) {
+            CHECK(buffers[rank][buffer_bytes + g] == kBufferFill,
+                  "rank %u: wrote past the scratch region", rank);
+        }
+    }
+    return aborts;
+}
+
+std::mt19937_64 random_source(20240601);
+
+void single_launches(const std::vector<unsigned>& worlds, unsigned variants) {
+    for (unsigned world : worlds) {
+        std::vector<Rank> ranks(world);
+        std::vector<u64> sizes = {0, 1, 7, 8, 9, 15, 16, 17, 100, 1001};
+        for (u64 size : {8ull * world - 1, 8ull * world, 8ull * world + 7, 16ull * world + 3})
+            sizes.push_back(size);
+        for (const Kernel& kernel : kKernels) {
+            for (u64 elements : sizes) {
+                for (unsigned variant = 0; variant < variants; ++variant) {
+                    Options options;
+                    options.present.assign(world, true);
+                    options.extra_offset = variant * 256;
+                    run(ranks, {geometry(kernel, variant, elements)}, options, random_source());
+                }
+            }
+        }
+    }
+}
+
+void timeouts() {
+    const unsigned world = 3;
+    const u64 timeout = PREPARE_ABORT_FLAG | (PREPARE_ABORT_PEER_TIMEOUT << 32);
+    for (const Kernel& kernel : kKernels) {
+        std::vector<Rank> ranks(world);
+        const Launch launch = geometry(kernel, 1, 77);
+        Options options;
+        options.present = {true, true, true};
+        run(ranks, {launch}, options, random_source());
+        // Rank 2 never launches: its peers give up naming it.
+        options.present = {true, true, false};
+        options.timeout_ns = 30'000'000;
+        options.expect_success = false;
+        std::vector<u64> aborts = run(ranks, {launch}, options, random_source());
+        CHECK(aborts[0] == (timeout | 2) && aborts[1] == (timeout | 2), "%s: abort words %llx %llx",
+              kernel.name, aborts[0], aborts[1]);
+        // The abort is sticky: ranks 0 and 1 return at once; rank 2 waits for them in vain.
+        options.present = {true, true, true};
+        const auto start = std::chrono::steady_clock::now();
+        aborts = run(ranks, {launch, launch, launch}, options, random_source());
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        CHECK(aborts[0] == (timeout | 2) && aborts[1] == (timeout | 2),
+              "%s: the abort word changed", kernel.name);
+        CHECK(aborts[2] == (timeout | 0) || aborts[2] == (timeout | 1),
+              "%s: rank 2's abort word %llx", kernel.name, aborts[2]);
+        CHECK(seconds < 1.0, "%s: three launches after an abort took %.2f s", kernel.name, seconds);
+    }
+}
+
+void invalid_launches() {
+    const u64 invalid = PREPARE_ABORT_FLAG | (PREPARE_ABORT_INVALID_LAUNCH << 32);
+    for (const Kernel& kernel : kKernels) {
+        std::vector<Rank> ranks(4);
+        Launch launch = geometry(kernel, 0, 64);
+        launch.threads = 2;  // fewer threads than ranks cannot raise every flag
+        Options options;
+        options.present.assign(4, true);
+        options.expect_success = false;
+        const std::vector<u64> aborts = run(ranks, {launch}, options, random_source());
+        for (unsigned rank = 0; rank < 4; ++rank) {
+            CHECK(aborts[rank] == (invalid | rank), "%s rank %u: abort word %llx", kernel.name,
+                  rank, aborts[rank]);
+        }
+    }
+}
+
+void streams(unsigned rounds) {
+    for (unsigned world : {2u, 3u, 4u, 8u}) {
+        for (unsigned round = 0; round < rounds; ++round) {
+            std::vector<Launch> sequence;
+            for (int i = 0; i < 24; ++i) {
+                const Kernel& kernel = kKernels[random_source() % 6];
+                sequence.push_back(
+                    geometry(kernel, 2 + random_source() % 6, random_source() % 600));
+            }
+            for (const Kernel& kernel : kKernels) {
+                for (int i = 0; i < 4; ++i)
+                    sequence.push_back(geometry(kernel, 0, 100 + random_source() % 300));
+            }
+            // Each launch after every other kernel, whose layout and barriers differ.
+            for (const Kernel& first : kKernels) {
+                for (const Kernel& second : kKernels) {
+                    sequence.push_back(geometry(first, 0, 200 + random_source() % 200));
+                    sequence.push_back(geometry(second, 0, 200 + random_source() % 200));
+                }
+            }
+            std::vector<Rank> ranks(world);
+            Options options;
+            options.present.assign(world, true);
+            run(ranks, sequence, options, random_source());
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "quick";
+    if (mode == "quick") {
+        single_launches({2, 3, 8}, 1);
+        timeouts();
+        invalid_launches();
+    } else if (mode == "full") {
+        single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
+        timeouts();
+        invalid_launches();
+    } else if (mode == "streams") {
+        streams(argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1);
+    } else {
+        std::printf("unknown mode %s\n", mode.c_str());
+        return 2;
+    }
+    std::printf("%s: %s\n", mode.c_str(), failures == 0 ? "every check passed" : "FAILED");
+    return failures == 0 ? 0 : 1;
+}

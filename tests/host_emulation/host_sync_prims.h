@@ -1,0 +1,23 @@
+// Host versions of prepare_sync.cuh's inline-PTX primitives, with the same memory orders.
+// Spins yield, since there are far more emulated threads than cores.
+__device__ __forceinline__ u64 global_timer_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+__device__ __forceinline__ void store_release_system(u64* address, u64 value) {
+    std::atomic_ref<u64>(*address).store(value, std::memory_order_release);
+}
+__device__ __forceinline__ u64 load_acquire_system(const u64* address) {
+    std::this_thread::yield();
+    return std::atomic_ref<u64>(*const_cast<u64*>(address)).load(std::memory_order_acquire);
+}
+__device__ __forceinline__ u64 load_relaxed_device(const u64* address) {
+    return std::atomic_ref<u64>(*const_cast<u64*>(address)).load(std::memory_order_relaxed);
+}
+__device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int rank) {
+    const u64 code = PREPARE_ABORT_FLAG | (reason << 32) | rank;
+    u64 previous = 0;
+    std::atomic_ref<u64>(*state).compare_exchange_strong(previous, code, std::memory_order_relaxed);
+    return previous;
+}
