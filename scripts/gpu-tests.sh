@@ -18,6 +18,8 @@ export INSTA_UPDATE=no
 export INSTA_WORKSPACE_ROOT=$PWD
 # Tests that compile kernels fail instead of skipping when NVRTC is missing.
 export PREPARE_REQUIRE_NVRTC=1
+# NVRTC answers repeated compiles from the CUDA compute cache without ptxas's report.
+export CUDA_CACHE_DISABLE=1
 export RUST_BACKTRACE=1
 
 cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64

@@ -16,6 +16,8 @@ nvrtc_dir=$(.venv/bin/python3 -c 'import nvidia, os; print(os.path.join(list(nvi
 export PREPARE_NVRTC="$nvrtc_dir"
 # Tests that need NVRTC fail instead of skipping when it cannot be found.
 export PREPARE_REQUIRE_NVRTC=1
+# NVRTC answers repeated compiles from the CUDA compute cache without ptxas's report.
+export CUDA_CACHE_DISABLE=1
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -98,6 +98,18 @@ pub enum CompileError {
         /// What NVRTC said.
         error: NvrtcError,
     },
+    /// NVRTC answered from the CUDA compute cache, so ptxas never reported the resources.
+    #[error(
+        "NVRTC compiled kernel {kernel} for {arch} without ptxas's resource report: it answered \
+         from the CUDA compute cache (~/.nv/ComputeCache); run with CUDA_CACHE_DISABLE=1 (the \
+         prepare command sets it for itself)"
+    )]
+    EmptyLog {
+        /// The kernel.
+        kernel: String,
+        /// The architecture.
+        arch: Arch,
+    },
     /// The resource usage could not be read from the log.
     #[error("reading the resource usage of kernel {kernel} for {arch} from NVRTC's log: {problem}\nlog:\n{log}")]
     LogParse {
@@ -251,12 +263,18 @@ fn compile_kernel(
         arch,
         error,
     };
-    let program = nvrtc
+    let mut program = nvrtc
         .program(spec.source, kernels::source(spec), kernels::headers())
         .map_err(nvrtc_error)?;
     let mut kernel_options = options.to_vec();
     kernel_options.push(format!("--ptxas-options=--entry={}", spec.name));
-    let (log, program) = compile_with_log(nvrtc, spec, arch, program, &kernel_options)?;
+    let log = compile_once(spec, arch, &mut program, &kernel_options)?;
+    if log.trim().is_empty() {
+        return Err(CompileError::EmptyLog {
+            kernel: spec.name.clone(),
+            arch,
+        });
+    }
     let cubin = program.cubin().map_err(|error| CompileError::Cubin {
         kernel: spec.name.clone(),
         arch,
@@ -281,38 +299,6 @@ fn compile_kernel(
         spill_load_bytes: usage.spill_load_bytes,
         stack_bytes: usage.stack_bytes,
     })
-}
-
-/// Compiles `program`, returning ptxas's log with the resource lines. Some NVRTC builds
-/// answer a program compiled before in the same process without running ptxas, so with an
-/// empty log; such a compile is repeated once with a define that changes nothing in the code
-/// but keeps it from being answered from that cache.
-fn compile_with_log<'a>(
-    nvrtc: &'a Nvrtc,
-    spec: &KernelSpec,
-    arch: Arch,
-    mut program: crate::gpu::nvrtc::Program<'a>,
-    kernel_options: &[String],
-) -> Result<(String, crate::gpu::nvrtc::Program<'a>), CompileError> {
-    let nvrtc_error = |error| CompileError::Nvrtc {
-        kernel: spec.name.clone(),
-        arch,
-        error,
-    };
-    let mut attempt_options = kernel_options.to_vec();
-    for attempt in 0..2 {
-        if attempt > 0 {
-            program = nvrtc
-                .program(spec.source, kernels::source(spec), kernels::headers())
-                .map_err(nvrtc_error)?;
-            attempt_options.push(format!("-DPREPARE_COMPILE_ATTEMPT={attempt}"));
-        }
-        let log = compile_once(spec, arch, &mut program, &attempt_options)?;
-        if !log.trim().is_empty() {
-            return Ok((log, program));
-        }
-    }
-    Ok((String::new(), program))
 }
 
 fn compile_once(

@@ -8,6 +8,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // NVRTC builds that use the CUDA compute cache answer a repeated compile without running
+    // ptxas, so without the resource report packages record; kernels load as cubins, so the
+    // driver's JIT cache is never needed either.
+    if std::env::var_os("CUDA_CACHE_DISABLE").is_none() {
+        std::env::set_var("CUDA_CACHE_DISABLE", "1");
+    }
     // A rank process sets NCCL's rendezvous and connection mode before any thread starts.
     if std::env::var_os("RANK").is_some() {
         for (name, value) in prepare::runtime::environment_defaults(|name| std::env::var(name).ok())
