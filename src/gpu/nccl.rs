@@ -514,13 +514,9 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        if !self.handle.aborted.swap(true, Ordering::SeqCst) {
-            // SAFETY: the handle is live and no operation of it is pending on this thread; an
-            // aborted communicator is already freed by ncclCommAbort.
-            unsafe {
-                sys::ncclCommDestroy(self.handle.raw);
-            }
-        }
+        // Abort, not destroy: ncclCommDestroy finalizes with the peers first, which blocks for
+        // ever on a peer that is stopped; abort frees this rank's resources without them.
+        self.handle.abort();
     }
 }
 
