@@ -14,13 +14,6 @@ fn main() -> ExitCode {
     if std::env::var_os("CUDA_CACHE_DISABLE").is_none() {
         std::env::set_var("CUDA_CACHE_DISABLE", "1");
     }
-    // A rank process sets NCCL's rendezvous and connection mode before any thread starts.
-    if std::env::var_os("RANK").is_some() {
-        for (name, value) in prepare::runtime::environment_defaults(|name| std::env::var(name).ok())
-        {
-            std::env::set_var(name, value);
-        }
-    }
     let cli = commands::Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

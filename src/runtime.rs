@@ -569,3 +569,86 @@ impl PeerMemory {
 pub fn nccl_available() -> bool {
     nccl::is_available()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.clone())
+        }
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_rendezvous_is_the_next_port_after_the_servers_store() {
+        let defaults = environment_defaults(lookup(&[
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "29500"),
+        ]));
+        assert_eq!(
+            defaults,
+            pairs(&[
+                ("NCCL_COMM_ID", "10.1.2.3:29501"),
+                ("NCCL_RUNTIME_CONNECT", "0")
+            ])
+        );
+    }
+
+    #[test]
+    fn prepare_port_ipv6_and_existing_settings_are_respected() {
+        let defaults = environment_defaults(lookup(&[
+            ("MASTER_ADDR", "fe80::1"),
+            ("MASTER_PORT", "29500"),
+            ("PREPARE_PORT", "40000"),
+            ("NCCL_RUNTIME_CONNECT", "1"),
+        ]));
+        assert_eq!(defaults, pairs(&[("NCCL_COMM_ID", "[fe80::1]:40000")]));
+        let none = environment_defaults(lookup(&[
+            ("NCCL_COMM_ID", "host:1"),
+            ("NCCL_RUNTIME_CONNECT", "0"),
+        ]));
+        assert!(none.is_empty());
+        let overflow =
+            environment_defaults(lookup(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")]));
+        assert_eq!(overflow, pairs(&[("NCCL_RUNTIME_CONNECT", "0")]));
+    }
+
+    #[test]
+    fn each_rank_takes_its_entry_of_the_gpu_list() {
+        let environment = RankEnvironment {
+            rank: 3,
+            world_size: 4,
+            local_rank: 1,
+            master_addr: "h".to_owned(),
+            master_port: 1,
+        };
+        assert_eq!(gpu_for_rank(&environment, None).unwrap(), 1);
+        assert_eq!(gpu_for_rank(&environment, Some("4,6")).unwrap(), 6);
+        assert_eq!(
+            gpu_for_rank(&environment, Some("4"))
+                .unwrap_err()
+                .to_string(),
+            "rank 3: LOCAL_RANK 1 has no GPU in PREPARE_GPUS=\"4\""
+        );
+        assert_eq!(
+            gpu_for_rank(&environment, Some("a,b"))
+                .unwrap_err()
+                .to_string(),
+            "rank 3: PREPARE_GPUS=\"a,b\" is not a list of GPU numbers"
+        );
+    }
+}

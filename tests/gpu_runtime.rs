@@ -254,6 +254,31 @@ fn a_rank_stopped_during_a_custom_kernel_ends_the_other_within_the_timeout() {
 
 #[test]
 #[ignore = "needs GPUs"]
+fn ranks_can_meet_through_an_id_file_instead_of_nccl_comm_id() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let id_file = dir.path().join("nccl.id");
+    // Rank 1 starts first and waits for rank 0 to write the id; the port is never used.
+    let args = ["--timeout", "30", "--id-file", id_file.to_str().unwrap()];
+    let port = free_port();
+    let second = start_rank(1, port, "one", &args);
+    std::thread::sleep(Duration::from_millis(500));
+    let first = start_rank(0, port, "one", &args);
+    for rank in [first, second] {
+        let (code, lines, _) = rank.finish(Duration::from_secs(120));
+        assert_eq!(code, Some(0), "{lines:#?}");
+        assert!(
+            lines.iter().any(|line| line == "check passed"),
+            "{lines:#?}"
+        );
+    }
+    assert_eq!(std::fs::read(&id_file).unwrap().len(), 128);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
 fn a_rank_on_another_host_turns_peer_kernels_off_for_all() {
     if gpu_support::gpus(2).is_none() {
         return;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use prepare::check::{check_rank, SoakCollective};
 use prepare::launch::{launch, LaunchSpec, OutputSink, RankEnvironment, Stream};
-use prepare::runtime::{gpu_for_rank, RankSetup, Rendezvous, Runtime};
+use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous, Runtime};
 
 use super::Failure;
 
@@ -135,15 +135,23 @@ fn run_rank(args: &Args, environment: &RankEnvironment, timeout: Duration) -> Re
         Some(dir) => Some(prepare::package::open_package(dir).map_err(Failure::refused)?),
         None => None,
     };
+    let rendezvous = args
+        .id_file
+        .clone()
+        .map_or(Rendezvous::CommId, Rendezvous::IdFile);
+    // NCCL reads its rendezvous and connection mode from the environment; this rank process
+    // has started no other thread yet.
+    for (name, value) in environment_defaults(|name| std::env::var(name).ok()) {
+        if name != "NCCL_COMM_ID" || rendezvous == Rendezvous::CommId {
+            std::env::set_var(name, value);
+        }
+    }
     let setup = RankSetup {
         rank: environment.rank,
         world: environment.world_size,
         gpu,
         timeout,
-        rendezvous: args
-            .id_file
-            .clone()
-            .map_or(Rendezvous::CommId, Rendezvous::IdFile),
+        rendezvous,
         host: prepare::agree::host_identity(|name| std::env::var(name).ok()),
     };
     let runtime = Runtime::start(&setup).map_err(Failure::runtime)?;
