@@ -10,6 +10,7 @@ use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{DeviceBuffer, Geometry, LoadedKernel, ModuleImage};
+use crate::gpu::nccl::Communicator;
 use crate::kernels;
 use crate::ladder::{Bucket, Profile};
 use crate::package::Package;
@@ -124,7 +125,11 @@ fn shared_seed(runtime: &Runtime) -> Result<u64, RuntimeError> {
 }
 
 /// Runs NCCL's all-reduce on every rank's random input and compares with the reference.
-fn check_nccl(runtime: &Runtime, seed: u64) -> Result<bool, RuntimeError> {
+fn check_nccl(
+    runtime: &Runtime,
+    communicator: &Communicator,
+    seed: u64,
+) -> Result<bool, RuntimeError> {
     let rank = runtime.rank();
     let driver = |source| RuntimeError::Driver { rank, source };
     let inputs = random_inputs(seed, runtime.world() as usize, NCCL_CHECK_ELEMENTS);
@@ -138,6 +143,7 @@ fn check_nccl(runtime: &Runtime, seed: u64) -> Result<bool, RuntimeError> {
         .map_err(|source| RuntimeError::Driver { rank, source })?;
     nccl_bounded(
         runtime,
+        communicator,
         &buffer,
         NCCL_CHECK_ELEMENTS,
         1,
@@ -156,6 +162,7 @@ fn check_nccl(runtime: &Runtime, seed: u64) -> Result<bool, RuntimeError> {
 /// aborted and the step names the missing rank where it can be known.
 fn nccl_bounded(
     runtime: &Runtime,
+    communicator: &Communicator,
     buffer: &DeviceBuffer,
     elements: usize,
     count: u32,
@@ -163,11 +170,10 @@ fn nccl_bounded(
 ) -> Result<(), RuntimeError> {
     let rank = runtime.rank();
     let deadline = Instant::now() + runtime.timeout();
-    let watchdog = runtime.communicator().watchdog(deadline);
+    let watchdog = communicator.watchdog(deadline);
     let mut result = Ok(());
     for _ in 0..count {
-        result = runtime
-            .communicator()
+        result = communicator
             .all_reduce_bf16(runtime.stream(), buffer, buffer, elements)
             .map_err(RuntimeError::from);
         if result.is_err() {
@@ -181,7 +187,7 @@ fn nccl_bounded(
             .map_err(|source| RuntimeError::Driver { rank, source })
     });
     if watchdog.disarm() || waited.is_err() && Instant::now() >= deadline {
-        runtime.communicator().abort();
+        communicator.abort();
         return Err(RuntimeError::Timeout {
             rank,
             step: step.to_owned(),
@@ -194,6 +200,64 @@ fn nccl_bounded(
         });
     }
     waited
+}
+
+/// Replays of the captured NCCL all-reduce.
+const GRAPH_REPLAYS: usize = 3;
+
+/// Captures NCCL's all-reduce (out of place, so every replay recomputes the same sum) in a
+/// graph on a stream of its own, replays it, and compares every replay with the reference.
+fn check_nccl_graph(runtime: &Runtime, seed: u64) -> Result<bool, RuntimeError> {
+    let rank = runtime.rank();
+    let driver = |source| RuntimeError::Driver { rank, source };
+    let inputs = random_inputs(seed, runtime.world() as usize, NCCL_CHECK_ELEMENTS);
+    let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
+    let expected = reference_sum_bf16(&views);
+    let device = runtime.device();
+    let send = device.allocate(NCCL_CHECK_ELEMENTS * 2).map_err(driver)?;
+    let receive = device.allocate(NCCL_CHECK_ELEMENTS * 2).map_err(driver)?;
+    let mut stream = device.new_stream().map_err(driver)?;
+    stream
+        .write(&send, 0, &inputs[rank as usize])
+        .map_err(driver)?;
+    let graph = stream.capture(|capture| {
+        capture.nccl_all_reduce_bf16(runtime.communicator(), &send, &receive, NCCL_CHECK_ELEMENTS)
+    })?;
+    let mut exact = true;
+    for _ in 0..GRAPH_REPLAYS {
+        stream
+            .fill_u16(&receive, 0..NCCL_CHECK_ELEMENTS * 2, POISON)
+            .map_err(driver)?;
+        let deadline = Instant::now() + runtime.timeout();
+        let watchdog = runtime.communicator().watchdog(deadline);
+        graph.launch().map_err(driver)?;
+        let waited = stream.synchronize_within(runtime.timeout()).map_err(driver);
+        let timed_out = matches!(
+            waited,
+            Err(RuntimeError::Driver {
+                source: crate::gpu::driver::DriverError::Timeout { .. },
+                ..
+            })
+        );
+        if watchdog.disarm() || timed_out {
+            runtime.communicator().abort();
+            return Err(RuntimeError::Timeout {
+                rank,
+                step: "a replay of the captured NCCL all-reduce".to_owned(),
+                seconds: runtime.timeout().as_secs_f64(),
+                who: if runtime.world() == 2 {
+                    format!("rank {} did not arrive", 1 - rank)
+                } else {
+                    "one of the other ranks did not arrive (NCCL does not say which)".to_owned()
+                },
+            });
+        }
+        waited?;
+        let mut output = vec![0_u16; NCCL_CHECK_ELEMENTS];
+        stream.read(&receive, 0, &mut output).map_err(driver)?;
+        exact &= output == expected;
+    }
+    Ok(exact)
 }
 
 /// A candidate ready to launch.
@@ -236,15 +300,40 @@ pub fn check_rank(
     let rank = runtime.rank();
     let driver = move |source| CheckError::Runtime(RuntimeError::Driver { rank, source });
     let seed = shared_seed(runtime)?;
-    let nccl_exact = check_nccl(runtime, seed)?;
-    log(format!(
-        "NCCL all-reduce of {NCCL_CHECK_ELEMENTS} bf16 elements: {}",
-        if nccl_exact {
+    let verdict = |exact: bool| {
+        if exact {
             "equals the reference sum"
         } else {
             "differs from the reference sum (NCCL sums in its own order)"
         }
+    };
+    let nccl_exact = check_nccl(runtime, runtime.communicator(), seed)?;
+    log(format!(
+        "NCCL all-reduce of {NCCL_CHECK_ELEMENTS} bf16 elements: {}",
+        verdict(nccl_exact)
     ));
+    let graph_exact = check_nccl_graph(runtime, seed.rotate_left(17))?;
+    log(format!(
+        "NCCL all-reduce captured in a graph, {GRAPH_REPLAYS} replays: {}",
+        verdict(graph_exact)
+    ));
+    if let Some(package) = package {
+        // Profiles with communicator settings each run on their own split, made in ladder
+        // order on every rank.
+        for profile in package.ladder().profiles.iter().filter(|profile| {
+            profile.is_nccl() && (profile.max_ctas.is_some() || profile.min_ctas.is_some())
+        }) {
+            let split = runtime.split_nccl(profile.max_ctas, profile.min_ctas)?;
+            let exact = check_nccl(runtime, &split, seed.rotate_left(29))?;
+            log(format!(
+                "NCCL profile {} (max_ctas {:?}, min_ctas {:?}) on its own communicator: {}",
+                profile.id,
+                profile.max_ctas,
+                profile.min_ctas,
+                verdict(exact)
+            ));
+        }
+    }
 
     let mut candidates = Vec::new();
     let mut memory: Option<(PeerMemory, DeviceBuffer)> = None;
@@ -450,6 +539,7 @@ pub fn check_rank(
             } else {
                 nccl_bounded(
                     runtime,
+                    runtime.communicator(),
                     &buffer,
                     soak_elements,
                     chunk,

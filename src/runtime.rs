@@ -179,8 +179,8 @@ pub struct Runtime {
     gather_send: DeviceBuffer,
     gather_receive: DeviceBuffer,
     communicator: Communicator,
-    // The split shares its resources; it lives as long as the split.
-    _bootstrap: Communicator,
+    // Splits share its resources; it lives as long as they do.
+    bootstrap: Communicator,
 }
 
 fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeError> {
@@ -256,7 +256,7 @@ impl Runtime {
         // NCCL binds the communicator to the thread's current device: the stream's context.
         stream.bind_current().map_err(RuntimeError::driver(rank))?;
         let bootstrap = Communicator::init(&id, rank, setup.world, deadline)
-            .map_err(|error| timeout_names_peer(error, setup))?;
+            .map_err(|error| timeout_names_peer(error, setup.world))?;
         let communicator = bootstrap
             .split(
                 CommConfig {
@@ -265,7 +265,7 @@ impl Runtime {
                 },
                 deadline,
             )
-            .map_err(|error| timeout_names_peer(error, setup))?;
+            .map_err(|error| timeout_names_peer(error, setup.world))?;
 
         let gather_send = device
             .allocate(RECORD_BYTES)
@@ -286,7 +286,7 @@ impl Runtime {
             gather_send,
             gather_receive,
             communicator,
-            _bootstrap: bootstrap,
+            bootstrap,
         };
 
         let count = driver.device_count().map_err(RuntimeError::driver(rank))?;
@@ -346,6 +346,28 @@ impl Runtime {
     /// The blocking communicator the NCCL candidate runs on.
     pub fn communicator(&self) -> &Communicator {
         &self.communicator
+    }
+
+    /// A blocking communicator with an NCCL profile's settings (`maxCTAs`, `minCTAs`), split
+    /// from the bootstrap communicator within the timeout. Splitting is collective: every rank
+    /// asks for the same splits in the same order.
+    pub fn split_nccl(
+        &self,
+        max_ctas: Option<u32>,
+        min_ctas: Option<u32>,
+    ) -> Result<Communicator, RuntimeError> {
+        self.stream
+            .bind_current()
+            .map_err(RuntimeError::driver(self.rank))?;
+        let config = CommConfig {
+            split_share: true,
+            max_ctas,
+            min_ctas,
+            ..CommConfig::default()
+        };
+        self.bootstrap
+            .split(config, Instant::now() + self.timeout)
+            .map_err(|error| timeout_names_peer(error, self.world))
     }
 
     /// Every rank's record, in rank order.
@@ -486,7 +508,7 @@ impl Runtime {
     }
 }
 
-fn timeout_names_peer(error: NcclError, setup: &RankSetup) -> RuntimeError {
+fn timeout_names_peer(error: NcclError, world: u32) -> RuntimeError {
     match error {
         NcclError::Timeout {
             step,
@@ -496,7 +518,7 @@ fn timeout_names_peer(error: NcclError, setup: &RankSetup) -> RuntimeError {
             rank,
             step: step.to_owned(),
             seconds,
-            who: missing_peers(rank, setup.world),
+            who: missing_peers(rank, world),
         },
         other => RuntimeError::Nccl(other),
     }

@@ -355,7 +355,7 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
             "replay {replay}"
         );
     }
-    let empty = stream.capture(|_| Ok(())).unwrap_err();
+    let empty = stream.capture(|_| Ok::<(), DriverError>(())).unwrap_err();
     assert_eq!(
         empty.to_string(),
         "stream capture on GPU 0 recorded no work"

@@ -36,11 +36,16 @@ fn ladder(name: &str) -> PathBuf {
 /// Exports a shipped ladder for sm_90 into a fresh directory (NVRTC runs in its own process,
 /// before any GPU work).
 fn export(name: &str) -> (tempfile::TempDir, PathBuf) {
+    export_file(&ladder(name))
+}
+
+fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf) {
+    let name = ladder_file.display();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("package");
     let output = Command::new(prepare_bin())
         .args(["export", "--arch", "sm_90", "--collective-ladder"])
-        .arg(ladder(name))
+        .arg(ladder_file)
         .arg("--out")
         .arg(&out)
         .output()
@@ -254,6 +259,46 @@ fn a_rank_stopped_during_a_custom_kernel_ends_the_other_within_the_timeout() {
 
 #[test]
 #[ignore = "needs GPUs"]
+fn nccl_profiles_with_communicator_settings_run_on_their_own_split() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    // The TP2 ladder with a four-CTA NCCL profile in every bucket.
+    let mut ladder_value: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ladder("h200_nvlink_tp2.json")).unwrap()).unwrap();
+    ladder_value.as_object_mut().unwrap().remove("$schema");
+    ladder_value["name"] = "h200_nvlink_tp2_nccl_4cta".into();
+    ladder_value["profiles"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"id": "nccl_4cta", "algorithm": "nccl", "max_ctas": 4}));
+    for bucket in ladder_value["buckets"].as_array_mut().unwrap() {
+        bucket["candidates"]
+            .as_array_mut()
+            .unwrap()
+            .push("nccl_4cta".into());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("h200_nvlink_tp2_nccl_4cta.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&ladder_value).unwrap()).unwrap();
+    let (_package_dir, package) = export_file(&file);
+    let output = Command::new(prepare_bin())
+        .args(["check", "--gpus", "0,1", "--timeout", "30", "--package"])
+        .arg(&package)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success());
+    for rank in 0..2 {
+        assert!(stdout.contains(&format!(
+            "[rank {rank}] NCCL profile nccl_4cta (max_ctas Some(4), min_ctas None) on its own communicator: equals the reference sum"
+        )));
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
 fn ranks_can_meet_through_an_id_file_instead_of_nccl_comm_id() {
     if gpu_support::gpus(2).is_none() {
         return;
@@ -368,7 +413,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     let geometry = Geometry::new(8, 256).unwrap();
     let replays = 32;
     let graph = stream
-        .capture(|capture| {
+        .capture(|capture| -> Result<(), prepare::gpu::driver::DriverError> {
             for _ in 0..replays {
                 capture.launch_loaded(&kernel, geometry, &params)?;
             }

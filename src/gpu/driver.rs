@@ -1612,9 +1612,10 @@ impl Stream {
     /// Captures what `record` queues into a graph. During capture only launches and fills
     /// can be queued (no host copies, which would capture host pointers), and the stream is
     /// borrowed exclusively so no other thread's work lands in the graph.
-    pub fn capture<F>(&mut self, record: F) -> Result<Graph, DriverError>
+    pub fn capture<F, E>(&mut self, record: F) -> Result<Graph, E>
     where
-        F: FnOnce(&Capture<'_>) -> Result<(), DriverError>,
+        F: FnOnce(&Capture<'_>) -> Result<(), E>,
+        E: From<DriverError>,
     {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -1637,7 +1638,7 @@ impl Stream {
         check(result, "cuGraphGetNodes", Some(self.ordinal))?;
         // An empty graph is valid to CUDA, but a capture that queued nothing is a caller's bug.
         if nodes == 0 {
-            return Err(empty());
+            return Err(empty().into());
         }
         Ok(Graph {
             ordinal: self.ordinal,
@@ -1681,6 +1682,18 @@ impl Capture<'_> {
         params: &AllReduceParams,
     ) -> Result<(), DriverError> {
         self.stream.launch_loaded(kernel, geometry, params)
+    }
+
+    /// Captures an NCCL sum all-reduce of `count` bf16 elements (see
+    /// [`super::nccl::Communicator::all_reduce_bf16`]).
+    pub fn nccl_all_reduce_bf16(
+        &self,
+        communicator: &super::nccl::Communicator,
+        send: &dyn DeviceMemory,
+        recv: &dyn DeviceMemory,
+        count: usize,
+    ) -> Result<(), super::nccl::NcclError> {
+        communicator.all_reduce_bf16(self.stream, send, recv, count)
     }
 
     /// See [`Stream::fill_u8`].
