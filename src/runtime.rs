@@ -181,6 +181,8 @@ pub struct Runtime {
     communicator: Communicator,
     // Splits share its resources; it lives as long as they do.
     bootstrap: Communicator,
+    // Whether splits share the bootstrap communicator's resources (not for an adopted one).
+    share: bool,
 }
 
 fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeError> {
@@ -232,6 +234,23 @@ impl Runtime {
     /// Opens the GPU, joins the communicator, splits the blocking one, and agrees the
     /// topology, all within `setup.timeout`.
     pub fn start(setup: &RankSetup) -> Result<Runtime, RuntimeError> {
+        Runtime::start_with(setup, None)
+    }
+
+    /// Like [`Runtime::start`], but splits from a communicator the serving process already
+    /// has (see [`Communicator::adopt`]) instead of joining a new one; `setup.rendezvous` is
+    /// not used.
+    pub fn start_from_parent(
+        setup: &RankSetup,
+        parent: Communicator,
+    ) -> Result<Runtime, RuntimeError> {
+        Runtime::start_with(setup, Some(parent))
+    }
+
+    fn start_with(
+        setup: &RankSetup,
+        parent: Option<Communicator>,
+    ) -> Result<Runtime, RuntimeError> {
         let rank = setup.rank;
         if setup.world < 2 || setup.world as usize > MAX_RANKS || rank >= setup.world {
             return Err(RuntimeError::Setup {
@@ -252,15 +271,33 @@ impl Runtime {
             .map_err(RuntimeError::driver(rank))?;
         let stream = device.new_stream().map_err(RuntimeError::driver(rank))?;
 
-        let id = unique_id(setup, deadline)?;
         // NCCL binds the communicator to the thread's current device: the stream's context.
         stream.bind_current().map_err(RuntimeError::driver(rank))?;
-        let bootstrap = Communicator::init(&id, rank, setup.world, deadline)
-            .map_err(|error| timeout_names_peer(error, setup.world))?;
+        // Splits share the parent's resources, and so its abort flag, only when the parent is
+        // this runtime's own: aborting them must never abort a server's communicator.
+        let share = parent.is_none();
+        let bootstrap = if let Some(parent) = parent {
+            if (parent.rank(), parent.world()) != (rank, setup.world) {
+                return Err(RuntimeError::Setup {
+                    rank,
+                    message: format!(
+                        "the adopted communicator is rank {} of {}, not rank {rank} of {}",
+                        parent.rank(),
+                        parent.world(),
+                        setup.world
+                    ),
+                });
+            }
+            parent
+        } else {
+            let id = unique_id(setup, deadline)?;
+            Communicator::init(&id, rank, setup.world, deadline)
+                .map_err(|error| timeout_names_peer(error, setup.world))?
+        };
         let communicator = bootstrap
             .split(
                 CommConfig {
-                    split_share: true,
+                    split_share: share,
                     ..CommConfig::default()
                 },
                 deadline,
@@ -287,6 +324,7 @@ impl Runtime {
             gather_receive,
             communicator,
             bootstrap,
+            share,
         };
 
         let count = driver.device_count().map_err(RuntimeError::driver(rank))?;
@@ -360,7 +398,7 @@ impl Runtime {
             .bind_current()
             .map_err(RuntimeError::driver(self.rank))?;
         let config = CommConfig {
-            split_share: true,
+            split_share: self.share,
             max_ctas,
             min_ctas,
             ..CommConfig::default()

@@ -435,3 +435,64 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     // One deadline, not one per replay (32 x 300 ms would be 9.6 s).
     assert!(elapsed < timeout * 4, "{elapsed:?}");
 }
+
+/// A serving process that already has a blocking NCCL communicator hands it to the library,
+/// which splits its own from it; dropping the runtime leaves the server's communicator working.
+/// Both ranks run as threads of this process, as a single-process server would.
+#[test]
+#[ignore = "needs GPUs"]
+// Adopting a raw communicator is the unsafe entry under test.
+#[allow(unsafe_code)]
+fn a_servers_own_communicator_is_adopted_split_from_and_left_working() {
+    use prepare::gpu::driver::Driver;
+    use prepare::gpu::nccl::{CommConfig, Communicator, UniqueId};
+    use prepare::runtime::{RankSetup, Rendezvous, Runtime};
+
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let id = UniqueId::new().unwrap();
+    let ranks: Vec<_> = (0..2_u32)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let driver = Driver::open().unwrap();
+                let device = driver.open_device(rank as usize).unwrap();
+                let stream = device.new_stream().unwrap();
+                stream.bind_current().unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                // The server's own communicator: blocking, as servers make them.
+                let server =
+                    Communicator::init_with(&id, rank, 2, CommConfig::default(), deadline).unwrap();
+                // SAFETY: `server` outlives the runtime and no other thread uses it meanwhile.
+                let adopted = unsafe { Communicator::adopt(server.as_raw(), rank, 2, false) };
+                let setup = RankSetup {
+                    rank,
+                    world: 2,
+                    gpu: rank as usize,
+                    timeout: Duration::from_secs(30),
+                    rendezvous: Rendezvous::CommId,
+                    host: "one".to_owned(),
+                };
+                let runtime = Runtime::start_from_parent(&setup, adopted).unwrap();
+                assert_eq!(runtime.records().len(), 2);
+                assert_eq!(*runtime.topology(), prepare::agree::Topology::PeerKernels);
+                drop(runtime);
+                // The server's communicator still sums.
+                let elements = 1024;
+                let buffer = device.allocate(elements * 2).unwrap();
+                stream.fill_u16(&buffer, 0..elements * 2, 0x3F80).unwrap();
+                server
+                    .all_reduce_bf16(&stream, &buffer, &buffer, elements)
+                    .unwrap();
+                stream.synchronize_within(Duration::from_secs(30)).unwrap();
+                let mut sums = vec![0_u16; elements];
+                stream.read(&buffer, 0, &mut sums).unwrap();
+                // 1.0 + 1.0 = 2.0 in bf16.
+                assert!(sums.iter().all(|&sum| sum == 0x4000), "{:#06x}", sums[0]);
+            })
+        })
+        .collect();
+    for rank in ranks {
+        rank.join().unwrap();
+    }
+}

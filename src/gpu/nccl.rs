@@ -237,6 +237,8 @@ pub struct Communicator {
     rank: u32,
     world: u32,
     nonblocking: bool,
+    // A communicator adopted from its creator (a server) is never aborted on drop.
+    owned: bool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -259,12 +261,26 @@ impl Communicator {
         world: u32,
         deadline: Instant,
     ) -> Result<Communicator, NcclError> {
-        ensure_available()?;
-        let mut config = CommConfig {
+        let config = CommConfig {
             nonblocking: true,
             ..CommConfig::default()
-        }
-        .raw();
+        };
+        Communicator::init_with(id, rank, world, config, deadline)
+    }
+
+    /// Joins a communicator with `config`. A nonblocking one is polled until `deadline` and
+    /// aborted past it; a blocking one (as a server makes its own) returns only when every
+    /// rank has joined, so `deadline` cannot bound it.
+    pub fn init_with(
+        id: &UniqueId,
+        rank: u32,
+        world: u32,
+        config: CommConfig,
+        deadline: Instant,
+    ) -> Result<Communicator, NcclError> {
+        ensure_available()?;
+        let nonblocking = config.nonblocking;
+        let mut config = config.raw();
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: raw and config are valid for the call; the id is passed by value.
         let result = unsafe {
@@ -283,7 +299,8 @@ impl Communicator {
             }),
             rank,
             world,
-            nonblocking: true,
+            nonblocking,
+            owned: true,
         };
         if raw.is_null() {
             check("ncclCommInitRankConfig", rank, result, raw)?;
@@ -335,34 +352,46 @@ impl Communicator {
         }
     }
 
-    /// Splits this (nonblocking) communicator with every rank in the same group and the same
-    /// rank order. The child is blocking unless `config` says otherwise. The split runs in
-    /// NCCL's background and is polled until `deadline`; past it this communicator is aborted,
-    /// which ends the split.
+    /// Splits this communicator with every rank in the same group and the same rank order.
+    /// The child is blocking unless `config` says otherwise. A nonblocking parent splits in
+    /// NCCL's background and is polled; a blocking one (a server's, adopted) splits on a helper
+    /// thread. Past `deadline` this communicator is aborted, which ends the split.
     pub fn split(&self, config: CommConfig, deadline: Instant) -> Result<Communicator, NcclError> {
         self.ensure_live()?;
         let rank = self.rank;
         // NCCL writes the child into this slot when the split completes, possibly after the
-        // call returns, so it lives on the heap until then.
-        let slot: Box<AtomicPtr<sys::ncclComm>> = Box::new(AtomicPtr::new(std::ptr::null_mut()));
-        let mut raw_config = config.raw();
-        // SAFETY: the parent handle is live; the slot outlives the split (it is leaked below if
-        // the split may still be running); the config is read during the call.
-        let result = unsafe {
-            sys::ncclCommSplit(
-                self.handle.raw,
-                0,
-                rank as i32,
-                slot.as_ptr(),
-                &raw mut raw_config,
-            )
+        // call returns or after the caller gave up: it is never freed (eight bytes a split).
+        let slot: &'static AtomicPtr<sys::ncclComm> =
+            Box::leak(Box::new(AtomicPtr::new(std::ptr::null_mut())));
+        let split = move |parent: sys::ncclComm_t| {
+            let mut raw_config = config.raw();
+            // SAFETY: the parent is live (its handle is held by the caller); the slot lives for
+            // ever; the config is read during the call.
+            unsafe {
+                sys::ncclCommSplit(parent, 0, rank as i32, slot.as_ptr(), &raw mut raw_config)
+            }
         };
-        let started = check("ncclCommSplit", rank, result, self.handle.raw)
-            .and_then(|()| self.wait_ready("communicator split", deadline));
-        if let Err(error) = started {
-            // A split that failed or was aborted part way may still write the slot.
-            Box::leak(slot);
-            return Err(error);
+        if self.nonblocking {
+            let result = split(self.handle.raw);
+            check("ncclCommSplit", rank, result, self.handle.raw)?;
+            self.wait_ready("communicator split", deadline)?;
+        } else {
+            let parent = Arc::clone(&self.handle);
+            let (sender, receiver) = std::sync::mpsc::channel();
+            thread::spawn(move || {
+                // The receiver may have given up; then the parent was aborted.
+                let _ = sender.send(split(parent.raw));
+            });
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            let Ok(result) = receiver.recv_timeout(timeout) else {
+                self.handle.abort();
+                return Err(NcclError::Timeout {
+                    step: "communicator split",
+                    rank,
+                    seconds: timeout.as_secs_f64(),
+                });
+            };
+            check("ncclCommSplit", rank, result, self.handle.raw)?;
         }
         let child = slot.load(Ordering::Acquire);
         if child.is_null() {
@@ -380,11 +409,43 @@ impl Communicator {
             rank,
             world: self.world,
             nonblocking: config.nonblocking,
+            owned: true,
         };
         if config.nonblocking {
             child.wait_ready("communicator split", deadline)?;
         }
         Ok(child)
+    }
+
+    /// Adopts a communicator its creator (a serving process) already has, to split the
+    /// prepare communicators from. Dropping the result leaves it alone; a split that passes its
+    /// deadline still aborts it, as it would any parent whose peers are gone.
+    ///
+    /// # Safety
+    /// `raw` must be a live `ncclComm_t` of this process for `rank` of `world` ranks that stays
+    /// alive, and is used by no other thread during prepare's calls, for as long as the result
+    /// and every communicator split from it exist. `nonblocking` must match its config.
+    pub unsafe fn adopt(
+        raw: *mut std::ffi::c_void,
+        rank: u32,
+        world: u32,
+        nonblocking: bool,
+    ) -> Communicator {
+        Communicator {
+            handle: Arc::new(Handle {
+                raw: raw.cast(),
+                aborted: AtomicBool::new(false),
+            }),
+            rank,
+            world,
+            nonblocking,
+            owned: false,
+        }
+    }
+
+    /// The raw `ncclComm_t`, for handing to code that adopts it.
+    pub fn as_raw(&self) -> *mut std::ffi::c_void {
+        self.handle.raw.cast()
     }
 
     fn ensure_live(&self) -> Result<(), NcclError> {
@@ -516,7 +577,9 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Abort, not destroy: ncclCommDestroy finalizes with the peers first, which blocks for
         // ever on a peer that is stopped; abort frees this rank's resources without them.
-        self.handle.abort();
+        if self.owned {
+            self.handle.abort();
+        }
     }
 }
 
