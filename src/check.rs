@@ -4,8 +4,6 @@
 //! optional soak repeats collectives so that faults (a peer killed or stopped) can be seen to
 //! end every other rank within the timeout.
 
-use std::time::Instant;
-
 use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
@@ -168,38 +166,12 @@ fn nccl_bounded(
     count: u32,
     step: &str,
 ) -> Result<(), RuntimeError> {
-    let rank = runtime.rank();
-    let deadline = Instant::now() + runtime.timeout();
-    let watchdog = communicator.watchdog(deadline);
-    let mut result = Ok(());
-    for _ in 0..count {
-        result = communicator
-            .all_reduce_bf16(runtime.stream(), buffer, buffer, elements)
-            .map_err(RuntimeError::from);
-        if result.is_err() {
-            break;
+    runtime.bounded(communicator, runtime.stream(), step, || {
+        for _ in 0..count {
+            communicator.all_reduce_bf16(runtime.stream(), buffer, buffer, elements)?;
         }
-    }
-    let waited = result.and_then(|()| {
-        runtime
-            .stream()
-            .synchronize_within(runtime.timeout())
-            .map_err(|source| RuntimeError::Driver { rank, source })
-    });
-    if watchdog.disarm() || waited.is_err() && Instant::now() >= deadline {
-        communicator.abort();
-        return Err(RuntimeError::Timeout {
-            rank,
-            step: step.to_owned(),
-            seconds: runtime.timeout().as_secs_f64(),
-            who: if runtime.world() == 2 {
-                format!("rank {} did not arrive", 1 - rank)
-            } else {
-                "one of the other ranks did not arrive (NCCL does not say which)".to_owned()
-            },
-        });
-    }
-    waited
+        Ok(())
+    })
 }
 
 /// Replays of the captured NCCL all-reduce.
@@ -228,31 +200,12 @@ fn check_nccl_graph(runtime: &Runtime, seed: u64) -> Result<bool, RuntimeError> 
         stream
             .fill_u16(&receive, 0..NCCL_CHECK_ELEMENTS * 2, POISON)
             .map_err(driver)?;
-        let deadline = Instant::now() + runtime.timeout();
-        let watchdog = runtime.communicator().watchdog(deadline);
-        graph.launch().map_err(driver)?;
-        let waited = stream.synchronize_within(runtime.timeout()).map_err(driver);
-        let timed_out = matches!(
-            waited,
-            Err(RuntimeError::Driver {
-                source: crate::gpu::driver::DriverError::Timeout { .. },
-                ..
-            })
-        );
-        if watchdog.disarm() || timed_out {
-            runtime.communicator().abort();
-            return Err(RuntimeError::Timeout {
-                rank,
-                step: "a replay of the captured NCCL all-reduce".to_owned(),
-                seconds: runtime.timeout().as_secs_f64(),
-                who: if runtime.world() == 2 {
-                    format!("rank {} did not arrive", 1 - rank)
-                } else {
-                    "one of the other ranks did not arrive (NCCL does not say which)".to_owned()
-                },
-            });
-        }
-        waited?;
+        runtime.bounded(
+            runtime.communicator(),
+            &stream,
+            "a replay of the captured NCCL all-reduce",
+            || graph.launch().map_err(driver),
+        )?;
         let mut output = vec![0_u16; NCCL_CHECK_ELEMENTS];
         stream.read(&receive, 0, &mut output).map_err(driver)?;
         exact &= output == expected;

@@ -432,28 +432,45 @@ impl Runtime {
         self.stream
             .write(&self.gather_send, 0, local)
             .map_err(driver)?;
-        let deadline = Instant::now() + self.timeout;
-        let watchdog = self.communicator.watchdog(deadline);
-        self.communicator.all_gather(
-            &self.stream,
-            &self.gather_send,
-            &self.gather_receive,
-            bytes,
-        )?;
-        let waited = self
-            .stream
-            .synchronize_within(self.timeout)
-            .map_err(RuntimeError::driver(self.rank));
-        if watchdog.disarm()
-            || matches!(
-                waited,
-                Err(RuntimeError::Driver {
-                    source: DriverError::Timeout { .. },
-                    ..
-                })
-            )
-        {
-            self.communicator.abort();
+        self.bounded(&self.communicator, &self.stream, step, || {
+            self.communicator
+                .all_gather(&self.stream, &self.gather_send, &self.gather_receive, bytes)
+                .map_err(RuntimeError::from)
+        })?;
+        let mut gathered = vec![0_u8; bytes * self.world as usize];
+        self.stream
+            .read(&self.gather_receive, 0, &mut gathered)
+            .map_err(RuntimeError::driver(self.rank))?;
+        Ok(gathered)
+    }
+
+    /// Runs `enqueue` (NCCL work through `communicator` on `stream`) and waits for `stream`,
+    /// all under a watchdog: past the timeout the communicator is aborted and the error names
+    /// the step and the rank that may be missing, so no NCCL call can hang the rank.
+    pub fn bounded(
+        &self,
+        communicator: &Communicator,
+        stream: &Stream,
+        step: &str,
+        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        let watchdog = communicator.watchdog(Instant::now() + self.timeout);
+        let waited = enqueue().and_then(|()| {
+            stream
+                .synchronize_within(self.timeout)
+                .map_err(RuntimeError::driver(self.rank))
+        });
+        let timed_out = matches!(
+            waited,
+            Err(RuntimeError::Driver {
+                source: DriverError::Timeout { .. },
+                ..
+            })
+        );
+        // A watchdog that fired also makes the NCCL call or the wait fail: the timeout is the
+        // cause to report.
+        if watchdog.disarm() || timed_out {
+            communicator.abort();
             return Err(RuntimeError::Timeout {
                 rank: self.rank,
                 step: step.to_owned(),
@@ -461,12 +478,7 @@ impl Runtime {
                 who: missing_peers(self.rank, self.world),
             });
         }
-        waited?;
-        let mut gathered = vec![0_u8; bytes * self.world as usize];
-        self.stream
-            .read(&self.gather_receive, 0, &mut gathered)
-            .map_err(RuntimeError::driver(self.rank))?;
-        Ok(gathered)
+        waited
     }
 
     /// Allocates this rank's peer memory (`buffer_bytes` of buffer with the scratch at
