@@ -105,7 +105,8 @@ pub struct NvrtcSearch {
     pub explicit: Option<PathBuf>,
     /// Python environment prefixes whose `lib*/python3*/{site,dist}-packages` may hold the
     /// wheel: `VIRTUAL_ENV`, `CONDA_PREFIX`, the parent of each `PATH` directory with a
-    /// `python3`, `~/.local`, `/usr/local`, `/usr`.
+    /// `python3`, the `sys.prefix` that `python3` reports (pyenv and other shims), `~/.local`,
+    /// `/usr/local`, `/usr`.
     pub python_prefixes: Vec<PathBuf>,
     /// CUDA toolkit roots whose `lib64` may hold the library: `CUDA_HOME`, `CUDA_PATH`,
     /// `/usr/local/cuda`.
@@ -130,6 +131,18 @@ impl NvrtcSearch {
                 if directory.join("python3").is_file() {
                     python_prefixes.extend(directory.parent().map(Path::to_path_buf));
                 }
+            }
+        }
+        // A shim (pyenv) on PATH hides the real prefix; python3 knows it.
+        if let Ok(output) = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.prefix)"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+        {
+            let prefix = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+            if output.status.success() && !prefix.is_empty() {
+                python_prefixes.push(PathBuf::from(prefix));
             }
         }
         python_prefixes.extend(variable("HOME").map(|home| home.join(".local")));
