@@ -596,3 +596,13 @@ fn a_ladder_that_matches_its_hash_but_is_invalid_is_refused() {
     );
     assert!(message.contains("/world_size"), "{message}");
 }
+
+#[test]
+fn missing_parent_directories_are_made() {
+    let ladder = ladder(LADDER);
+    let compiled = compilation(&ladder, Arch::Sm120);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("not").join("yet").join("package");
+    write_package(&out, LADDER, &ladder, &compiled, Arch::Sm120, false).unwrap();
+    open_package(&out).unwrap();
+}

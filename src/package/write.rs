@@ -49,6 +49,64 @@ pub fn write_qualified_package(
     let manifest = build_manifest(ladder_text, ladder, compilation, arch, qualification)?;
     let manifest_bytes = manifest.to_bytes();
 
+    // Missing parent directories are made, and removed again if the export fails, so that a
+    // failed export leaves nothing behind.
+    let created = create_missing_directories(&parent)?;
+    let written = write_and_install(
+        out,
+        &parent,
+        &name,
+        exists,
+        &manifest,
+        &manifest_bytes,
+        compilation,
+        ladder_text,
+    );
+    if written.is_err() {
+        if let Some(created) = created {
+            let _ = fs::remove_dir_all(created);
+        }
+    }
+    written?;
+
+    Ok(PackageSummary {
+        dir: out.to_path_buf(),
+        identity: sha256_hex(&manifest_bytes),
+        arch,
+        kernels: manifest.kernels.len(),
+        buckets: manifest.buckets.len(),
+        replaced: exists,
+    })
+}
+
+/// Makes `directory` and its missing ancestors; returns the outermost one it made.
+fn create_missing_directories(directory: &Path) -> Result<Option<PathBuf>, PackageError> {
+    let mut outermost = None;
+    let mut missing = directory;
+    while !missing.exists() {
+        outermost = Some(missing.to_path_buf());
+        match missing.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => missing = parent,
+            _ => break,
+        }
+    }
+    if outermost.is_some() {
+        fs::create_dir_all(directory).map_err(|source| io_error("create", directory, source))?;
+    }
+    Ok(outermost)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_and_install(
+    out: &Path,
+    parent: &Path,
+    name: &str,
+    exists: bool,
+    manifest: &Manifest,
+    manifest_bytes: &[u8],
+    compilation: &Compilation,
+    ladder_text: &str,
+) -> Result<(), PackageError> {
     let prefix = format!(".{name}.staging-");
     let mut builder = tempfile::Builder::new();
     builder.prefix(&prefix);
@@ -59,8 +117,8 @@ pub fn write_qualified_package(
         builder.permissions(fs::Permissions::from_mode(0o777));
     }
     let staging = builder
-        .tempdir_in(&parent)
-        .map_err(|source| io_error("create a staging directory in", &parent, source))?;
+        .tempdir_in(parent)
+        .map_err(|source| io_error("create a staging directory in", parent, source))?;
     let root = staging.path();
     let kernels_dir = root.join(KERNELS_DIR);
     fs::create_dir(&kernels_dir).map_err(|source| io_error("create", &kernels_dir, source))?;
@@ -68,25 +126,16 @@ pub fn write_qualified_package(
         write_synced(&root.join(&record.file), &kernel.cubin)?;
     }
     write_synced(&root.join(LADDER_FILE), ladder_text.as_bytes())?;
-    write_synced(&root.join(MANIFEST_FILE), &manifest_bytes)?;
+    write_synced(&root.join(MANIFEST_FILE), manifest_bytes)?;
     sync_directory(&kernels_dir)?;
     sync_directory(root)?;
 
     if exists {
-        replace(out, &parent, &name, staging)?;
+        replace(out, parent, name, staging)?;
     } else {
         install(out, staging)?;
     }
-    sync_directory(&parent)?;
-
-    Ok(PackageSummary {
-        dir: out.to_path_buf(),
-        identity: sha256_hex(&manifest_bytes),
-        arch,
-        kernels: manifest.kernels.len(),
-        buckets: manifest.buckets.len(),
-        replaced: exists,
-    })
+    sync_directory(parent)
 }
 
 /// The manifest a package for `arch` gets: a pure function of its inputs.
