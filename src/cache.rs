@@ -8,7 +8,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// Everything a choice depends on. Field order is the serialised order, and maps are sorted,
 /// so equal fingerprints hash equally.
@@ -43,7 +42,7 @@ impl Fingerprint {
     /// The cache key: sha256 of the fingerprint's JSON, in hex.
     pub fn key(&self) -> String {
         let json = serde_json::to_vec(self).expect("a fingerprint always serialises");
-        hex(&Sha256::digest(json))
+        crate::package::sha256_hex(&json)
     }
 }
 

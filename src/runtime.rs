@@ -10,7 +10,7 @@ use crate::agree::{self, RankRecord, Topology, RECORD_BYTES};
 use crate::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, DriverError, IpcHandle, PeerBuffer, Stream,
 };
-use crate::gpu::nccl::{self, CommConfig, Communicator, NcclError, UniqueId};
+use crate::gpu::nccl::{CommConfig, Communicator, NcclError, UniqueId};
 use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 use crate::launch::RankEnvironment;
 
@@ -635,11 +635,6 @@ impl PeerMemory {
             world: self.world,
         }
     }
-}
-
-/// Whether NCCL can be loaded here.
-pub fn nccl_available() -> bool {
-    nccl::is_available()
 }
 
 #[cfg(test)]
