@@ -62,24 +62,7 @@ __device__ void full_phased(const AllReduceParams& params, ClusterFlags& flags, 
         sources[q] = static_cast<unsigned int>(q) == rank ? input : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
-    for_each_owned(
-        message, workers,
-        [&](u64 v) {
-            Vec16 x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_vector(sources[q], v);
-            }
-            store_vector(output, v, sum_vectors<N>(x));
-        },
-        [&](u64 e) {
-            unsigned short x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_element(sources[q], e);
-            }
-            store_element(output, e, sum_elements<N>(x));
-        });
+    sum_owned<N>(sources, 0, output, message, workers);
     // No end barrier: no peer reads this rank's memory, and peers write its slots again only
     // after the next launch's start exchange.
     cluster_end(params, flags, cta);

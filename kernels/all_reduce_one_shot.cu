@@ -34,24 +34,7 @@ __device__ void one_shot_pull(const AllReduceParams& params, BlockFlags& flags) 
         inputs[q] = params.buffers[q];
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
-    for_each_owned(
-        whole_message(params.elements), grid_workers(),
-        [&](u64 v) {
-            Vec16 x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_vector(inputs[q], v);
-            }
-            store_vector(output, v, sum_vectors<N>(x));
-        },
-        [&](u64 e) {
-            unsigned short x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_element(inputs[q], e);
-            }
-            store_element(output, e, sum_elements<N>(x));
-        });
+    sum_owned<N>(inputs, 0, output, whole_message(params.elements), grid_workers());
     // End: peers read this rank's input until they raise this flag; once this launch ends the
     // stream may overwrite the input, so no block leaves before its peers are done with its
     // elements (each peer's same-numbered block reads exactly the elements this block reads).
@@ -109,24 +92,7 @@ __device__ void one_shot_push(const AllReduceParams& params, BlockFlags& flags) 
         sources[q] = static_cast<unsigned int>(q) == rank ? input : own_scratch + q * slot;
     }
     unsigned char* output = static_cast<unsigned char*>(params.output);
-    for_each_owned(
-        message, workers,
-        [&](u64 v) {
-            Vec16 x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_vector(sources[q], v);
-            }
-            store_vector(output, v, sum_vectors<N>(x));
-        },
-        [&](u64 e) {
-            unsigned short x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_element(sources[q], e);
-            }
-            store_element(output, e, sum_elements<N>(x));
-        });
+    sum_owned<N>(sources, 0, output, message, workers);
     block_end(params, flags);
 }
 

@@ -75,24 +75,7 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
         sources[q] = static_cast<unsigned int>(q) == rank ? input + own.begin_vector * 16
                                                           : own_scratch + q * slot;
     }
-    for_each_owned(
-        own, workers,
-        [&](u64 v) {
-            Vec16 x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_vector(sources[q], v - own.begin_vector);
-            }
-            store_vector(output, v, sum_vectors<N>(x));
-        },
-        [&](u64 e) {
-            unsigned short x[N];
-#pragma unroll
-            for (int q = 0; q < N; ++q) {
-                x[q] = load_element(sources[q], e - own.begin_vector * 8);
-            }
-            store_element(output, e, sum_elements<N>(x));
-        });
+    sum_owned<N>(sources, own.begin_vector, output, own, workers);
 
     const unsigned char* gathered = own_scratch + N * slot;
     for (int k = 1; k < N; ++k) {

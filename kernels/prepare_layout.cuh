@@ -91,4 +91,31 @@ __device__ __forceinline__ void for_each_owned(const Range& range, const Workers
     }
 }
 
+// Writes to `output` the rank-ordered sum of the N sources over the part of `range` this
+// thread owns: whole 16-byte vectors, then tail elements. Source q holds the range from vector
+// `first_vector` on (0 when the sources are indexed like the output).
+template <int N>
+__device__ __forceinline__ void sum_owned(const unsigned char* const (&sources)[N],
+                                          u64 first_vector, unsigned char* output,
+                                          const Range& range, const Workers& workers) {
+    for_each_owned(
+        range, workers,
+        [&](u64 v) {
+            Vec16 x[N];
+#pragma unroll
+            for (int q = 0; q < N; ++q) {
+                x[q] = load_vector(sources[q], v - first_vector);
+            }
+            store_vector(output, v, sum_vectors<N>(x));
+        },
+        [&](u64 e) {
+            unsigned short x[N];
+#pragma unroll
+            for (int q = 0; q < N; ++q) {
+                x[q] = load_element(sources[q], e - first_vector * 8);
+            }
+            store_element(output, e, sum_elements<N>(x));
+        });
+}
+
 }  // namespace prepare
