@@ -7,7 +7,7 @@
 use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
-use crate::gpu::driver::{DeviceBuffer, Geometry, LoadedKernel, ModuleImage};
+use crate::gpu::driver::{DeviceBuffer, DeviceMemory, Geometry, LoadedKernel, ModuleImage};
 use crate::gpu::nccl::Communicator;
 use crate::kernels;
 use crate::ladder::{Bucket, Profile};
@@ -65,6 +65,16 @@ pub enum CheckError {
         got: u16,
         /// What the reference says.
         expected: u16,
+    },
+    /// A kernel wrote past the end of its message.
+    #[error("rank {rank}: {what} wrote element {index}, past the end of the message")]
+    WrotePastTheEnd {
+        /// This rank.
+        rank: u32,
+        /// The kernel and bucket.
+        what: String,
+        /// The first element written past the end.
+        index: usize,
     },
     /// A kernel changed its input.
     #[error("rank {rank}: {what} changed its input")]
@@ -363,64 +373,86 @@ pub fn check_rank(
     }
 
     if let Some((peer, output)) = &memory {
+        let ladder = package
+            .map(Package::ladder)
+            .expect("peer memory comes with a package");
+        let capacity = output.len_bytes() / 2;
         for (index, candidate) in prepared.iter().enumerate() {
-            let elements = (candidate.bucket.max_bytes / 2) as usize;
-            let what = format!(
-                "{} in bucket {} ({elements} elements)",
-                candidate.profile.id, candidate.bucket_index
-            );
-            let inputs = random_inputs(
-                seed ^ (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                runtime.world() as usize,
-                elements,
-            );
-            let stream = runtime.stream();
-            stream
-                .write(peer.buffer(), 0, &inputs[rank as usize])
-                .map_err(driver)?;
-            stream
-                .fill_u16(output, 0..elements * 2, POISON)
-                .map_err(driver)?;
-            // No barrier here: a peer's block reaching the kernel's start barrier means its
-            // launch began, after its input was written in stream order.
-            let params = peer.params(output, elements as u64, runtime.timeout());
-            stream
-                .launch_loaded(&candidate.kernel, candidate.geometry, &params)
-                .map_err(driver)?;
-            stream
-                .synchronize_within(runtime.timeout() * 2)
-                .map_err(driver)?;
-            let mut word = [0_u64; 1];
-            stream.read(peer.state(), 0, &mut word).map_err(driver)?;
-            if let Some(abort) = Abort::decode(word[0]) {
-                return Err(CheckError::Aborted { rank, what, abort });
-            }
-            let mut got = vec![0_u16; elements];
-            stream.read(output, 0, &mut got).map_err(driver)?;
-            let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
-            let expected = reference_sum_bf16(&views);
-            if let Some((first, mismatches)) = first_mismatch(&got, &expected) {
-                return Err(CheckError::NotExact {
-                    rank,
-                    what,
-                    mismatches,
+            let largest = (candidate.bucket.max_bytes / 2) as usize;
+            let smallest = (ladder.bucket_min_bytes(candidate.bucket_index) / 2) as usize;
+            // The bucket's smallest and largest messages, and one whose tail is not a whole
+            // 16-byte vector.
+            let mut sizes = vec![smallest, largest.saturating_sub(3).max(smallest), largest];
+            sizes.dedup();
+            for (size_index, &elements) in sizes.iter().enumerate() {
+                let what = format!(
+                    "{} in bucket {} ({elements} elements)",
+                    candidate.profile.id, candidate.bucket_index
+                );
+                let inputs = random_inputs(
+                    seed ^ ((index * 3 + size_index) as u64 + 1)
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    runtime.world() as usize,
                     elements,
-                    first,
-                    got: got[first],
-                    expected: expected[first],
-                });
-            }
-            let mut input_after = vec![0_u16; elements];
-            stream
-                .read(peer.buffer(), 0, &mut input_after)
-                .map_err(driver)?;
-            if input_after != inputs[rank as usize] {
-                return Err(CheckError::InputChanged { rank, what });
+                );
+                let stream = runtime.stream();
+                stream
+                    .write(peer.buffer(), 0, &inputs[rank as usize])
+                    .map_err(driver)?;
+                // The whole output is poisoned, so a write past the message shows too.
+                stream
+                    .fill_u16(output, 0..capacity * 2, POISON)
+                    .map_err(driver)?;
+                // No barrier here: a peer's block reaching the kernel's start barrier means its
+                // launch began, after its input was written in stream order.
+                let params = peer.params(output, elements as u64, runtime.timeout());
+                stream
+                    .launch_loaded(&candidate.kernel, candidate.geometry, &params)
+                    .map_err(driver)?;
+                stream
+                    .synchronize_within(runtime.timeout() * 2)
+                    .map_err(driver)?;
+                let mut word = [0_u64; 1];
+                stream.read(peer.state(), 0, &mut word).map_err(driver)?;
+                if let Some(abort) = Abort::decode(word[0]) {
+                    return Err(CheckError::Aborted { rank, what, abort });
+                }
+                // The message and what follows it, up to 4096 elements.
+                let mut got = vec![0_u16; capacity.min(elements + 4096)];
+                stream.read(output, 0, &mut got).map_err(driver)?;
+                if let Some(past) = got[elements..].iter().position(|&value| value != POISON) {
+                    return Err(CheckError::WrotePastTheEnd {
+                        rank,
+                        what,
+                        index: elements + past,
+                    });
+                }
+                got.truncate(elements);
+                let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
+                let expected = reference_sum_bf16(&views);
+                if let Some((first, mismatches)) = first_mismatch(&got, &expected) {
+                    return Err(CheckError::NotExact {
+                        rank,
+                        what,
+                        mismatches,
+                        elements,
+                        first,
+                        got: got[first],
+                        expected: expected[first],
+                    });
+                }
+                let mut input_after = vec![0_u16; elements];
+                stream
+                    .read(peer.buffer(), 0, &mut input_after)
+                    .map_err(driver)?;
+                if input_after != inputs[rank as usize] {
+                    return Err(CheckError::InputChanged { rank, what });
+                }
             }
             candidates.push(CandidateCheck {
                 bucket: candidate.bucket_index,
                 profile: candidate.profile.id.clone(),
-                elements,
+                elements: largest,
                 skipped: None,
             });
         }
