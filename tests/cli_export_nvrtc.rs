@@ -2,6 +2,8 @@
 //! targets. Skips when NVRTC is missing unless `PREPARE_REQUIRE_NVRTC=1`, which CI sets so that
 //! these tests can never pass by skipping.
 
+mod repository;
+
 mod package_support;
 
 use std::fs;
@@ -30,22 +32,8 @@ fn nvrtc_present() -> bool {
     }
 }
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn shipped_ladders() -> Vec<(PathBuf, Ladder)> {
-    let mut files: Vec<PathBuf> = fs::read_dir(root().join("ladders"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| {
-            path.extension()
-                .is_some_and(|extension| extension == "json")
-        })
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "ladders/ holds the shipped ladders");
-    files
+    repository::json_files("ladders")
         .into_iter()
         .map(|file| {
             let ladder = validate_ladder_file(&file).unwrap();
@@ -182,8 +170,8 @@ fn export_is_deterministic_and_force_replaces_atomically() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let tp2 = root().join("ladders/h200_nvlink_tp2.json");
-    let tp4 = root().join("ladders/h200_nvlink_tp4.json");
+    let tp2 = repository::root().join("ladders/h200_nvlink_tp2.json");
+    let tp4 = repository::root().join("ladders/h200_nvlink_tp4.json");
 
     assert_eq!(export(scratch.path(), &tp2, "sm_90", "first", false).0, 0);
     assert_eq!(export(scratch.path(), &tp2, "sm_90", "second", false).0, 0);

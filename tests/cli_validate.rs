@@ -1,14 +1,13 @@
 //! The `prepare validate` and `prepare schema` commands as a user runs them: output, exit codes
 //! (0 valid, 1 refused, 2 usage) and the schema they print.
 
-use std::path::{Path, PathBuf};
+mod repository;
+
+use std::path::PathBuf;
 
 use assert_cmd::Command;
 use predicates::prelude::*;
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use repository::root;
 
 fn prepare() -> Command {
     let mut command = Command::cargo_bin("prepare").expect("the binary is built");
@@ -18,17 +17,10 @@ fn prepare() -> Command {
 
 /// JSON files of a folder, relative to the crate root, sorted.
 fn json_files(folder: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(folder))
-        .expect("listable")
-        .map(|entry| entry.expect("an entry").path())
-        .filter(|path| {
-            path.extension()
-                .is_some_and(|extension| extension == "json")
-        })
+    repository::json_files(folder)
+        .into_iter()
         .map(|path| path.strip_prefix(root()).expect("inside").to_path_buf())
-        .collect();
-    files.sort();
-    files
+        .collect()
 }
 
 #[test]

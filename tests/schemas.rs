@@ -1,28 +1,12 @@
 //! The committed JSON Schemas are what the types generate, are valid draft 2020-12 schemas, and
 //! judge the shipped ladders and fixtures as `prepare validate` does at the schema stage.
 
-use std::path::{Path, PathBuf};
+mod repository;
+
+use repository::{json_files, root};
 
 use prepare::ladder::{validate_ladder_file, LadderError, Stage};
 use prepare::schema::SchemaName;
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn json_files(folder: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(folder))
-        .unwrap_or_else(|error| panic!("cannot list {folder}: {error}"))
-        .map(|entry| entry.expect("a directory entry").path())
-        .filter(|path| {
-            path.extension()
-                .is_some_and(|extension| extension == "json")
-        })
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no JSON files in {folder}");
-    files
-}
 
 fn committed_ladder_schema() -> serde_json::Value {
     let text = std::fs::read_to_string(root().join(SchemaName::Ladder.committed_path()))

@@ -3,29 +3,15 @@
 //! `rule__variant.json`) and fails with that rule and a path, its whole report pinned by a
 //! snapshot; every file in `valid` and every shipped ladder passes.
 
-use std::path::{Path, PathBuf};
+mod repository;
+
+use std::path::Path;
+
+use repository::{json_files, root};
 
 use prepare::ladder::{
     validate_ladder, validate_ladder_file, validate_ladder_text, Ladder, LadderError, Rule, Stage,
 };
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn json_files(folder: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(folder))
-        .unwrap_or_else(|error| panic!("cannot list {folder}: {error}"))
-        .map(|entry| entry.expect("a directory entry").path())
-        .filter(|path| {
-            path.extension()
-                .is_some_and(|extension| extension == "json")
-        })
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no JSON files in {folder}");
-    files
-}
 
 fn stem(path: &Path) -> String {
     path.file_stem()
