@@ -7,6 +7,7 @@
 pub mod agree;
 pub mod cache;
 pub mod check;
+pub mod collective;
 pub mod compile;
 pub mod device;
 pub mod gpu;
@@ -15,9 +16,11 @@ pub mod ladder;
 pub mod launch;
 pub mod package;
 pub mod progress;
+pub mod qualify;
 pub mod reference;
 pub mod runtime;
 pub mod schema;
+pub mod timing;
 pub mod tune;
 
 /// The tool's version, written into packages and cache keys.

@@ -79,6 +79,17 @@ pub enum RuntimeError {
     /// The gathered records could not be read.
     #[error(transparent)]
     Agree(#[from] agree::AgreeError),
+    /// A kernel gave up waiting for a peer (or found its launch invalid) and left its abort
+    /// word, which names the rank.
+    #[error("rank {rank}: {step}: {abort}")]
+    Aborted {
+        /// This rank.
+        rank: u32,
+        /// What was running.
+        step: String,
+        /// The decoded abort word.
+        abort: crate::gpu::abort::Abort,
+    },
     /// The setup is not possible.
     #[error("rank {rank}: {message}")]
     Setup {
@@ -90,7 +101,7 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
-    fn driver(rank: u32) -> impl FnOnce(DriverError) -> RuntimeError {
+    pub(crate) fn driver(rank: u32) -> impl FnOnce(DriverError) -> RuntimeError {
         move |source| RuntimeError::Driver { rank, source }
     }
 }
@@ -163,6 +174,27 @@ pub fn gpu_for_rank(
                 environment.local_rank
             ))
         })
+}
+
+/// The kernel module's driver version (`580.159.04`), read from `/sys/module/nvidia/version`;
+/// where that is missing, the CUDA driver API level (`CUDA 13.0`).
+pub fn driver_version() -> String {
+    if let Ok(text) = std::fs::read_to_string("/sys/module/nvidia/version") {
+        let version = text.trim();
+        if !version.is_empty() {
+            return version.to_owned();
+        }
+    }
+    match crate::gpu::driver::Driver::open() {
+        Ok(driver) => format!("CUDA {}", driver.version()),
+        Err(_) => "unknown".to_owned(),
+    }
+}
+
+/// NCCL's version, `2.28.9`.
+pub fn nccl_version() -> Result<String, RuntimeError> {
+    let (major, minor, patch) = crate::gpu::nccl::version()?;
+    Ok(format!("{major}.{minor}.{patch}"))
 }
 
 /// A rank's runtime: its GPU, stream, communicators and the agreed topology.
@@ -442,6 +474,24 @@ impl Runtime {
             .read(&self.gather_receive, 0, &mut gathered)
             .map_err(RuntimeError::driver(self.rank))?;
         Ok(gathered)
+    }
+
+    /// All-gathers `local` (any length, the same on every rank) in slot-sized pieces; returns
+    /// each rank's bytes, in rank order.
+    pub fn all_gather_pieces(
+        &self,
+        local: &[u8],
+        step: &str,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        let world = self.world as usize;
+        let mut ranks = vec![Vec::with_capacity(local.len()); world];
+        for piece in local.chunks(RECORD_BYTES) {
+            let gathered = self.all_gather(piece, step)?;
+            for (rank, bytes) in gathered.chunks(piece.len()).enumerate() {
+                ranks[rank].extend_from_slice(bytes);
+            }
+        }
+        Ok(ranks)
     }
 
     /// Runs `enqueue` (NCCL work through `communicator` on `stream`) and waits for `stream`,

@@ -70,7 +70,7 @@ fn without_an_architecture_export_says_to_name_one() {
 }
 
 #[test]
-fn gpus_are_a_runtime_failure_until_qualification_exists() {
+fn gpus_without_a_driver_fail_at_run_time_and_leave_nothing() {
     let scratch = scratch_with_ladder();
     let (code, _, stderr) = run_in(
         scratch.path(),

@@ -1,5 +1,7 @@
 //! `prepare export`: validate a ladder, check the architecture, compile its kernels and write
-//! a package.
+//! a package. With GPUs (`--gpus`, or every visible GPU when no `--arch` is given) it also
+//! qualifies every candidate on them: the package is staged, one rank per GPU qualifies it
+//! (see `prepare::qualify`), and the package is written with the result.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -9,10 +11,16 @@ use std::time::Duration;
 use anyhow::{anyhow, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use prepare::ladder::{validate_ladder_bytes, Arch, Ladder, LadderError};
-use prepare::package::{self, PackageError};
+use prepare::package::{self, Outcome, PackageError, Qualification, QualifiedGpu};
 use prepare::progress::Reporter;
 
+use super::ranks::{self, RankArgs, Role};
 use super::Failure;
+
+/// Where the launcher tells the ranks the staged package is.
+const STAGED_PACKAGE_VARIABLE: &str = "PREPARE_QUALIFY_PACKAGE";
+/// Where rank 0 writes the qualification for the launcher.
+const REPORT_VARIABLE: &str = "PREPARE_QUALIFY_REPORT";
 
 /// Flags of `prepare export`.
 #[derive(Debug, clap::Args)]
@@ -26,9 +34,8 @@ pub struct Args {
     /// The GPU architecture to compile for, one of the ladder's targets (sm_90, sm_120, ...).
     #[arg(long, value_name = "ARCH", value_parser = parse_arch, conflicts_with = "gpus")]
     arch: Option<Arch>,
-    /// GPUs to compile for and qualify every candidate on: comma-separated device indices.
-    #[arg(long, value_name = "LIST")]
-    gpus: Option<String>,
+    #[command(flatten)]
+    ranks: RankArgs,
     /// Replace an existing package at --out (atomically; on failure the old one stays).
     #[arg(long)]
     force: bool,
@@ -43,24 +50,35 @@ fn parse_arch(name: &str) -> Result<Arch, String> {
 
 /// Runs `prepare export`.
 pub fn run(args: &Args) -> Result<(), Failure> {
+    if let Role::Rank(environment) = ranks::role()? {
+        return qualify_rank(args, &environment);
+    }
     let (text, ladder) = read_ladder(&args.collective_ladder)?;
 
-    let arch = match (args.arch, &args.gpus) {
-        (Some(arch), _) => arch,
-        (None, Some(_)) => {
-            return Err(Failure::runtime(anyhow!(
-                "GPU qualification is not built yet; export for an architecture with --arch"
-            )))
-        }
+    let gpus = match (args.arch, &args.ranks.gpus) {
+        (Some(_), _) => None,
+        (None, Some(gpus)) => Some(gpus.clone()),
         (None, None) => {
-            let targets: Vec<&str> = ladder.targets.iter().map(|arch| arch.name()).collect();
-            return Err(Failure::refused(anyhow!(
-                "name the architecture to compile for with --arch (ladder `{}` targets {}); \
-                 finding it from local GPUs is not built yet",
-                ladder.name,
-                targets.join(", ")
-            )));
+            let visible = prepare::gpu::driver::visible_devices().unwrap_or(0);
+            if visible == 0 {
+                let targets: Vec<&str> = ladder.targets.iter().map(|arch| arch.name()).collect();
+                return Err(Failure::refused(anyhow!(
+                    "name the architecture to compile for with --arch (ladder `{}` targets {}); \
+                     no GPU is visible here to take it from",
+                    ladder.name,
+                    targets.join(", ")
+                )));
+            }
+            Some((0..visible as u32).collect())
         }
+    };
+    let arch = match (&gpus, args.arch) {
+        (Some(gpus), _) => {
+            args.ranks.timeout()?;
+            gpus_architecture(&ladder, gpus)?
+        }
+        (None, Some(arch)) => arch,
+        (None, None) => unreachable!("no --arch means GPUs"),
     };
     prepare::device::check_export_target(&ladder, arch).map_err(Failure::refused)?;
 
@@ -75,8 +93,20 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let compilation = prepare::compile::compile_ladder(&ladder, arch, &reporter)
         .with_context(|| format!("cannot compile the kernels of `{}` for {arch}", ladder.name))
         .map_err(Failure::runtime)?;
-    let summary = package::write_package(&args.out, &text, &ladder, &compilation, arch, args.force)
-        .map_err(write_failure)?;
+    let qualification = match gpus {
+        None => None,
+        Some(gpus) => Some(qualify_on(args, &text, &ladder, &compilation, arch, gpus)?),
+    };
+    let summary = package::write_qualified_package(
+        &args.out,
+        &text,
+        &ladder,
+        &compilation,
+        arch,
+        qualification.clone(),
+        args.force,
+    )
+    .map_err(write_failure)?;
 
     let mut out = std::io::stdout().lock();
     let replaced = if summary.replaced {
@@ -94,8 +124,165 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     .and_then(|()| writeln!(out, "  identity  {}", summary.identity))
     .and_then(|()| writeln!(out, "  kernels   {}", summary.kernels))
     .and_then(|()| writeln!(out, "  buckets   {}", summary.buckets))
+    .and_then(|()| match &qualification {
+        None => Ok(()),
+        Some(qualification) => {
+            let outcomes = || {
+                qualification
+                    .buckets
+                    .iter()
+                    .flat_map(|bucket| &bucket.candidates)
+            };
+            let qualified = outcomes()
+                .filter(|candidate| matches!(candidate.outcome, Outcome::Qualified { .. }))
+                .count();
+            writeln!(
+                out,
+                "  qualified {qualified} of {} candidates on {} GPUs ({}); `prepare show` lists \
+                 each",
+                outcomes().count(),
+                qualification.gpus.len(),
+                qualification
+                    .gpus
+                    .first()
+                    .map_or("", |gpu| gpu.name.as_str())
+            )
+        }
+    })
     .context("cannot write to standard output")
     .map_err(Failure::runtime)
+}
+
+/// The architecture of the GPUs, which must all be the same and fit the ladder's rules.
+fn gpus_architecture(ladder: &Ladder, gpus: &[u32]) -> Result<Arch, Failure> {
+    let driver = prepare::gpu::driver::Driver::open().map_err(Failure::runtime)?;
+    let mut arch = None;
+    for &gpu in gpus {
+        let info = driver.describe(gpu as usize).map_err(Failure::runtime)?;
+        let description = info.description().map_err(Failure::refused)?;
+        prepare::device::check_package_fits(ladder, &description)
+            .with_context(|| format!("GPU {gpu}"))
+            .map_err(Failure::refused)?;
+        match arch {
+            None => arch = Some(description.arch),
+            Some(first) if first == description.arch => {}
+            Some(first) => {
+                return Err(Failure::refused(anyhow!(
+                    "GPU {gpu} is {}, GPU {} is {first}: a package is for one architecture",
+                    description.arch,
+                    gpus[0]
+                )))
+            }
+        }
+    }
+    arch.ok_or_else(|| Failure::refused(anyhow!("--gpus names no GPU")))
+}
+
+/// Stages the package, launches one rank per GPU to qualify it, and reads the result.
+fn qualify_on(
+    args: &Args,
+    text: &str,
+    ladder: &Ladder,
+    compilation: &prepare::compile::Compilation,
+    arch: Arch,
+    gpus: Vec<u32>,
+) -> Result<Qualification, Failure> {
+    let staging = tempfile::Builder::new()
+        .prefix("prepare-qualify-")
+        .tempdir()
+        .context("cannot make a staging directory")
+        .map_err(Failure::runtime)?;
+    let staged = staging.path().join("package");
+    let report = staging.path().join("qualification.json");
+    package::write_package(&staged, text, ladder, compilation, arch, false).map_err(|error| {
+        Failure::runtime(anyhow::Error::new(error).context("cannot stage the package"))
+    })?;
+    ranks::launch_ranks(
+        "export --gpus",
+        &args.ranks,
+        gpus,
+        vec![
+            (STAGED_PACKAGE_VARIABLE.into(), staged.into_os_string()),
+            (REPORT_VARIABLE.into(), report.clone().into_os_string()),
+        ],
+    )?;
+    let bytes = std::fs::read(&report)
+        .with_context(|| format!("rank 0 wrote no qualification to {}", report.display()))
+        .map_err(Failure::runtime)?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| {
+            format!(
+                "cannot read the qualification rank 0 wrote to {}",
+                report.display()
+            )
+        })
+        .map_err(Failure::runtime)
+}
+
+/// A rank of `export --gpus`: qualifies the staged package on this rank's GPU; rank 0 writes
+/// the agreed result for the launcher.
+#[allow(clippy::print_stdout)]
+fn qualify_rank(
+    args: &Args,
+    environment: &prepare::launch::RankEnvironment,
+) -> Result<(), Failure> {
+    let variable = |name: &str| {
+        std::env::var_os(name).map(PathBuf::from).ok_or_else(|| {
+            Failure::refused(anyhow!(
+                "this rank of `prepare export` was started without {name}; start export \
+                 without RANK set and it launches its ranks itself"
+            ))
+        })
+    };
+    let staged = variable(STAGED_PACKAGE_VARIABLE)?;
+    let report_path = variable(REPORT_VARIABLE)?;
+    let package = package::open_package(&staged).map_err(Failure::refused)?;
+    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    ranks::check_architecture(&runtime, &package)?;
+    let mut collectives =
+        prepare::collective::Collectives::new(&runtime, &package).map_err(Failure::runtime)?;
+    let report = prepare::qualify::qualify(
+        &runtime,
+        &mut collectives,
+        package.ladder(),
+        prepare::qualify::QualifyOptions::default(),
+        &|line| println!("{line}"),
+    )
+    .map_err(Failure::runtime)?;
+    if let Some(sequence) = &report.sequence {
+        if sequence.used_before != sequence.used_after {
+            return Err(Failure::runtime(anyhow!(
+                "rank {}: device memory in use changed across the graph replays, from {} to {} \
+                 bytes",
+                runtime.rank(),
+                sequence.used_before,
+                sequence.used_after
+            )));
+        }
+    }
+    if runtime.rank() == 0 {
+        let qualification = Qualification {
+            gpus: runtime
+                .records()
+                .iter()
+                .map(|record| QualifiedGpu {
+                    name: record.gpu_name.clone(),
+                    uuid: record.gpu_uuid.clone(),
+                })
+                .collect(),
+            driver_version: prepare::runtime::driver_version(),
+            nccl_version: prepare::runtime::nccl_version().map_err(Failure::runtime)?,
+            buckets: report.buckets(&collectives),
+        };
+        let mut bytes =
+            serde_json::to_vec_pretty(&qualification).expect("a qualification always serializes");
+        bytes.push(b'\n');
+        prepare::cache::write_atomically(&report_path, &bytes)
+            .with_context(|| format!("cannot write {}", report_path.display()))
+            .map_err(Failure::runtime)?;
+    }
+    println!("qualification done");
+    Ok(())
 }
 
 /// The ladder file's text as given, and the ladder it validates to; an invalid ladder gets the

@@ -1,8 +1,10 @@
 //! Command-line commands: each turns parsed flags into calls over the library and prints the
 //! result. Failures carry the exit code they map to.
 
+mod bench;
 mod check;
 mod export;
+mod ranks;
 mod schema;
 mod show;
 mod validate;
@@ -29,6 +31,8 @@ enum Command {
     Show(show::Args),
     /// Bring the runtime up on every GPU and check NCCL and the custom kernels for exactness.
     Check(check::Args),
+    /// Time every candidate of a package and NCCL against each other on these GPUs.
+    Bench(bench::Args),
 }
 
 /// Runs the parsed command.
@@ -39,6 +43,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Export(args) => export::run(&args),
         Command::Show(args) => show::run(&args),
         Command::Check(args) => check::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 

@@ -1654,6 +1654,12 @@ pub struct Capture<'a> {
 }
 
 impl Capture<'_> {
+    /// The stream being captured, for layers that enqueue on a stream (NCCL, the candidates).
+    /// Host copies on it fail the capture.
+    pub fn stream(&self) -> &Stream {
+        self.stream
+    }
+
     /// See [`Stream::launch`].
     pub fn launch(
         &self,

@@ -1,0 +1,507 @@
+//! A package's candidates made ready on one rank: every kernel loaded, peer memory mapped, the
+//! NCCL profiles' communicators split, and every (bucket, candidate) pair an [`Entry`] that can
+//! be enqueued or captured in a graph at any message size its bucket covers. Qualification,
+//! timing and the serving handle all launch through this one place, so what is checked is what
+//! is timed and what is served.
+//!
+//! Creating it is collective (splits, IPC mapping, and an agreement on which entries every rank
+//! can run): every rank creates it for the same package at the same point.
+
+use std::time::Duration;
+
+use crate::agree::Topology;
+use crate::device::{check_candidate_residency, DropReason};
+use crate::gpu::abort::Abort;
+use crate::gpu::driver::{
+    DeviceBuffer, Geometry, Graph, LoadedKernel, Module, ModuleImage, Stream,
+};
+use crate::gpu::nccl::Communicator;
+use crate::kernels;
+use crate::ladder::{Bucket, Ladder, Profile};
+use crate::package::Package;
+use crate::runtime::{PeerMemory, Runtime, RuntimeError};
+
+/// Bytes of one gathered drop reason (JSON, cut to fit).
+const REASON_SLOT_BYTES: usize = 1024;
+
+/// How an entry launches.
+#[derive(Debug)]
+enum Launch {
+    /// A custom kernel with its geometry.
+    Custom {
+        kernel: LoadedKernel,
+        geometry: Geometry,
+    },
+    /// NCCL on the runtime's communicator (`None`) or on a profile's own split.
+    Nccl { split: Option<usize> },
+}
+
+/// One candidate of one bucket on this rank.
+#[derive(Debug)]
+pub struct Entry {
+    /// The bucket's index in the ladder.
+    pub bucket: usize,
+    /// The profile id.
+    pub profile: String,
+    /// Whether it is NCCL.
+    pub nccl: bool,
+    /// Why it cannot run on every rank, agreed by all ranks; `None` when it can.
+    pub dropped: Option<DropReason>,
+    launch: Option<Launch>,
+}
+
+/// Where an entry's input comes from: the peer-mapped buffer, or a plain one when only NCCL
+/// runs.
+#[derive(Debug)]
+enum Input {
+    Peer(PeerMemory),
+    Plain(DeviceBuffer),
+}
+
+/// A package's candidates on one rank.
+#[derive(Debug)]
+pub struct Collectives {
+    entries: Vec<Entry>,
+    // Buffers and communicators outlive nothing that uses them: graphs are the caller's, and
+    // the caller keeps `Collectives` alive while replaying them.
+    input: Input,
+    output: DeviceBuffer,
+    capacity: usize,
+    splits: Vec<Communicator>,
+    modules: Vec<Module>,
+    timeout: Duration,
+    rank: u32,
+}
+
+/// What can fail while capturing: the capture itself, or what is enqueued.
+enum CaptureFailure {
+    Driver(crate::gpu::driver::DriverError),
+    Runtime(RuntimeError),
+}
+
+impl From<crate::gpu::driver::DriverError> for CaptureFailure {
+    fn from(error: crate::gpu::driver::DriverError) -> CaptureFailure {
+        CaptureFailure::Driver(error)
+    }
+}
+
+/// An index into [`Collectives::entries`].
+pub type EntryId = usize;
+
+fn driver(rank: u32) -> impl Fn(crate::gpu::driver::DriverError) -> RuntimeError {
+    move |source| RuntimeError::Driver { rank, source }
+}
+
+/// The geometry a candidate launches with in a bucket.
+pub fn geometry_for(
+    bucket: &Bucket,
+    profile: &Profile,
+) -> Result<Geometry, crate::gpu::driver::DriverError> {
+    match profile.blocks {
+        Some(blocks) => Geometry::new(blocks, bucket.threads),
+        None => Geometry::of_bucket(bucket),
+    }
+}
+
+/// The largest message of the ladder, in elements.
+fn capacity_elements(ladder: &Ladder) -> usize {
+    let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
+    largest.div_ceil(ladder.dtype.size_bytes()) as usize
+}
+
+impl Collectives {
+    /// Loads `package` on this rank. The caller has checked the package's architecture against
+    /// the GPU. Collective: every rank calls it for the same package.
+    pub fn new(runtime: &Runtime, package: &Package) -> Result<Collectives, RuntimeError> {
+        let rank = runtime.rank();
+        let ladder = package.ladder();
+        let capacity = capacity_elements(ladder);
+        // Profiles with communicator settings each run on their own split, made in ladder
+        // order on every rank.
+        let mut splits = Vec::new();
+        let mut split_of = Vec::new();
+        for profile in &ladder.profiles {
+            if profile.is_nccl() && (profile.max_ctas.is_some() || profile.min_ctas.is_some()) {
+                splits.push(runtime.split_nccl(profile.max_ctas, profile.min_ctas)?);
+                split_of.push((profile.id.clone(), splits.len() - 1));
+            }
+        }
+        let peer_reason = match runtime.topology() {
+            Topology::PeerKernels => None,
+            Topology::NcclOnly { reason } => Some(reason.clone()),
+        };
+        let has_custom = kernels::input_region_bytes(ladder) > 0;
+        let message_bytes = capacity * 2;
+        let input = if peer_reason.is_none() && has_custom {
+            // The input region holds the largest message of any bucket, so NCCL reads the
+            // same buffer as the custom kernels even where only NCCL takes a bucket.
+            let region = kernels::input_region_bytes(ladder)
+                .max((message_bytes as u64).next_multiple_of(kernels::BUFFER_ALIGNMENT_BYTES));
+            let scratch = kernels::peer_buffer_bytes(ladder) - kernels::input_region_bytes(ladder);
+            Input::Peer(runtime.map_peer_memory((region + scratch) as usize, region as usize)?)
+        } else {
+            Input::Plain(
+                runtime
+                    .device()
+                    .allocate(message_bytes.max(2))
+                    .map_err(driver(rank))?,
+            )
+        };
+        let output = runtime
+            .device()
+            .allocate(message_bytes.max(2))
+            .map_err(driver(rank))?;
+
+        let mut modules = Vec::new();
+        if matches!(input, Input::Peer(_)) {
+            for (record, cubin) in package.kernels() {
+                let module = runtime
+                    .device()
+                    .load_module(ModuleImage::Cubin(cubin))
+                    .map_err(driver(rank))?;
+                modules.push((record.name.clone(), module));
+            }
+        }
+        let mut entries = Vec::new();
+        for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
+            for id in &bucket.candidates {
+                let profile = ladder
+                    .profile(id)
+                    .expect("a validated ladder names only its profiles");
+                let mut entry = Entry {
+                    bucket: bucket_index,
+                    profile: profile.id.clone(),
+                    nccl: profile.is_nccl(),
+                    dropped: None,
+                    launch: None,
+                };
+                if profile.is_nccl() {
+                    let split = split_of
+                        .iter()
+                        .find(|(name, _)| *name == profile.id)
+                        .map(|(_, index)| *index);
+                    entry.launch = Some(Launch::Nccl { split });
+                } else if let Some(reason) = &peer_reason {
+                    entry.dropped = Some(DropReason::NoPeerAccess {
+                        message: reason.clone(),
+                    });
+                } else {
+                    let spec = kernels::kernel_for(profile, ladder.dtype)
+                        .expect("every custom profile has a kernel");
+                    let (_, module) = modules
+                        .iter()
+                        .find(|(name, _)| *name == spec.name)
+                        .expect("a verified package holds every kernel its ladder needs");
+                    let kernel = module
+                        .load(&spec.name, spec.cluster)
+                        .map_err(driver(rank))?;
+                    let geometry = geometry_for(bucket, profile).map_err(driver(rank))?;
+                    let resident = kernel.resident_capacity(geometry).map_err(driver(rank))?;
+                    match check_candidate_residency(bucket, profile, resident) {
+                        Ok(()) => entry.launch = Some(Launch::Custom { kernel, geometry }),
+                        Err(reason) => entry.dropped = Some(reason),
+                    }
+                }
+                entries.push(entry);
+            }
+        }
+        let mut collectives = Collectives {
+            entries,
+            input,
+            output,
+            capacity,
+            splits,
+            modules: modules.into_iter().map(|(_, module)| module).collect(),
+            timeout: runtime.timeout(),
+            rank,
+        };
+        let local: Vec<Option<DropReason>> = collectives
+            .entries
+            .iter()
+            .map(|entry| entry.dropped.clone())
+            .collect();
+        let agreed = agree_drops(runtime, &local, "the residency agreement")?;
+        collectives.apply_drops(agreed);
+        Ok(collectives)
+    }
+
+    /// Every entry, bucket by bucket in ladder order, each bucket's candidates in its order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The entries of one bucket.
+    pub fn bucket_entries(&self, bucket: usize) -> impl Iterator<Item = (EntryId, &Entry)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(move |(_, entry)| entry.bucket == bucket)
+    }
+
+    /// The entry for `profile` in `bucket`.
+    pub fn find(&self, bucket: usize, profile: &str) -> Option<EntryId> {
+        self.entries
+            .iter()
+            .position(|entry| entry.bucket == bucket && entry.profile == profile)
+    }
+
+    /// Drops entries (the same on every rank: pass what [`agree_drops`] returned).
+    pub fn apply_drops(&mut self, drops: Vec<Option<DropReason>>) {
+        for (entry, reason) in self.entries.iter_mut().zip(drops) {
+            if let Some(reason) = reason {
+                entry.dropped = Some(reason);
+                entry.launch = None;
+            }
+        }
+    }
+
+    /// The input buffer: every collective reads its message from byte 0.
+    pub fn input(&self) -> &DeviceBuffer {
+        match &self.input {
+            Input::Peer(peer) => peer.buffer(),
+            Input::Plain(buffer) => buffer,
+        }
+    }
+
+    /// The output buffer: every collective writes its sum from byte 0.
+    pub fn output(&self) -> &DeviceBuffer {
+        &self.output
+    }
+
+    /// The largest message, in elements.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The communicator an NCCL entry runs on.
+    pub fn communicator<'a>(&'a self, runtime: &'a Runtime, id: EntryId) -> &'a Communicator {
+        match &self.entries[id].launch {
+            Some(Launch::Nccl { split: Some(index) }) => &self.splits[*index],
+            _ => runtime.communicator(),
+        }
+    }
+
+    /// Enqueues entry `id` on `stream` for a message of `elements` (queued or captured; the
+    /// caller waits, see [`Collectives::wait`]).
+    pub fn enqueue(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        elements: usize,
+    ) -> Result<(), RuntimeError> {
+        let entry = &self.entries[id];
+        if elements == 0 || elements > self.capacity {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {}: a message of {elements} elements is outside 1..={}",
+                    entry.profile, entry.bucket, self.capacity
+                ),
+            });
+        }
+        match &entry.launch {
+            None => Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {} was dropped: {}",
+                    entry.profile,
+                    entry.bucket,
+                    entry
+                        .dropped
+                        .as_ref()
+                        .map_or_else(|| "unknown".to_owned(), ToString::to_string)
+                ),
+            }),
+            Some(Launch::Custom { kernel, geometry }) => {
+                let Input::Peer(peer) = &self.input else {
+                    unreachable!("custom entries exist only with peer memory")
+                };
+                let params = peer.params(&self.output, elements as u64, self.timeout);
+                stream
+                    .launch_loaded(kernel, *geometry, &params)
+                    .map_err(driver(self.rank))
+            }
+            Some(Launch::Nccl { .. }) => self
+                .communicator(runtime, id)
+                .all_reduce_bf16(stream, self.input(), &self.output, elements)
+                .map_err(RuntimeError::from),
+        }
+    }
+
+    /// Captures `ops` back-to-back launches of entry `id` at `elements` into a graph replayed
+    /// on `stream`.
+    pub fn capture(
+        &self,
+        runtime: &Runtime,
+        stream: &mut Stream,
+        id: EntryId,
+        elements: usize,
+        ops: u32,
+    ) -> Result<Graph, RuntimeError> {
+        let rank = self.rank;
+        let graph = stream
+            .capture(|capture| {
+                for _ in 0..ops {
+                    self.enqueue(runtime, capture.stream(), id, elements)
+                        .map_err(CaptureFailure::Runtime)?;
+                }
+                Ok(())
+            })
+            .map_err(|failure| match failure {
+                CaptureFailure::Driver(source) => RuntimeError::Driver { rank, source },
+                CaptureFailure::Runtime(error) => error,
+            })?;
+        graph.upload().map_err(driver(rank))?;
+        Ok(graph)
+    }
+
+    /// Runs `enqueue` (work that includes entry `id`, or any NCCL work when `id` is `None`) on
+    /// `stream` and waits for it within the timeout. NCCL work runs under the runtime's
+    /// watchdog, so a missing peer aborts the communicator; custom kernels bound their own
+    /// waits and leave an abort word naming the missing peer, which becomes the error.
+    pub fn run_bounded(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        step: &str,
+        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        let entry = &self.entries[id];
+        if entry.nccl {
+            return runtime.bounded(self.communicator(runtime, id), stream, step, enqueue);
+        }
+        enqueue()?;
+        // Every kernel's wait is bounded by the timeout; twice it leaves room for the launch.
+        let waited = stream
+            .synchronize_within(self.timeout * 2)
+            .map_err(driver(self.rank));
+        self.check_abort(stream, step)?;
+        waited
+    }
+
+    /// The abort word as an error, if a kernel left one.
+    pub fn check_abort(&self, stream: &Stream, step: &str) -> Result<(), RuntimeError> {
+        let Input::Peer(peer) = &self.input else {
+            return Ok(());
+        };
+        let mut word = [0_u64; 1];
+        stream
+            .read(peer.state(), 0, &mut word)
+            .map_err(driver(self.rank))?;
+        match Abort::decode(word[0]) {
+            None => Ok(()),
+            Some(abort) => Err(RuntimeError::Aborted {
+                rank: self.rank,
+                step: step.to_owned(),
+                abort,
+            }),
+        }
+    }
+
+    /// Modules stay loaded while entries use them.
+    pub fn modules(&self) -> usize {
+        self.modules.len()
+    }
+}
+
+/// Agrees which entries every rank drops: an entry any rank drops is dropped everywhere, with
+/// the reason of the lowest such rank, so every rank ends with the same list. Collective.
+pub fn agree_drops(
+    runtime: &Runtime,
+    local: &[Option<DropReason>],
+    step: &str,
+) -> Result<Vec<Option<DropReason>>, RuntimeError> {
+    let world = runtime.world() as usize;
+    let mut agreed = vec![None; local.len()];
+    for (chunk_index, chunk) in local.chunks(crate::agree::RECORD_BYTES).enumerate() {
+        let flags: Vec<u8> = chunk
+            .iter()
+            .map(|reason| u8::from(reason.is_some()))
+            .collect();
+        let gathered = runtime.all_gather(&flags, step)?;
+        for position in 0..chunk.len() {
+            let id = chunk_index * crate::agree::RECORD_BYTES + position;
+            let first = (0..world).find(|rank| gathered[rank * chunk.len() + position] != 0);
+            let Some(first) = first else {
+                continue;
+            };
+            // The reason travels from the rank that has it, so every rank records the same.
+            let mut slot = vec![0_u8; REASON_SLOT_BYTES];
+            if runtime.rank() as usize == first {
+                let reason = local[id].as_ref().expect("this rank dropped it");
+                let bytes = encode_reason(reason);
+                slot[..bytes.len()].copy_from_slice(&bytes);
+            }
+            let reasons = runtime.all_gather(&slot, step)?;
+            let theirs = &reasons[first * REASON_SLOT_BYTES..(first + 1) * REASON_SLOT_BYTES];
+            agreed[id] = Some(decode_reason(theirs, first));
+        }
+    }
+    Ok(agreed)
+}
+
+/// A drop reason as JSON that fits a slot; a message too long is cut.
+fn encode_reason(reason: &DropReason) -> Vec<u8> {
+    let mut reason = reason.clone();
+    loop {
+        let bytes = serde_json::to_vec(&reason).expect("a drop reason serializes");
+        if bytes.len() <= REASON_SLOT_BYTES {
+            return bytes;
+        }
+        let message = match &mut reason {
+            DropReason::CaptureFailed { message }
+            | DropReason::NotExact { message }
+            | DropReason::NoPeerAccess { message } => message,
+            DropReason::NotResident { .. } => unreachable!("a residency reason is short"),
+        };
+        let keep = message.len().saturating_sub(64);
+        let mut cut = keep;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(" ...");
+    }
+}
+
+fn decode_reason(slot: &[u8], rank: usize) -> DropReason {
+    let end = slot
+        .iter()
+        .position(|&byte| byte == 0)
+        .unwrap_or(slot.len());
+    serde_json::from_slice(&slot[..end]).unwrap_or_else(|_| DropReason::CaptureFailed {
+        message: format!("rank {rank} dropped it; its reason could not be read"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_reasons_are_cut_to_fit_a_slot_and_read_back() {
+        let reason = DropReason::NotExact {
+            message: "é".repeat(2000),
+        };
+        let bytes = encode_reason(&reason);
+        assert!(bytes.len() <= REASON_SLOT_BYTES);
+        let mut slot = vec![0_u8; REASON_SLOT_BYTES];
+        slot[..bytes.len()].copy_from_slice(&bytes);
+        let DropReason::NotExact { message } = decode_reason(&slot, 1) else {
+            panic!("the variant survives");
+        };
+        assert!(message.ends_with(" ..."));
+        assert!(message.starts_with('é'));
+    }
+
+    #[test]
+    fn an_unreadable_slot_names_the_rank() {
+        let slot = vec![b'x'; REASON_SLOT_BYTES];
+        assert_eq!(
+            decode_reason(&slot, 3).to_string(),
+            "capture failed: rank 3 dropped it; its reason could not be read"
+        );
+    }
+}

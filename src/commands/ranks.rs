@@ -1,0 +1,182 @@
+//! What every multi-GPU command shares: started by hand it launches one child per GPU (like
+//! torchrun) and waits for them; started as a rank (RANK, WORLD_SIZE, ... set) it brings the
+//! runtime up and runs the command's rank body.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prepare::launch::{launch, LaunchSpec, OutputSink, RankEnvironment, Stream};
+use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous, Runtime};
+
+use super::Failure;
+
+/// Flags every multi-GPU command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RankArgs {
+    /// GPUs to use, one rank each (`0,1`); all visible GPUs when omitted.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub gpus: Option<Vec<u32>>,
+    /// Seconds any step may take before the rank gives up and names who is missing.
+    #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Rank 0 writes the NCCL id here and the others read it, instead of NCCL_COMM_ID.
+    #[arg(long, value_name = "FILE")]
+    pub id_file: Option<PathBuf>,
+}
+
+/// Prints the children's lines with their rank.
+struct PrefixedOutput;
+
+impl OutputSink for PrefixedOutput {
+    #[allow(clippy::print_stdout, clippy::print_stderr)]
+    fn line(&self, rank: u32, stream: Stream, line: &str) {
+        match stream {
+            Stream::Stdout => println!("[rank {rank}] {line}"),
+            Stream::Stderr => eprintln!("[rank {rank}] {line}"),
+        }
+    }
+}
+
+impl RankArgs {
+    /// The timeout as a duration; zero, negative or not a number is refused.
+    pub fn timeout(&self) -> Result<Duration, Failure> {
+        Duration::try_from_secs_f64(self.timeout)
+            .ok()
+            .filter(|timeout| !timeout.is_zero())
+            .ok_or_else(|| {
+                Failure::refused(anyhow::anyhow!(
+                    "--timeout {} is not a positive number of seconds",
+                    self.timeout
+                ))
+            })
+    }
+
+    /// The GPUs to launch on: `--gpus`, else every visible GPU.
+    pub fn gpu_list(&self) -> Result<Vec<u32>, Failure> {
+        if let Some(gpus) = &self.gpus {
+            return Ok(gpus.clone());
+        }
+        let count = prepare::gpu::driver::visible_devices().map_err(Failure::runtime)?;
+        Ok((0..count as u32).collect())
+    }
+}
+
+/// This process's role.
+pub enum Role {
+    /// Started by hand: launch the ranks.
+    Launcher,
+    /// A rank, with its environment.
+    Rank(RankEnvironment),
+}
+
+/// Whether this process is a rank (RANK and friends set) or launches them.
+pub fn role() -> Result<Role, Failure> {
+    match RankEnvironment::from_lookup(|name| std::env::var(name).ok()) {
+        Ok(environment) => Ok(Role::Rank(environment)),
+        Err(_) if std::env::var_os("RANK").is_none() => Ok(Role::Launcher),
+        Err(error) => Err(Failure::refused(error)),
+    }
+}
+
+/// Starts this program once per GPU with the same arguments plus `env`, prefixes their output,
+/// and fails with the first failed rank's code.
+pub fn launch_ranks(
+    command: &str,
+    args: &RankArgs,
+    gpus: Vec<u32>,
+    env: Vec<(OsString, OsString)>,
+) -> Result<(), Failure> {
+    let timeout = args.timeout()?;
+    if gpus.len() < 2 {
+        return Err(Failure::refused(anyhow::anyhow!(
+            "prepare {command} needs at least 2 GPUs, one rank each; found {}",
+            gpus.len()
+        )));
+    }
+    let master_port = match std::env::var("MASTER_PORT") {
+        Ok(port) => port
+            .parse()
+            .context("MASTER_PORT is not a port")
+            .map_err(Failure::refused)?,
+        Err(_) => free_port().map_err(Failure::runtime)?,
+    };
+    let spec = LaunchSpec {
+        program: std::env::current_exe()
+            .context("cannot find this program")
+            .map_err(Failure::runtime)?,
+        args: std::env::args_os().skip(1).collect(),
+        gpus,
+        master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".to_owned()),
+        master_port,
+        env,
+        // The ranks bound every step themselves; this only catches a rank that cannot. A long
+        // command (qualification, tuning) takes many steps, so the bound is generous.
+        deadline: Some(timeout * 20 + Duration::from_secs(600)),
+    };
+    let sink: Arc<dyn OutputSink> = Arc::new(PrefixedOutput);
+    launch(&spec, &sink).map_err(|error| {
+        let code = error.exit_code();
+        let error = anyhow::Error::new(error);
+        if code == 1 {
+            Failure::refused(error)
+        } else {
+            Failure::runtime(error)
+        }
+    })
+}
+
+/// A port that was free a moment ago, for the rendezvous (NCCL takes the next one).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot pick a port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Brings this rank's runtime up: its GPU from LOCAL_RANK (and PREPARE_GPUS), the NCCL
+/// settings it needs, the bounded bootstrap and the topology agreement.
+pub fn start_rank(args: &RankArgs, environment: &RankEnvironment) -> Result<Runtime, Failure> {
+    let timeout = args.timeout()?;
+    let gpu = gpu_for_rank(environment, std::env::var("PREPARE_GPUS").ok().as_deref())
+        .map_err(Failure::refused)?;
+    let rendezvous = args
+        .id_file
+        .clone()
+        .map_or(Rendezvous::CommId, Rendezvous::IdFile);
+    // NCCL reads its rendezvous and connection mode from the environment; this rank process
+    // has started no other thread yet.
+    for (name, value) in environment_defaults(|name| std::env::var(name).ok()) {
+        if name != "NCCL_COMM_ID" || rendezvous == Rendezvous::CommId {
+            std::env::set_var(name, value);
+        }
+    }
+    let setup = RankSetup {
+        rank: environment.rank,
+        world: environment.world_size,
+        gpu,
+        timeout,
+        rendezvous,
+        host: prepare::agree::host_identity(|name| std::env::var(name).ok()),
+    };
+    Runtime::start(&setup).map_err(Failure::runtime)
+}
+
+/// The GPU's architecture must be the package's.
+pub fn check_architecture(
+    runtime: &Runtime,
+    package: &prepare::package::Package,
+) -> Result<(), Failure> {
+    let info = prepare::gpu::driver::Driver::open()
+        .and_then(|driver| driver.describe(runtime.device().ordinal()))
+        .map_err(Failure::runtime)?;
+    if info.arch == Some(package.arch()) {
+        return Ok(());
+    }
+    Err(Failure::refused(anyhow::anyhow!(
+        "rank {}: the package is for {}, this GPU is {}",
+        runtime.rank(),
+        package.arch(),
+        info.arch_name()
+    )))
+}

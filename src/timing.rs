@@ -1,0 +1,226 @@
+//! Timing candidates on the real GPUs, the way DESIGN.md's startup selection and benchmarks
+//! ask: each candidate captured in a graph of enough back-to-back operations that event
+//! resolution (0.5 us) does not matter, then interleaved rounds (A B C A B C ...), every sample
+//! preceded by a barrier (an NCCL all-reduce of a few bytes on the same stream) so that the
+//! ranks start it together. Samples are microseconds per operation; every rank's samples are
+//! gathered, so every rank returns the same matrix.
+
+use crate::collective::{Collectives, EntryId};
+use crate::gpu::driver::{DeviceBuffer, Event, Graph, Stream};
+use crate::runtime::{Runtime, RuntimeError};
+
+/// Elements of the barrier all-reduce.
+const BARRIER_ELEMENTS: usize = 64;
+
+/// How candidates are timed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimingOptions {
+    /// Interleaved rounds; each gives one sample per candidate.
+    pub rounds: u32,
+    /// Warm-up rounds, not recorded.
+    pub warmup_rounds: u32,
+    /// Each sample replays enough operations to take about this long, microseconds.
+    pub sample_us: f64,
+    /// At most this many operations per sample.
+    pub max_ops: u32,
+}
+
+impl Default for TimingOptions {
+    fn default() -> TimingOptions {
+        TimingOptions {
+            rounds: 25,
+            warmup_rounds: 2,
+            sample_us: 150.0,
+            max_ops: 200,
+        }
+    }
+}
+
+/// Samples of one group of candidates timed together, from every rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSamples {
+    /// Operations each sample replayed, per candidate (the same on every rank).
+    pub ops: Vec<u32>,
+    /// Microseconds per operation, `[candidate][rank][round]`; `None` for a failed sample.
+    pub samples: Vec<Vec<Vec<Option<f64>>>>,
+}
+
+/// Times candidates on one rank's GPU; create one per rank and reuse it.
+#[derive(Debug)]
+pub struct Timer {
+    stream: Stream,
+    barrier: DeviceBuffer,
+    events: Vec<(Event, Event)>,
+}
+
+fn driver(rank: u32) -> impl Fn(crate::gpu::driver::DriverError) -> RuntimeError {
+    move |source| RuntimeError::Driver { rank, source }
+}
+
+impl Timer {
+    /// A timer with its own stream.
+    pub fn new(runtime: &Runtime) -> Result<Timer, RuntimeError> {
+        let rank = runtime.rank();
+        let device = runtime.device();
+        let stream = device.new_stream().map_err(driver(rank))?;
+        let barrier = device
+            .allocate(BARRIER_ELEMENTS * 2)
+            .map_err(driver(rank))?;
+        stream
+            .fill_u16(&barrier, 0..BARRIER_ELEMENTS * 2, 0)
+            .map_err(driver(rank))?;
+        Ok(Timer {
+            stream,
+            barrier,
+            events: Vec::new(),
+        })
+    }
+
+    fn ensure_events(&mut self, runtime: &Runtime, count: usize) -> Result<(), RuntimeError> {
+        while self.events.len() < count {
+            let device = runtime.device();
+            let rank = runtime.rank();
+            self.events.push((
+                device.new_event(true).map_err(driver(rank))?,
+                device.new_event(true).map_err(driver(rank))?,
+            ));
+        }
+        Ok(())
+    }
+
+    /// One interleaved round over `graphs`: per graph a barrier, an event, the replay and an
+    /// event, all on the stream, then one bounded wait. Returns microseconds per replay.
+    fn round(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        graphs: &[(EntryId, &Graph)],
+        step: &str,
+    ) -> Result<Vec<f64>, RuntimeError> {
+        let rank = runtime.rank();
+        self.ensure_events(runtime, graphs.len())?;
+        let stream = &self.stream;
+        let barrier = &self.barrier;
+        let events = &self.events;
+        runtime.bounded(runtime.communicator(), stream, step, || {
+            for ((_, graph), (start, end)) in graphs.iter().zip(events) {
+                runtime.communicator().all_reduce_bf16(
+                    stream,
+                    barrier,
+                    barrier,
+                    BARRIER_ELEMENTS,
+                )?;
+                stream.record(start).map_err(driver(rank))?;
+                graph.launch().map_err(driver(rank))?;
+                stream.record(end).map_err(driver(rank))?;
+            }
+            Ok(())
+        })?;
+        collectives.check_abort(stream, step)?;
+        graphs
+            .iter()
+            .zip(events)
+            .map(|(_, (start, end))| {
+                start
+                    .elapsed_ms(end)
+                    .map(|ms| f64::from(ms) * 1000.0)
+                    .map_err(driver(rank))
+            })
+            .collect()
+    }
+
+    /// Times `entries` (each at its message size, elements) against each other. Collective:
+    /// every rank passes the same entries. Returns every rank's samples.
+    pub fn time(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[(EntryId, usize)],
+        options: TimingOptions,
+    ) -> Result<GroupSamples, RuntimeError> {
+        let world = runtime.world() as usize;
+        // Calibration: one operation per replay, the slowest rank's estimate decides how many
+        // operations a sample replays, so every rank captures the same graphs.
+        let mut single = Vec::with_capacity(entries.len());
+        for &(id, elements) in entries {
+            single.push(collectives.capture(runtime, &mut self.stream, id, elements, 1)?);
+        }
+        let views: Vec<(EntryId, &Graph)> = entries
+            .iter()
+            .map(|(id, _)| *id)
+            .zip(single.iter())
+            .collect();
+        let mut estimate = vec![0.0_f64; entries.len()];
+        for _ in 0..3 {
+            let times = self.round(runtime, collectives, &views, "the timing calibration")?;
+            for (best, time) in estimate.iter_mut().zip(times) {
+                *best = if *best == 0.0 { time } else { best.min(time) };
+            }
+        }
+        drop(views);
+        drop(single);
+        let local: Vec<u8> = estimate
+            .iter()
+            .flat_map(|value| (*value as f32).to_le_bytes())
+            .collect();
+        let gathered = runtime.all_gather_pieces(&local, "the calibration all-gather")?;
+        let ops: Vec<u32> = (0..entries.len())
+            .map(|candidate| {
+                let slowest = (0..world)
+                    .map(|rank| read_f32(&gathered[rank], candidate))
+                    .fold(0.0_f64, f64::max);
+                let wanted = (options.sample_us / slowest.max(0.1)).ceil();
+                (wanted as u32).clamp(1, options.max_ops.max(1))
+            })
+            .collect();
+
+        let mut graphs = Vec::with_capacity(entries.len());
+        for (&(id, elements), &count) in entries.iter().zip(&ops) {
+            graphs.push(collectives.capture(runtime, &mut self.stream, id, elements, count)?);
+        }
+        let views: Vec<(EntryId, &Graph)> = entries
+            .iter()
+            .map(|(id, _)| *id)
+            .zip(graphs.iter())
+            .collect();
+        let mut local: Vec<Vec<f32>> = vec![Vec::new(); entries.len()];
+        for round in 0..options.warmup_rounds + options.rounds {
+            let step = format!("timing round {}", round + 1);
+            let times = self.round(runtime, collectives, &views, &step)?;
+            if round < options.warmup_rounds {
+                continue;
+            }
+            for ((samples, time), &count) in local.iter_mut().zip(times).zip(&ops) {
+                samples.push((time / f64::from(count)) as f32);
+            }
+        }
+        let bytes: Vec<u8> = local
+            .iter()
+            .flatten()
+            .flat_map(|value| value.to_le_bytes())
+            .collect();
+        let gathered = runtime.all_gather_pieces(&bytes, "the timing all-gather")?;
+        let rounds = options.rounds as usize;
+        let samples = (0..entries.len())
+            .map(|candidate| {
+                (0..world)
+                    .map(|rank| {
+                        (0..rounds)
+                            .map(|round| {
+                                let value = read_f32(&gathered[rank], candidate * rounds + round);
+                                (value.is_finite() && value > 0.0).then_some(value)
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(GroupSamples { ops, samples })
+    }
+}
+
+fn read_f32(bytes: &[u8], index: usize) -> f64 {
+    let mut word = [0_u8; 4];
+    word.copy_from_slice(&bytes[index * 4..index * 4 + 4]);
+    f64::from(f32::from_le_bytes(word))
+}

@@ -1,0 +1,153 @@
+//! Qualification and timing on real GPUs: `prepare export --gpus` qualifies every candidate of
+//! the clustered H200 TP2 ladder in CUDA graphs and records the outcome in the manifest, which
+//! `prepare show` lists; `prepare bench` times every candidate and NCCL side by side.
+
+// Rank output and the timing tables are reported on stderr for the GPU run's log.
+#![allow(clippy::print_stderr)]
+
+mod gpu_support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn prepare_bin() -> PathBuf {
+    std::env::var_os("PREPARE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
+        PathBuf::from,
+    )
+}
+
+fn ladder(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
+        PathBuf::from,
+    );
+    dir.join(name)
+}
+
+fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let output = Command::new(prepare_bin()).args(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
+    let ladder_file = ladder("h200_nvlink_tp2_clustered.json");
+    let started = std::time::Instant::now();
+    let (ok, text) = run(&[
+        "export".as_ref(),
+        "--gpus".as_ref(),
+        "0,1".as_ref(),
+        "--timeout".as_ref(),
+        "30".as_ref(),
+        "--collective-ladder".as_ref(),
+        ladder_file.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    eprintln!("export --gpus 0,1 took {:?}:\n{text}", started.elapsed());
+    assert!(ok, "export --gpus failed");
+    assert!(text.contains("multi-size sequence:"), "{text}");
+
+    let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
+    eprintln!("{shown}");
+    assert!(ok);
+    let (ok, json) = run(&["show".as_ref(), "--json".as_ref(), out.as_os_str()]);
+    assert!(ok, "{json}");
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let qualification = &value["manifest"]["qualification"];
+    assert_eq!(qualification["gpus"].as_array().unwrap().len(), 2, "{json}");
+    let manifest_buckets = value["manifest"]["buckets"].as_array().unwrap();
+    let buckets = qualification["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), manifest_buckets.len());
+    let mut qualified = 0;
+    for (bucket, listed) in buckets.iter().zip(manifest_buckets) {
+        let candidates = bucket["candidates"].as_array().unwrap();
+        assert_eq!(
+            candidates.len(),
+            listed["candidates"].as_array().unwrap().len()
+        );
+        for candidate in candidates {
+            // On two H200s every candidate fits, and NCCL's sum equals the reference at two
+            // ranks.
+            assert_eq!(
+                candidate["outcome"],
+                serde_json::json!({"qualified": {"exact": true}}),
+                "bucket {}: {candidate}",
+                bucket["index"]
+            );
+            qualified += 1;
+        }
+    }
+    eprintln!("{qualified} candidates qualified");
+    assert!(shown.contains("Qualification"), "{shown}");
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn bench_times_every_candidate_and_nccl_side_by_side() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    for name in ["h200_nvlink_tp2", "h200_nvlink_tp2_clustered"] {
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("package");
+        let ladder_file = ladder(&format!("{name}.json"));
+        let (ok, text) = run(&[
+            "export".as_ref(),
+            "--arch".as_ref(),
+            "sm_90".as_ref(),
+            "--collective-ladder".as_ref(),
+            ladder_file.as_os_str(),
+            "--out".as_ref(),
+            package.as_os_str(),
+        ]);
+        assert!(ok, "{text}");
+        let json = dir.path().join("bench.json");
+        let (ok, text) = run(&[
+            "bench".as_ref(),
+            "--gpus".as_ref(),
+            "0,1".as_ref(),
+            "--timeout".as_ref(),
+            "30".as_ref(),
+            "--package".as_ref(),
+            package.as_os_str(),
+            "--sizes".as_ref(),
+            "8K,256K,4M,64M".as_ref(),
+            "--json".as_ref(),
+            json.as_os_str(),
+        ]);
+        eprintln!("{name}:\n{text}");
+        assert!(ok, "bench failed");
+        let rows: Vec<serde_json::Value> =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        for size in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
+            let at: Vec<_> = rows.iter().filter(|row| row["bytes"] == size).collect();
+            assert!(
+                at.iter()
+                    .any(|row| row["profile"] == "nccl" && row["median_us"].is_number()),
+                "{size}: NCCL not timed"
+            );
+            assert!(
+                at.iter().all(|row| row["median_us"].is_number()),
+                "{size}: a candidate was not timed: {at:?}"
+            );
+            assert_eq!(
+                at.iter().filter(|row| row["chosen"] == true).count(),
+                1,
+                "{size}"
+            );
+        }
+    }
+}
