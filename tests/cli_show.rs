@@ -1,17 +1,26 @@
-//! `prepare show`: tables and JSON of a package written without NVRTC, and refusals.
+//! `prepare show`: tables and JSON of a package written without NVRTC, a choice shown with
+//! its package, and refusals.
 
 mod package_support;
+mod repository;
 
+use std::collections::BTreeMap;
 use std::fs;
+use std::path::Path;
 
 use assert_cmd::Command;
-use package_support::{compilation, ladder, scratch, settings, write_fixture, LADDER};
+use package_support::{
+    compilation, ladder, regex_escape, scratch, settings, write_fixture, LADDER,
+};
+use prepare::cache::Fingerprint;
 use prepare::device::{DropReason, Residency};
 use prepare::ladder::Arch;
 use prepare::package::{
-    write_qualified_package, BucketQualification, CandidateQualification, Outcome, Qualification,
-    QualifiedGpu,
+    open_package, write_package, write_qualified_package, BucketQualification,
+    CandidateQualification, Outcome, Qualification, QualifiedGpu,
 };
+use prepare::tune::choice::{write_choice, BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
+use prepare::tune::{decide, BucketSamples, CandidateSamples, Policy};
 
 fn prepare() -> Command {
     Command::cargo_bin("prepare").expect("the binary builds")
@@ -104,6 +113,329 @@ fn show_prints_the_qualification_when_present() {
     insta::assert_snapshot!(qualification);
 }
 
+/// How a synthetic candidate fares: timed around a median, or dropped before timing.
+#[derive(Debug, Clone, Copy)]
+enum Fate<'a> {
+    /// Microseconds per operation around `center`, spread by `jitter` (relative).
+    Timed {
+        center: f64,
+        jitter: f64,
+        exact: bool,
+    },
+    /// Dropped with this reason.
+    Dropped(&'a str),
+}
+
+/// A small deterministic generator, so the samples and the decisions are reproducible.
+struct Noise(u64);
+
+impl Noise {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 11) as f64) / ((1_u64 << 53) as f64)
+    }
+}
+
+/// A choice for the package in `dir`, decided by the library from synthetic samples (every
+/// rank, 20 rounds) with each candidate's fate given by `fate(bucket max_bytes, profile)`.
+fn synthetic_choice(dir: &Path, fate: impl Fn(u64, &str) -> Fate<'static>) -> Choice {
+    let package = open_package(dir).expect("the package opens");
+    let manifest = package.manifest();
+    let world_size = manifest.ladder.world_size;
+    let mut noise = Noise(7);
+    let samples: Vec<BucketSamples> = manifest
+        .buckets
+        .iter()
+        .map(|bucket| BucketSamples {
+            index: bucket.index,
+            default: bucket.default.clone(),
+            candidates: bucket
+                .candidates
+                .iter()
+                .map(|candidate| {
+                    let profile = candidate.profile.clone();
+                    match fate(bucket.max_bytes, &candidate.profile) {
+                        Fate::Timed {
+                            center,
+                            jitter,
+                            exact,
+                        } => CandidateSamples {
+                            profile,
+                            dropped: None,
+                            exact,
+                            samples: (0..world_size)
+                                .map(|_| {
+                                    (0..20)
+                                        .map(|_| {
+                                            let offset = jitter * (2.0 * noise.next() - 1.0);
+                                            Some(center * (1.0 + offset))
+                                        })
+                                        .collect()
+                                })
+                                .collect(),
+                        },
+                        Fate::Dropped(reason) => CandidateSamples {
+                            profile,
+                            dropped: Some(reason.to_owned()),
+                            exact: !reason.starts_with("not exact"),
+                            samples: Vec::new(),
+                        },
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    let policy = Policy::default();
+    let decisions =
+        decide(&samples, world_size as usize, &policy).expect("every bucket has a timed candidate");
+    let fingerprint = Fingerprint {
+        package: package.identity().to_owned(),
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        gpu_names: vec!["NVIDIA H200".to_owned(); world_size as usize],
+        gpu_uuids: (0..world_size).map(|rank| format!("GPU-{rank}")).collect(),
+        driver_version: "580.95.05".to_owned(),
+        nccl_version: "2.28.9".to_owned(),
+        world_size,
+        topology: "peer_kernels".to_owned(),
+        nccl_settings: BTreeMap::new(),
+        margin: policy.margin,
+        exact_only: policy.exact_only,
+    };
+    Choice {
+        format_version: CHOICE_FORMAT_VERSION,
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        package: package.identity().to_owned(),
+        ladder: manifest.ladder.name.clone(),
+        world_size,
+        fingerprint: fingerprint.key(),
+        topology: "peer_kernels".to_owned(),
+        tuning: Tuning::Runtime,
+        policy,
+        buckets: manifest
+            .buckets
+            .iter()
+            .zip(decisions)
+            .map(|(bucket, decision)| BucketChoice {
+                min_bytes: bucket.min_bytes,
+                max_bytes: bucket.max_bytes,
+                decision,
+            })
+            .collect(),
+    }
+}
+
+/// The fixture package's choice: in bucket 0 the default is fastest, one kernel was not exact
+/// and NCCL (at four ranks) sums in its own order; in bucket 1 one-shot push beats the
+/// default, the cluster kernel.
+fn fixture_choice(dir: &Path) -> Choice {
+    synthetic_choice(dir, |max_bytes, profile| {
+        let timed = |center, exact| Fate::Timed {
+            center,
+            jitter: 0.03,
+            exact,
+        };
+        match (max_bytes, profile) {
+            (16_384, "one_shot_push") => timed(6.1, true),
+            (16_384, "one_shot_pull_32") => {
+                Fate::Dropped("not exact: rank 2 differed at element 17")
+            }
+            (16_384, "nccl") => timed(10.4, false),
+            (_, "one_shot_push") => timed(9.2, true),
+            (_, "rsag_phased") => timed(11.2, true),
+            (_, "nccl") => timed(11.3, false),
+            (_, "nccl_4cta") => timed(11.6, false),
+            other => panic!("no fate for {other:?}"),
+        }
+    })
+}
+
+/// Writes `choice` next to the package and returns its path and snapshot settings that also
+/// hide the choice's path.
+fn write_choice_file(scratch: &Path, package: &Path, choice: &Choice) -> (String, insta::Settings) {
+    let path = write_choice(scratch, 0, choice).expect("the choice writes");
+    let path = path.to_str().expect("a UTF-8 path").to_owned();
+    let mut settings = settings(package);
+    settings.add_filter(&regex_escape(&path), "[choice]");
+    (path, settings)
+}
+
+#[test]
+fn show_prints_a_choice_after_the_package() {
+    let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let choice = fixture_choice(&out);
+    let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
+    let (code, stdout, stderr) = run(&["show", out.to_str().unwrap(), "--choice", &path]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let (_, plain, _) = run(&["show", out.to_str().unwrap()]);
+    assert!(
+        stdout.starts_with(&plain),
+        "the package's tables come first, unchanged"
+    );
+    settings.bind(|| {
+        insta::assert_snapshot!(stdout);
+    });
+}
+
+/// The shipped H200 TP2 ladder's 17 buckets of 4 to 6 candidates, with every kind of reason:
+/// one table of decisions, one of timings with the bucket index on each bucket's first row.
+#[test]
+fn show_prints_a_choice_for_seventeen_buckets_readably() {
+    let (scratch, out) = scratch();
+    let text = fs::read_to_string(repository::root().join("ladders/h200_nvlink_tp2.json"))
+        .expect("the shipped ladder reads");
+    let shipped = ladder(&text);
+    write_package(
+        &out,
+        &text,
+        &shipped,
+        &compilation(&shipped, Arch::Sm90),
+        Arch::Sm90,
+        false,
+    )
+    .expect("the package writes");
+    // Latency plus bytes over bandwidth (bytes per microsecond), shaped like 2x H200 NV18.
+    let choice = synthetic_choice(&out, |max_bytes, profile| {
+        let (latency, bandwidth, jitter) = match profile {
+            // Faster by more than the margin, but too noisy to be significant.
+            "one_shot_push" if max_bytes == 131_072 => (4.6, 300_000.0, 0.35),
+            "one_shot_pull" => (5.3, 280_000.0, 0.02),
+            "one_shot_push" => (5.1, 270_000.0, 0.25),
+            "one_shot_pull_32" if max_bytes == 65_536 => {
+                return Fate::Dropped("capture failed: CUDA_ERROR_OUT_OF_MEMORY")
+            }
+            "one_shot_pull_32" => (5.45, 200_000.0, 0.02),
+            "rsag_pull" => (7.6, 400_000.0, 0.02),
+            "rsag_push" => (7.4, 380_000.0, 0.02),
+            "rsag_pull_wide" => (8.2, 415_000.0, 0.02),
+            "nccl" => (10.0, 300_000.0, 0.02),
+            other => panic!("no fate for {other}"),
+        };
+        Fate::Timed {
+            center: latency + max_bytes as f64 / bandwidth,
+            jitter,
+            exact: true,
+        }
+    });
+    let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
+    let (code, stdout, stderr) = run(&["show", out.to_str().unwrap(), "--choice", &path]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let section = &stdout[stdout.find("\nChoice\n").expect("a choice section") + 1..];
+    settings.bind(|| {
+        insta::assert_snapshot!(section);
+    });
+}
+
+#[test]
+fn show_json_holds_the_choice_as_read() {
+    let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let choice = fixture_choice(&out);
+    let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
+    let (code, stdout, stderr) = run(&["show", "--json", out.to_str().unwrap(), "--choice", &path]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let file: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!(document["choice"], file);
+    let schema = prepare::schema::SchemaName::Show.generate();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    assert!(
+        validator.is_valid(&document),
+        "the document fits its schema"
+    );
+    let description: prepare::package::Description = serde_json::from_value(document).unwrap();
+    assert_eq!(description.choice, Some(choice));
+    settings.bind(|| {
+        insta::assert_snapshot!(serde_json::to_string_pretty(&file).unwrap());
+    });
+}
+
+#[test]
+fn show_refuses_a_choice_for_another_package_naming_both() {
+    let (scratch, out) = scratch();
+    let shown = write_fixture(&out, Arch::Sm120);
+    let other = scratch.path().join("other");
+    write_fixture(&other, Arch::Sm121);
+    let choice = fixture_choice(&other);
+    let path = write_choice(scratch.path(), 0, &choice).unwrap();
+    for json in [false, true] {
+        let mut args = vec![
+            "show",
+            out.to_str().unwrap(),
+            "--choice",
+            path.to_str().unwrap(),
+        ];
+        if json {
+            args.push("--json");
+        }
+        let (code, stdout, stderr) = run(&args);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "error: {} is a choice for package {}, not for {} (identity {}): a choice belongs to the one package it was made for\n",
+                path.display(),
+                choice.package,
+                out.display(),
+                shown.identity
+            )
+        );
+        assert_ne!(choice.package, shown.identity);
+    }
+}
+
+#[test]
+fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
+    let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let path = scratch.path().join("choice.json");
+    let show = |path: &Path| {
+        run(&[
+            "show",
+            out.to_str().unwrap(),
+            "--choice",
+            path.to_str().unwrap(),
+        ])
+    };
+
+    let (code, stdout, stderr) = show(&path);
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: cannot read the choice {}: ",
+            path.display()
+        )),
+        "{stderr}"
+    );
+
+    fs::write(&path, "{ \"format_version\": 1, ").unwrap();
+    let (code, stdout, stderr) = show(&path);
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: {} is not a valid choice: ",
+            path.display()
+        )),
+        "{stderr}"
+    );
+
+    let mut value = serde_json::to_value(fixture_choice(&out)).unwrap();
+    value["buckets"][1]["max_bytes"] = 65_536.into();
+    fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+    let (code, stdout, stderr) = show(&path);
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: {} is not a valid choice: /buckets/1: bucket 1 covers 16386-65536 bytes, but its package's bucket 1 covers 16386-98304\n",
+            path.display()
+        )
+    );
+}
+
 #[test]
 fn show_json_prints_the_identity_and_the_manifest() {
     let (_scratch, out) = scratch();
@@ -115,6 +447,7 @@ fn show_json_prints_the_identity_and_the_manifest() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&fs::read(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(document["manifest"], manifest);
+    assert_eq!(document["choice"], serde_json::Value::Null);
     let schema = prepare::schema::SchemaName::Show.generate();
     let validator = jsonschema::validator_for(&schema).unwrap();
     assert!(

@@ -1,12 +1,14 @@
-//! `prepare show`: a package's header, buckets, kernels, peer memory and qualification as
-//! tables, or as one JSON document.
+//! `prepare show`: a package's header, buckets, kernels, peer memory and qualification, and a
+//! choice made for it, as tables, or as one JSON document.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use prepare::package::{self, CandidateRecord, Manifest, Outcome, Package};
+use prepare::tune::choice::{BucketChoice, Choice, ChoiceError, Tuning};
+use prepare::tune::{CandidateOutcome, DecisionReason, Policy};
 
 use super::Failure;
 
@@ -19,18 +21,30 @@ pub struct Args {
     /// Print one JSON document (its schema: `schemas/show.schema.json`) instead of tables.
     #[arg(long)]
     json: bool,
+    /// A choice made for this package (`choice.rank<r>.json`) to show after it.
+    #[arg(long, value_name = "FILE")]
+    choice: Option<PathBuf>,
 }
 
 /// Runs `prepare show`.
 pub fn run(args: &Args) -> Result<(), Failure> {
     let package = package::open_package(&args.package).map_err(Failure::refused)?;
+    let choice = args
+        .choice
+        .as_deref()
+        .map(|path| read_choice(path, &package))
+        .transpose()?;
     let output = if args.json {
-        let mut text = serde_json::to_string_pretty(&package.describe())
+        let mut text = serde_json::to_string_pretty(&package.describe(choice.as_ref()))
             .expect("a package description always serializes");
         text.push('\n');
         text
     } else {
-        render(&package)
+        let mut text = render(&package);
+        if let (Some(path), Some(choice)) = (&args.choice, &choice) {
+            render_choice(&mut text, path, choice);
+        }
+        text
     };
     std::io::stdout()
         .lock()
@@ -39,7 +53,22 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         .map_err(Failure::runtime)
 }
 
-/// The tables `prepare show` prints.
+/// Reads a choice and checks that it was made for `package`.
+fn read_choice(path: &Path, package: &Package) -> Result<Choice, Failure> {
+    let choice = Choice::read(path).map_err(|error| match error {
+        ChoiceError::Io { path, source } => Failure::refused(
+            anyhow::Error::new(source)
+                .context(format!("cannot read the choice {}", path.display())),
+        ),
+        other => Failure::refused(other),
+    })?;
+    choice
+        .check_package(path, package)
+        .map_err(Failure::refused)?;
+    Ok(choice)
+}
+
+/// The tables `prepare show` prints for a package.
 fn render(package: &Package) -> String {
     let manifest = package.manifest();
     let mut out = String::new();
@@ -133,15 +162,7 @@ fn render_buckets(out: &mut String, manifest: &Manifest) {
             .join(", ");
         table.row([
             &bucket.index.to_string(),
-            &format!(
-                "({}, {}]",
-                if previous_max == 0 {
-                    "0".to_string()
-                } else {
-                    human_bytes(previous_max)
-                },
-                human_bytes(bucket.max_bytes)
-            ),
+            &message_range(previous_max, bucket.max_bytes),
             &format!("{}-{}", bucket.min_bytes, bucket.max_bytes),
             &format!("{} x {}", bucket.threads, bucket.blocks),
             &bucket
@@ -288,6 +309,239 @@ fn render_qualification(out: &mut String, manifest: &Manifest) {
     table.render(out);
 }
 
+fn render_choice(out: &mut String, path: &Path, choice: &Choice) {
+    let _ = writeln!(out, "\nChoice");
+    let mut header = Table::new(&[Align::Left, Align::Left]);
+    header.row(["File", &path.display().to_string()]);
+    header.row([
+        "Ladder",
+        &format!("{}, {} ranks", choice.ladder, choice.world_size),
+    ]);
+    header.row([
+        "Tuning",
+        match choice.tuning {
+            Tuning::Runtime => "runtime: each bucket's candidates timed on the GPUs it was made on",
+            Tuning::Static => "static: each bucket's default, nothing timed",
+        },
+    ]);
+    header.row(["Policy", &describe_policy(&choice.policy)]);
+    header.row(["Topology", &choice.topology]);
+    header.row([
+        "Fingerprint",
+        &format!("{} (its cache key)", choice.fingerprint),
+    ]);
+    header.row([
+        "Made by",
+        &format!(
+            "prepare {} (choice format {})",
+            choice.tool_version, choice.format_version
+        ),
+    ]);
+    header.render(out);
+
+    let _ = writeln!(out);
+    let mut decisions = Table::new(&[
+        Align::Right,
+        Align::Left,
+        Align::Left,
+        Align::Left,
+        Align::Left,
+        Align::Left,
+    ]);
+    decisions.row(["#", "messages", "winner", "baseline", "bit-exact", "reason"]);
+    let mut previous_max = 0;
+    for bucket in &choice.buckets {
+        let decision = &bucket.decision;
+        decisions.row([
+            &decision.index.to_string(),
+            &message_range(previous_max, bucket.max_bytes),
+            &decision.winner,
+            &decision.baseline,
+            yes_no(decision.bit_exact),
+            &describe_reason(bucket, choice),
+        ]);
+        previous_max = bucket.max_bytes;
+    }
+    decisions.render(out);
+
+    if choice.tuning == Tuning::Static {
+        let _ = writeln!(
+            out,
+            "\nTimings: none (static tuning uses each bucket's default and times nothing)."
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nTimings (microseconds per operation; per round the slowest rank counts)"
+    );
+    let mut table = Table::new(&[
+        Align::Right,
+        Align::Left,
+        Align::Right,
+        Align::Right,
+        Align::Right,
+        Align::Right,
+        Align::Right,
+        Align::Left,
+        Align::Left,
+    ]);
+    table.row([
+        "#",
+        "candidate",
+        "median",
+        "min",
+        "max",
+        "rounds",
+        "vs baseline",
+        "exact",
+        "excluded",
+    ]);
+    for bucket in &choice.buckets {
+        let decision = &bucket.decision;
+        let baseline_median = decision
+            .candidates
+            .iter()
+            .find(|candidate| candidate.profile == decision.baseline)
+            .and_then(|candidate| match candidate.outcome {
+                CandidateOutcome::Timed { median_us, .. } => Some(median_us),
+                CandidateOutcome::Excluded { .. } => None,
+            });
+        for (slot, candidate) in decision.candidates.iter().enumerate() {
+            let index = if slot == 0 {
+                decision.index.to_string()
+            } else {
+                String::new()
+            };
+            let mut name = candidate.profile.clone();
+            match (
+                candidate.profile == decision.winner,
+                candidate.profile == decision.baseline,
+            ) {
+                (true, true) => name.push_str(" [winner, baseline]"),
+                (true, false) => name.push_str(" [winner]"),
+                (false, true) => name.push_str(" [baseline]"),
+                (false, false) => {}
+            }
+            match &candidate.outcome {
+                CandidateOutcome::Timed {
+                    median_us,
+                    min_us,
+                    max_us,
+                    rounds,
+                } => table.row([
+                    &index,
+                    &name,
+                    &format!("{median_us:.2}"),
+                    &format!("{min_us:.2}"),
+                    &format!("{max_us:.2}"),
+                    &rounds.to_string(),
+                    &baseline_median.map_or_else(
+                        || "-".to_string(),
+                        |base| format!("{:.3}x", median_us / base),
+                    ),
+                    yes_no(candidate.exact),
+                    "",
+                ]),
+                CandidateOutcome::Excluded { reason } => {
+                    table.row([&index, &name, "-", "-", "-", "-", "-", "-", reason]);
+                }
+            }
+        }
+    }
+    table.render(out);
+    let _ = writeln!(
+        out,
+        "vs baseline: the candidate's median over the baseline's; the baseline is the bucket's default if it was timed, else its first timed candidate."
+    );
+}
+
+fn describe_policy(policy: &Policy) -> String {
+    format!(
+        "margin {}%, significance p < {} (Mann-Whitney U over rounds), exact-only {}",
+        trimmed(policy.margin * 100.0, 2),
+        trimmed(policy.significance, 6),
+        if policy.exact_only { "on" } else { "off" }
+    )
+}
+
+/// Why a bucket's winner won, in words.
+fn describe_reason(bucket: &BucketChoice, choice: &Choice) -> String {
+    let decision = &bucket.decision;
+    let baseline = &decision.baseline;
+    if choice.tuning == Tuning::Static {
+        return "the bucket's default (static tuning)".to_string();
+    }
+    match &decision.reason {
+        DecisionReason::BaselineFastest => {
+            let timed = decision
+                .candidates
+                .iter()
+                .filter(|candidate| matches!(candidate.outcome, CandidateOutcome::Timed { .. }))
+                .count();
+            if timed == 1 {
+                "the only candidate timed".to_string()
+            } else {
+                "baseline fastest".to_string()
+            }
+        }
+        DecisionReason::WithinMargin { fastest, ratio } => format!(
+            "within the {}% margin of {baseline} (fastest {fastest}, {ratio:.3}x)",
+            trimmed(choice.policy.margin * 100.0, 2)
+        ),
+        DecisionReason::NotSignificant {
+            fastest,
+            ratio,
+            p_value,
+        } => format!(
+            "not significantly faster than {baseline} (fastest {fastest}, {ratio:.3}x, {})",
+            p_text(*p_value)
+        ),
+        DecisionReason::Faster { ratio, p_value } => format!(
+            "faster than {baseline} by {:.1}% ({})",
+            (1.0 - ratio) * 100.0,
+            p_text(*p_value)
+        ),
+    }
+}
+
+/// A p-value as `p=0.04`, or `p<0.0001` below what four decimals show.
+fn p_text(p_value: f64) -> String {
+    if p_value < 1e-4 {
+        "p<0.0001".to_string()
+    } else {
+        format!("p={}", trimmed(p_value, 4))
+    }
+}
+
+/// A number to at most `decimals` decimals, without trailing zeros.
+fn trimmed(value: f64, decimals: usize) -> String {
+    let text = format!("{value:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+fn yes_no(value: bool) -> &'static str {
+    if value {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// A bucket's messages: `(16 KiB, 96 KiB]`, from the previous bucket's largest.
+fn message_range(previous_max: u64, max_bytes: u64) -> String {
+    let low = if previous_max == 0 {
+        "0".to_string()
+    } else {
+        human_bytes(previous_max)
+    };
+    format!("({low}, {}]", human_bytes(max_bytes))
+}
+
 fn collective_name(collective: prepare::ladder::Collective) -> &'static str {
     match collective {
         prepare::ladder::Collective::AllReduce => "all_reduce",
@@ -372,7 +626,122 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::human_bytes;
+    use super::{describe_reason, human_bytes, p_text, trimmed};
+    use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
+    use prepare::tune::{
+        BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy,
+    };
+
+    fn choice(reason: DecisionReason, timed: usize, tuning: Tuning) -> Choice {
+        let candidate = |profile: &str, outcome| CandidateResult {
+            profile: profile.to_owned(),
+            exact: true,
+            outcome,
+        };
+        let timed_outcome = CandidateOutcome::Timed {
+            median_us: 10.0,
+            min_us: 9.0,
+            max_us: 11.0,
+            rounds: 30,
+        };
+        let excluded = CandidateOutcome::Excluded {
+            reason: "capture failed: out of memory".to_owned(),
+        };
+        Choice {
+            format_version: CHOICE_FORMAT_VERSION,
+            tool_version: prepare::TOOL_VERSION.to_owned(),
+            package: "ab".repeat(32),
+            ladder: "ladder".to_owned(),
+            world_size: 2,
+            fingerprint: "cd".repeat(32),
+            topology: "peer_kernels".to_owned(),
+            tuning,
+            policy: Policy {
+                margin: 0.025,
+                ..Policy::default()
+            },
+            buckets: vec![BucketChoice {
+                min_bytes: 2,
+                max_bytes: 16_384,
+                decision: BucketDecision {
+                    index: 0,
+                    winner: "nccl".to_owned(),
+                    baseline: "nccl".to_owned(),
+                    reason,
+                    bit_exact: true,
+                    candidates: vec![
+                        candidate("nccl", timed_outcome.clone()),
+                        candidate(
+                            "one_shot_pull",
+                            if timed > 1 { timed_outcome } else { excluded },
+                        ),
+                    ],
+                },
+            }],
+        }
+    }
+
+    fn reason_words(reason: DecisionReason, timed: usize, tuning: Tuning) -> String {
+        let choice = choice(reason, timed, tuning);
+        describe_reason(&choice.buckets[0], &choice)
+    }
+
+    #[test]
+    fn every_reason_reads_as_words() {
+        let cases = [
+            (DecisionReason::BaselineFastest, 2, "baseline fastest"),
+            (
+                DecisionReason::BaselineFastest,
+                1,
+                "the only candidate timed",
+            ),
+            (
+                DecisionReason::WithinMargin {
+                    fastest: "one_shot_pull".to_owned(),
+                    ratio: 0.985,
+                },
+                2,
+                "within the 2.5% margin of nccl (fastest one_shot_pull, 0.985x)",
+            ),
+            (
+                DecisionReason::NotSignificant {
+                    fastest: "one_shot_pull".to_owned(),
+                    ratio: 0.95,
+                    p_value: 0.04,
+                },
+                2,
+                "not significantly faster than nccl (fastest one_shot_pull, 0.950x, p=0.04)",
+            ),
+            (
+                DecisionReason::Faster {
+                    ratio: 0.818,
+                    p_value: 0.0001,
+                },
+                2,
+                "faster than nccl by 18.2% (p=0.0001)",
+            ),
+        ];
+        for (reason, timed, expected) in cases {
+            assert_eq!(reason_words(reason, timed, Tuning::Runtime), expected);
+        }
+        assert_eq!(
+            reason_words(DecisionReason::BaselineFastest, 2, Tuning::Static),
+            "the bucket's default (static tuning)"
+        );
+    }
+
+    #[test]
+    fn p_values_and_percentages_drop_trailing_zeros() {
+        assert_eq!(p_text(0.04), "p=0.04");
+        assert_eq!(p_text(0.012_345), "p=0.0123");
+        assert_eq!(p_text(1.0), "p=1");
+        assert_eq!(p_text(0.000_099), "p<0.0001");
+        assert_eq!(p_text(1e-12), "p<0.0001");
+        assert_eq!(trimmed(0.03 * 100.0, 2), "3");
+        assert_eq!(trimmed(2.5, 2), "2.5");
+        assert_eq!(trimmed(0.01, 6), "0.01");
+        assert_eq!(trimmed(10.0, 0), "10");
+    }
 
     #[test]
     fn human_bytes_is_exact_where_it_can_be() {

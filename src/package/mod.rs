@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::ladder::{Arch, Ladder};
+use crate::tune::choice::Choice;
 
 pub use manifest::{
     kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
@@ -103,19 +104,20 @@ impl Package {
             .zip(self.cubins.iter().map(Vec::as_slice))
     }
 
-    /// The document `prepare show --json` prints.
-    pub fn describe(&self) -> Description {
+    /// The document `prepare show --json` prints, with the choice shown beside the package.
+    pub fn describe(&self, choice: Option<&Choice>) -> Description {
         Description {
             format_version: DESCRIPTION_FORMAT_VERSION,
             package: self.dir.display().to_string(),
             identity: self.identity.clone(),
             manifest: self.manifest.clone(),
+            choice: choice.cloned(),
         }
     }
 }
 
-/// What `prepare show --json` prints: a package's identity and manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// What `prepare show --json` prints: a package's identity and manifest, and a choice for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "prepare show document")]
 pub struct Description {
@@ -128,6 +130,8 @@ pub struct Description {
     pub identity: String,
     /// The package's manifest, verified.
     pub manifest: Manifest,
+    /// The choice named by `--choice`, as read (made for this package); null without one.
+    pub choice: Option<Choice>,
 }
 
 /// What `write_package` produced.

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::{BucketDecision, Policy};
 use crate::cache::{hex, write_atomically};
+use crate::package::Package;
 
 /// The choice format this tool writes.
 pub const CHOICE_FORMAT_VERSION: u32 = 1;
@@ -93,6 +94,20 @@ pub enum ChoiceError {
         /// What is wrong.
         message: String,
     },
+    /// A choice made for another package.
+    #[error(
+        "{path} is a choice for package {found}, not for {package} (identity {expected}): a choice belongs to the one package it was made for"
+    )]
+    OtherPackage {
+        /// The choice file.
+        path: PathBuf,
+        /// The package identity the choice names.
+        found: String,
+        /// The package directory.
+        package: PathBuf,
+        /// That package's identity.
+        expected: String,
+    },
 }
 
 impl Choice {
@@ -131,6 +146,47 @@ impl Choice {
             None => return Err(invalid("format_version is missing".to_owned())),
         }
         serde_json::from_value(value).map_err(|error| invalid(error.to_string()))
+    }
+
+    /// Checks that the choice, read from `path`, was made for `package`: the same identity,
+    /// then one entry per bucket covering the package's bucket's range.
+    pub fn check_package(&self, path: &Path, package: &Package) -> Result<(), ChoiceError> {
+        if self.package != package.identity() {
+            return Err(ChoiceError::OtherPackage {
+                path: path.to_path_buf(),
+                found: self.package.clone(),
+                package: package.dir().to_path_buf(),
+                expected: package.identity().to_owned(),
+            });
+        }
+        let invalid = |message: String| ChoiceError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let buckets = &package.manifest().buckets;
+        if self.buckets.len() != buckets.len() {
+            return Err(invalid(format!(
+                "/buckets: {} buckets, but its package has {}",
+                self.buckets.len(),
+                buckets.len()
+            )));
+        }
+        for (position, (ours, theirs)) in self.buckets.iter().zip(buckets).enumerate() {
+            if (ours.decision.index, ours.min_bytes, ours.max_bytes)
+                != (theirs.index, theirs.min_bytes, theirs.max_bytes)
+            {
+                return Err(invalid(format!(
+                    "/buckets/{position}: bucket {} covers {}-{} bytes, but its package's bucket {} covers {}-{}",
+                    ours.decision.index,
+                    ours.min_bytes,
+                    ours.max_bytes,
+                    theirs.index,
+                    theirs.min_bytes,
+                    theirs.max_bytes
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
