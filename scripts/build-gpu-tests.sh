@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds what a GPU run needs, here (the GPU machine has no Rust toolchain), and gathers it in
-# .device-carry/ (git-ignored): the release `prepare` binary, the GPU test binaries
-# (tests/gpu_*.rs) and the library's unit tests built in release, this folder's scripts and the
-# shipped ladders. The other test binaries are CPU tests that CI runs; some read files by this
+# .device-carry/ (git-ignored): the release `prepare` binary and `serve` example, the GPU test
+# binaries (tests/gpu_*.rs) and the library's unit tests built in release, this folder's scripts
+# and the shipped ladders. The other test binaries are CPU tests that CI runs; some read files by this
 # checkout's path, which the GPU machine does not have. Then on the GPU machine, from the
 # repository root: bash .device-carry/scripts/gpu-tests.sh
 #
@@ -13,7 +13,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 destination=${1:-$root/.device-carry}
 cd "$root"
 
-cargo build --release --bin prepare
+cargo build --release --bin prepare --example serve
 # Build first with the compiler's messages shown, so a test that does not build stops here.
 cargo test --release --no-run
 # One JSON line per artifact; test binaries are those with `profile.test` set.
@@ -29,7 +29,7 @@ fi
 
 rm -rf "$destination"
 mkdir -p "$destination/bin" "$destination/tests" "$destination/scripts"
-cp target/release/prepare "$destination/bin/"
+cp target/release/prepare target/release/examples/serve "$destination/bin/"
 for entry in "${tests[@]}"; do
     IFS=$'\t' read -r name kind executable <<<"$entry"
     # The library's and the binary's unit tests share the crate's name; keep them apart.

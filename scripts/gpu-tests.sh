@@ -44,6 +44,9 @@ fi
 if [ -x "$carry/bin/prepare" ]; then
     export PREPARE_BIN=$carry/bin/prepare
 fi
+if [ -x "$carry/bin/serve" ]; then
+    export PREPARE_SERVE=$carry/bin/serve
+fi
 if [ -d "$carry/ladders" ]; then
     export PREPARE_LADDERS=$carry/ladders
 fi

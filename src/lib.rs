@@ -20,6 +20,7 @@ pub mod qualify;
 pub mod reference;
 pub mod runtime;
 pub mod schema;
+pub mod select;
 pub mod timing;
 pub mod tune;
 

@@ -30,9 +30,21 @@ pub const SEQUENCE_HIDDEN: usize = 7168;
 /// Rows of the multi-size sequence's graphs.
 pub const SEQUENCE_ROWS: [usize; 3] = [8, 16, 32];
 
+/// Which message sizes of a bucket each candidate runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizes {
+    /// The bucket's smallest and largest messages and one with a tail that is not a whole
+    /// vector.
+    Edges,
+    /// Only the bucket's largest message (what startup timing checks before timing).
+    Largest,
+}
+
 /// How much qualification runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QualifyOptions {
+    /// The sizes every candidate runs at.
+    pub sizes: Sizes,
     /// Times every candidate runs at each size, each time on fresh data.
     pub repeat: u32,
     /// Replays in the multi-size sequence (per candidate, alternating sizes); 0 skips it.
@@ -42,6 +54,7 @@ pub struct QualifyOptions {
 impl Default for QualifyOptions {
     fn default() -> QualifyOptions {
         QualifyOptions {
+            sizes: Sizes::Edges,
             repeat: 1,
             sequence_replays: 18,
         }
@@ -240,7 +253,11 @@ pub fn qualify(
         if entry.dropped.is_some() {
             continue;
         }
-        for elements in check_sizes(collectives, ladder, entry.bucket) {
+        let mut sizes = check_sizes(collectives, ladder, entry.bucket);
+        if options.sizes == Sizes::Largest {
+            sizes.drain(..sizes.len().saturating_sub(1));
+        }
+        for elements in sizes {
             match collectives.capture(runtime, &mut stream, id, elements, 1) {
                 Ok(graph) => graphs[id].push((elements, graph)),
                 Err(error) if !entry.nccl => {

@@ -6,6 +6,8 @@
 //! kept, overflow gives infinity, and a NaN result is the canonical [`CANONICAL_NAN`]. The
 //! kernels implement the same steps in `kernels/prepare_bf16.cuh`.
 
+use rayon::prelude::*;
+
 /// The bf16 every NaN result becomes (positive, quiet, all mantissa bits set).
 pub const CANONICAL_NAN: u16 = 0x7FFF;
 
@@ -45,16 +47,26 @@ pub fn reference_sum_bf16(inputs: &[&[u16]]) -> Vec<u16> {
             first.len()
         );
     }
-    (0..first.len())
-        .map(|element| {
-            let mut sum = bf16_to_f32(first[element]);
-            for input in rest {
-                sum += bf16_to_f32(input[element]);
+    let mut sums = vec![0_u16; first.len()];
+    sums.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(chunk, out)| {
+            let start = chunk * CHUNK;
+            for (offset, sum_bits) in out.iter_mut().enumerate() {
+                let element = start + offset;
+                let mut sum = bf16_to_f32(first[element]);
+                for input in rest {
+                    sum += bf16_to_f32(input[element]);
+                }
+                *sum_bits = f32_to_bf16(sum);
             }
-            f32_to_bf16(sum)
-        })
-        .collect()
+        });
+    sums
 }
+
+/// Elements per parallel piece of work: large enough to amortise scheduling, small enough to
+/// spread a 64 MiB message over every core.
+const CHUNK: usize = 1 << 16;
 
 /// A small deterministic generator (SplitMix64): test data needs no cryptographic quality, and
 /// a seed makes a failure reproducible.
@@ -76,30 +88,41 @@ impl SplitMix64 {
 /// (whose sums overflow), infinities and NaNs mixed in, so a comparison with
 /// [`reference_sum_bf16`] exercises signed zeros, no flush to zero, rounding, overflow and NaN.
 pub fn random_bf16(seed: u64, len: usize) -> Vec<u16> {
-    let mut generator = SplitMix64(seed);
-    (0..len)
-        .map(|_| {
-            let draw = generator.next();
-            let sign = ((draw >> 8) & 1) as u16 * 0x8000;
-            let mantissa = ((draw >> 16) & 0x7F) as u16;
-            let exponent_draw = (draw >> 24) as u16;
-            let magnitude = match draw & 0xFF {
-                // NaN with a nonzero mantissa.
-                0 => 0x7F80 | mantissa.max(1),
-                1 => 0x7F80,
-                2..=9 => 0,
-                // Subnormal: exponent field 0, nonzero mantissa.
-                10..=25 => mantissa.max(1),
-                // The smallest normals, whose differences are subnormal.
-                26..=33 => ((1 + exponent_draw % 8) << 7) | mantissa,
-                // Exponent fields 0xF0..=0xFE: up to the largest finite bf16.
-                34..=49 => ((0xF0 + exponent_draw % 15) << 7) | mantissa,
-                // Exponent fields 112..=142.
-                _ => ((112 + exponent_draw % 31) << 7) | mantissa,
-            };
-            sign | magnitude
-        })
-        .collect()
+    let mut values = vec![0_u16; len];
+    // Each piece has its own stream of the seed, so the values do not depend on the threads.
+    values
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(chunk, out)| {
+            let mut generator =
+                SplitMix64(seed ^ (chunk as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+            for value in out {
+                *value = random_value(generator.next());
+            }
+        });
+    values
+}
+
+/// One random bf16 from 64 random bits (see [`random_bf16`]).
+fn random_value(draw: u64) -> u16 {
+    let sign = ((draw >> 8) & 1) as u16 * 0x8000;
+    let mantissa = ((draw >> 16) & 0x7F) as u16;
+    let exponent_draw = (draw >> 24) as u16;
+    let magnitude = match draw & 0xFF {
+        // NaN with a nonzero mantissa.
+        0 => 0x7F80 | mantissa.max(1),
+        1 => 0x7F80,
+        2..=9 => 0,
+        // Subnormal: exponent field 0, nonzero mantissa.
+        10..=25 => mantissa.max(1),
+        // The smallest normals, whose differences are subnormal.
+        26..=33 => ((1 + exponent_draw % 8) << 7) | mantissa,
+        // Exponent fields 0xF0..=0xFE: up to the largest finite bf16.
+        34..=49 => ((0xF0 + exponent_draw % 15) << 7) | mantissa,
+        // Exponent fields 112..=142.
+        _ => ((112 + exponent_draw % 31) << 7) | mantissa,
+    };
+    sign | magnitude
 }
 
 /// One input of `len` random values per rank ([`random_bf16`]), each rank from its own

@@ -7,23 +7,9 @@
 
 mod gpu_support;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn prepare_bin() -> PathBuf {
-    std::env::var_os("PREPARE_BIN").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
-        PathBuf::from,
-    )
-}
-
-fn ladder(name: &str) -> PathBuf {
-    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
-        PathBuf::from,
-    );
-    dir.join(name)
-}
+use gpu_support::{ladder, prepare_bin};
 
 fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let output = Command::new(prepare_bin()).args(args).output().unwrap();

@@ -8,137 +8,13 @@
 
 mod gpu_support;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use gpu_support::{export, export_file, free_port, ladder, prepare_bin, start_rank};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-/// The `prepare` binary: carried next to the tests on the GPU machine, else this build's.
-fn prepare_bin() -> PathBuf {
-    std::env::var_os("PREPARE_BIN").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
-        PathBuf::from,
-    )
-}
-
-fn ladder(name: &str) -> PathBuf {
-    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
-        PathBuf::from,
-    );
-    dir.join(name)
-}
-
-/// Exports a shipped ladder for sm_90 into a fresh directory (NVRTC runs in its own process,
-/// before any GPU work).
-fn export(name: &str) -> (tempfile::TempDir, PathBuf) {
-    export_file(&ladder(name))
-}
-
-fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf) {
-    let name = ladder_file.display();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("package");
-    let output = Command::new(prepare_bin())
-        .args(["export", "--arch", "sm_90", "--collective-ladder"])
-        .arg(ladder_file)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "export of {name} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (dir, out)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A rank started by hand, its output lines arriving on a channel.
-struct Rank {
-    child: Child,
-    lines: Receiver<String>,
-}
-
-fn start_rank(rank: u32, port: u16, host: &str, args: &[&str]) -> Rank {
-    let mut child = Command::new(prepare_bin())
-        .arg("check")
-        .args(args)
-        .env("RANK", rank.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("WORLD_SIZE", "2")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env("PREPARE_GPUS", "0,1")
-        .env("PREPARE_HOST_ID", host)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("prepare starts");
-    let (sender, lines) = channel();
-    for reader in [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
-    ] {
-        let sender = sender.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(reader).lines().map_while(Result::ok) {
-                eprintln!("[rank {rank}] {line}");
-                let _ = sender.send(line);
-            }
-        });
-    }
-    Rank { child, lines }
-}
-
-impl Rank {
-    /// Waits for a line containing `text`, returning every line seen so far.
-    fn wait_for(&self, text: &str, limit: Duration) -> Vec<String> {
-        let deadline = Instant::now() + limit;
-        let mut seen = Vec::new();
-        while let Ok(line) = self
-            .lines
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            let found = line.contains(text);
-            seen.push(line);
-            if found {
-                return seen;
-            }
-        }
-        panic!("no line containing {text:?} within {limit:?}; saw {seen:#?}");
-    }
-
-    /// Waits for the process to end, returning its code and every remaining line.
-    fn finish(mut self, limit: Duration) -> (Option<i32>, Vec<String>, Duration) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let elapsed = started.elapsed();
-                std::thread::sleep(Duration::from_millis(100));
-                let lines = self.lines.try_iter().collect();
-                return (status.code(), lines, elapsed);
-            }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                panic!("the rank did not exit within {limit:?}: it hung");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
 
 #[test]
 #[ignore = "needs GPUs"]
@@ -182,7 +58,7 @@ fn a_rank_that_never_starts_ends_the_other_within_the_timeout_naming_it() {
     if gpu_support::gpus(2).is_none() {
         return;
     }
-    let rank = start_rank(0, free_port(), "one", &["--timeout", "5"]);
+    let rank = start_rank("check", 0, free_port(), "one", &["--timeout", "5"]);
     let (code, lines, elapsed) = rank.finish(Duration::from_secs(40));
     eprintln!("a rank that never starts: rank 0 exited after {elapsed:?}");
     assert_eq!(code, Some(3), "{lines:#?}");
@@ -211,8 +87,8 @@ fn fault_during_soak(collective: &str, signal: Signal) {
         "--package",
         tp2.to_str().unwrap(),
     ];
-    let survivor = start_rank(0, port, "one", &args);
-    let victim = start_rank(1, port, "one", &args);
+    let survivor = start_rank("check", 0, port, "one", &args);
+    let victim = start_rank("check", 1, port, "one", &args);
     survivor.wait_for("soak:", Duration::from_secs(90));
     victim.wait_for("soak:", Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(300));
@@ -319,9 +195,9 @@ fn ranks_can_meet_through_an_id_file_instead_of_nccl_comm_id() {
     // Rank 1 starts first and waits for rank 0 to write the id; the port is never used.
     let args = ["--timeout", "30", "--id-file", id_file.to_str().unwrap()];
     let port = free_port();
-    let second = start_rank(1, port, "one", &args);
+    let second = start_rank("check", 1, port, "one", &args);
     std::thread::sleep(Duration::from_millis(500));
-    let first = start_rank(0, port, "one", &args);
+    let first = start_rank("check", 0, port, "one", &args);
     for rank in [first, second] {
         let (code, lines, _) = rank.finish(Duration::from_secs(120));
         assert_eq!(code, Some(0), "{lines:#?}");
@@ -343,8 +219,8 @@ fn a_rank_on_another_host_turns_peer_kernels_off_for_all() {
     let (_dir, tp2) = export("h200_nvlink_tp2.json");
     let args = ["--timeout", "30", "--package", tp2.to_str().unwrap()];
     let ranks = [
-        start_rank(0, port, "host-a", &args),
-        start_rank(1, port, "host-b", &args),
+        start_rank("check", 0, port, "host-a", &args),
+        start_rank("check", 1, port, "host-b", &args),
     ];
     for rank in ranks {
         let (code, lines, _) = rank.finish(Duration::from_secs(120));

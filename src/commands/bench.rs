@@ -128,6 +128,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         &mut collectives,
         ladder,
         QualifyOptions {
+            sizes: prepare::qualify::Sizes::Edges,
             repeat: 1,
             sequence_replays: 0,
         },

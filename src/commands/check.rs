@@ -73,6 +73,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         SoakKind::Custom => SoakCollective::Custom,
     };
     let options = QualifyOptions {
+        sizes: prepare::qualify::Sizes::Edges,
         repeat: args.repeat.max(1),
         sequence_replays: args.sequence_replays,
     };

@@ -7,6 +7,7 @@ mod export;
 mod ranks;
 mod schema;
 mod show;
+mod tune;
 mod validate;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +32,8 @@ enum Command {
     Show(show::Args),
     /// Bring the runtime up on every GPU and check NCCL and the custom kernels for exactness.
     Check(check::Args),
+    /// Pick every bucket's fastest exact candidate on these GPUs and write the choice.
+    Tune(tune::Args),
     /// Time every candidate of a package and NCCL against each other on these GPUs.
     Bench(bench::Args),
 }
@@ -43,6 +46,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Export(args) => export::run(&args),
         Command::Show(args) => show::run(&args),
         Command::Check(args) => check::run(&args),
+        Command::Tune(args) => tune::run(&args),
         Command::Bench(args) => bench::run(&args),
     }
 }

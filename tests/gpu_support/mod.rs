@@ -3,6 +3,12 @@
 //! kernels with NVRTC.
 #![allow(dead_code, clippy::print_stderr)]
 
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
 use prepare::gpu::driver::{visible_devices, Device, Driver, DriverError};
 
 /// Whether this run must find GPUs.
@@ -77,5 +83,133 @@ impl SplitMix {
 
     pub fn next_u32(&mut self) -> u32 {
         (self.next_u64() >> 32) as u32
+    }
+}
+
+/// The `prepare` binary: carried next to the tests on the GPU machine, else this build's.
+pub fn prepare_bin() -> PathBuf {
+    std::env::var_os("PREPARE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
+        PathBuf::from,
+    )
+}
+
+pub fn ladder(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
+        PathBuf::from,
+    );
+    dir.join(name)
+}
+
+/// Exports a shipped ladder for sm_90 into a fresh directory (NVRTC runs in its own process,
+/// before any GPU work).
+pub fn export(name: &str) -> (tempfile::TempDir, PathBuf) {
+    export_file(&ladder(name))
+}
+
+pub fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf) {
+    let name = ladder_file.display();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
+    let output = Command::new(prepare_bin())
+        .args(["export", "--arch", "sm_90", "--collective-ladder"])
+        .arg(ladder_file)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "export of {name} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (dir, out)
+}
+
+/// A port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A rank started by hand, its output lines arriving on a channel.
+pub struct Rank {
+    /// The process.
+    pub child: Child,
+    /// Its stdout and stderr lines.
+    pub lines: Receiver<String>,
+}
+
+/// Starts rank `rank` of two by hand (the torchrun variables set), running `prepare COMMAND
+/// ARGS` on GPU `rank`, with `host` as its host identity.
+pub fn start_rank(command: &str, rank: u32, port: u16, host: &str, args: &[&str]) -> Rank {
+    let mut child = Command::new(prepare_bin())
+        .arg(command)
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("PREPARE_GPUS", "0,1")
+        .env("PREPARE_HOST_ID", host)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("prepare starts");
+    let (sender, lines) = channel();
+    for reader in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines().map_while(Result::ok) {
+                eprintln!("[rank {rank}] {line}");
+                let _ = sender.send(line);
+            }
+        });
+    }
+    Rank { child, lines }
+}
+
+impl Rank {
+    /// Waits for a line containing `text`, returning every line seen so far.
+    pub fn wait_for(&self, text: &str, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            let found = line.contains(text);
+            seen.push(line);
+            if found {
+                return seen;
+            }
+        }
+        panic!("no line containing {text:?} within {limit:?}; saw {seen:#?}");
+    }
+
+    /// Waits for the process to end, returning its code and every remaining line.
+    pub fn finish(mut self, limit: Duration) -> (Option<i32>, Vec<String>, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let elapsed = started.elapsed();
+                std::thread::sleep(Duration::from_millis(100));
+                let lines = self.lines.try_iter().collect();
+                return (status.code(), lines, elapsed);
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("the rank did not exit within {limit:?}: it hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

@@ -1,0 +1,212 @@
+//! `prepare tune`: startup selection on every GPU (one rank each, like torchrun): the cache, or
+//! an exactness check and interleaved timing of every bucket's candidates; every rank agrees
+//! and writes the identical choice.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::anyhow;
+use prepare::select::{Handle, SelectOptions};
+use prepare::timing::TimingOptions;
+use prepare::tune::choice::Tuning;
+use prepare::tune::Policy;
+
+use super::ranks::{self, RankArgs, Role};
+use super::Failure;
+
+/// Flags of `prepare tune`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The package (from `prepare export`) to select from.
+    #[arg(long, value_name = "DIR")]
+    package: PathBuf,
+    #[command(flatten)]
+    ranks: RankArgs,
+    /// `runtime` times the candidates here; `static` takes each bucket's default.
+    #[arg(long, value_enum, default_value = "runtime")]
+    collective_tuning: TuningKind,
+    /// Keep candidates whose output differs from the reference sum (NCCL beyond two ranks) out.
+    #[arg(long)]
+    exact_only: bool,
+    /// A candidate replaces the bucket's default only when faster by more than this percentage.
+    #[arg(long, default_value_t = 3.0, value_name = "PCT")]
+    margin: f64,
+    /// The cache directory (default `$XDG_CACHE_HOME/prepare`, else `~/.cache/prepare`).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Time again even when the cache holds a choice for this machine.
+    #[arg(long)]
+    retune: bool,
+    /// Every rank writes its choice here as `choice.rank<r>.json`.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Interleaved timing rounds per bucket.
+    #[arg(long, default_value_t = 25, value_name = "N")]
+    rounds: u32,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum TuningKind {
+    Runtime,
+    Static,
+}
+
+/// The checked options, or why they are refused.
+fn options(args: &Args) -> Result<SelectOptions, Failure> {
+    args.ranks.timeout()?;
+    if !(args.margin.is_finite() && (0.0..100.0).contains(&args.margin)) {
+        return Err(Failure::refused(anyhow!(
+            "--margin {} is not a percentage from 0 to below 100",
+            args.margin
+        )));
+    }
+    if args.rounds < 5 {
+        return Err(Failure::refused(anyhow!(
+            "--rounds {} is too few for a significance test; use at least 5",
+            args.rounds
+        )));
+    }
+    let defaults = SelectOptions::default();
+    Ok(SelectOptions {
+        tuning: match args.collective_tuning {
+            TuningKind::Runtime => Tuning::Runtime,
+            TuningKind::Static => Tuning::Static,
+        },
+        policy: Policy {
+            margin: args.margin / 100.0,
+            exact_only: args.exact_only,
+            ..Policy::default()
+        },
+        cache_dir: args.cache_dir.clone().or(defaults.cache_dir),
+        retune: args.retune,
+        timing: TimingOptions {
+            rounds: args.rounds,
+            ..TimingOptions::default()
+        },
+        out: args.out.clone(),
+    })
+}
+
+/// Runs `prepare tune`.
+pub fn run(args: &Args) -> Result<(), Failure> {
+    let options = options(args)?;
+    match ranks::role()? {
+        Role::Rank(environment) => run_rank(args, &options, &environment),
+        Role::Launcher => {
+            // Refuse a bad package before starting any rank.
+            prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+            ranks::launch_ranks("tune", &args.ranks, args.ranks.gpu_list()?, Vec::new())
+        }
+    }
+}
+
+/// Progress as lines on rank 0 (the launcher prefixes and prints them).
+struct LineReporter {
+    leader: bool,
+    started: std::sync::Mutex<Option<(String, Instant)>>,
+}
+
+impl prepare::progress::Reporter for LineReporter {
+    #[allow(clippy::print_stdout)]
+    fn start(&self, phase: &str, total: u64) {
+        if self.leader {
+            println!("{phase}: {total} steps");
+        }
+        *self
+            .started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((phase.to_owned(), Instant::now()));
+    }
+
+    fn advance(&self, _item: &str) {}
+
+    #[allow(clippy::print_stdout)]
+    fn finish(&self) {
+        let started = self
+            .started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let (true, Some((phase, at))) = (self.leader, started) {
+            println!("{phase}: done in {:.3} s", at.elapsed().as_secs_f64());
+        }
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn run_rank(
+    args: &Args,
+    options: &SelectOptions,
+    environment: &prepare::launch::RankEnvironment,
+) -> Result<(), Failure> {
+    let package = prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    ranks::check_architecture(&runtime, &package)?;
+    let rank = runtime.rank();
+    let reporter = LineReporter {
+        leader: rank == 0,
+        started: std::sync::Mutex::new(None),
+    };
+    let handle =
+        Handle::select(runtime, &package, options, &reporter).map_err(|error| match error {
+            prepare::select::SelectError::WrongArchitecture { .. } => Failure::refused(error),
+            other => Failure::runtime(other),
+        })?;
+    let selection = handle.selection();
+    let choice = &selection.choice;
+    let digest = prepare::cache::hex(&choice.digest());
+    if rank == 0 {
+        let times = selection.times;
+        if selection.cache_hit {
+            println!(
+                "cache hit on every rank: nothing timed; selection work {:.1} ms (loading the \
+                 kernels and peer memory {:.1} ms)",
+                times.selection.as_secs_f64() * 1e3,
+                times.load.as_secs_f64() * 1e3
+            );
+        } else {
+            println!(
+                "selected in {:.3} s after the communicator was up: loading {:.3} s, exactness \
+                 check {:.3} s, timing {:.3} s",
+                (times.load + times.selection).as_secs_f64(),
+                times.load.as_secs_f64(),
+                times.check.as_secs_f64(),
+                times.timing.as_secs_f64()
+            );
+        }
+        let mut custom = 0;
+        for bucket in &choice.buckets {
+            let winner = &bucket.decision.winner;
+            let nccl = package
+                .ladder()
+                .profile(winner)
+                .is_some_and(prepare::ladder::Profile::is_nccl);
+            if !nccl {
+                custom += 1;
+            }
+            println!(
+                "bucket {:>2} up to {:>9} bytes: {winner}{}",
+                bucket.decision.index,
+                bucket.max_bytes,
+                if bucket.decision.bit_exact {
+                    ""
+                } else {
+                    " (not bit-exact)"
+                }
+            );
+        }
+        println!(
+            "{custom} of {} buckets chose a custom kernel over NCCL",
+            choice.buckets.len()
+        );
+        if let Some(entry) = &selection.cache_entry {
+            println!("cache entry {}", entry.display());
+        }
+    }
+    match &selection.choice_file {
+        Some(file) => println!("choice sha256 {digest} written to {}", file.display()),
+        None => println!("choice sha256 {digest} (no --out: not written)"),
+    }
+    Ok(())
+}

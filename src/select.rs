@@ -1,0 +1,599 @@
+//! Startup selection, as a serving process runs it (DESIGN.md, Startup selection): the package
+//! is loaded on this rank, the cache is consulted (used only when every rank hit the same
+//! entry), otherwise every bucket's surviving candidates are checked exact at the bucket's
+//! largest size and timed in interleaved rounds; every rank decides the same from the gathered
+//! matrix, the ranks compare the sha256 of the serialized choice, and only then is anything
+//! written. The result is a [`Handle`] that launches the chosen collective for any message
+//! size on the caller's stream, capturable in the caller's own graph.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+
+use crate::agree::Topology;
+use crate::cache::{self, Cache, Fingerprint};
+use crate::collective::{Collectives, EntryId};
+use crate::gpu::driver::{DeviceBuffer, Stream};
+use crate::gpu::nccl::Communicator;
+use crate::package::{Outcome, Package};
+use crate::progress::Reporter;
+use crate::qualify::{qualify, QualifyOptions, Sizes};
+use crate::runtime::{RankSetup, Runtime, RuntimeError};
+use crate::timing::{Timer, TimingOptions};
+use crate::tune::choice::{
+    check_agreement, write_choice, BucketChoice, Choice, ChoiceError, Tuning,
+};
+use crate::tune::{
+    decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
+    DecisionError, DecisionReason, Policy,
+};
+
+/// How selection runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectOptions {
+    /// Time on the machine, or take each bucket's default.
+    pub tuning: Tuning,
+    /// The decision policy.
+    pub policy: Policy,
+    /// The cache directory; `None` keeps no cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Time again even when the cache holds a choice.
+    pub retune: bool,
+    /// How candidates are timed.
+    pub timing: TimingOptions,
+    /// Where every rank writes its choice (`DIR/choice.rank<r>.json`); `None` writes none.
+    pub out: Option<PathBuf>,
+}
+
+impl Default for SelectOptions {
+    fn default() -> SelectOptions {
+        SelectOptions {
+            tuning: Tuning::Runtime,
+            policy: Policy::default(),
+            cache_dir: cache::default_dir(|name| std::env::var(name).ok()),
+            retune: false,
+            timing: TimingOptions::default(),
+            out: None,
+        }
+    }
+}
+
+/// Why selection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    /// The runtime failed (driver, NCCL, a peer missing past the timeout, naming it).
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The package does not fit this rank's GPU.
+    #[error("rank {rank}: the package is for {package}, this GPU is {device}")]
+    WrongArchitecture {
+        /// This rank.
+        rank: u32,
+        /// The package's architecture.
+        package: String,
+        /// The GPU's.
+        device: String,
+    },
+    /// No candidate of a bucket survived.
+    #[error("rank {rank}: {source}")]
+    Decision {
+        /// This rank.
+        rank: u32,
+        /// What the decision said.
+        source: DecisionError,
+    },
+    /// The ranks disagreed, or a choice file could not be written.
+    #[error("rank {rank}: {source}")]
+    Choice {
+        /// This rank.
+        rank: u32,
+        /// What failed.
+        source: ChoiceError,
+    },
+    /// The cache could not be written.
+    #[error("rank {rank}: {source}")]
+    Cache {
+        /// This rank.
+        rank: u32,
+        /// What failed.
+        source: cache::CacheError,
+    },
+}
+
+/// Where the selection's time went, this rank's view.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SelectTimes {
+    /// Loading the package's kernels, mapping peer memory and splitting communicators.
+    pub load: Duration,
+    /// From the loaded candidates to the agreed choice: the cache lookup and, on a miss, the
+    /// exactness checks, the timing and the decision.
+    pub selection: Duration,
+    /// Of `selection`, the exactness checks before timing.
+    pub check: Duration,
+    /// Of `selection`, the timing.
+    pub timing: Duration,
+}
+
+/// What selection did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// The agreed choice.
+    pub choice: Choice,
+    /// Whether every rank found it in the cache (nothing was timed).
+    pub cache_hit: bool,
+    /// The cache entry, when a cache is kept.
+    pub cache_entry: Option<PathBuf>,
+    /// This rank's choice file, when `out` was given.
+    pub choice_file: Option<PathBuf>,
+    /// Where the time went.
+    pub times: SelectTimes,
+}
+
+/// A rank's selected collectives: reports the choice and launches the chosen candidate for a
+/// message of any size. Messages above the ladder's last bucket go to NCCL.
+#[derive(Debug)]
+pub struct Handle {
+    // Dropped before the runtime: kernels and peer memory before the communicators.
+    collectives: Collectives,
+    routes: Vec<(u64, EntryId)>,
+    selection: Selection,
+    element_bytes: u64,
+    runtime: Runtime,
+}
+
+impl Handle {
+    /// Brings the runtime up (bootstrap and topology agreement, bounded by `setup.timeout`)
+    /// and selects. Collective: every rank calls it with the same package and options.
+    pub fn start(
+        setup: &RankSetup,
+        package: &Package,
+        options: &SelectOptions,
+        reporter: &dyn Reporter,
+    ) -> Result<Handle, SelectError> {
+        let runtime = Runtime::start(setup)?;
+        Handle::select(runtime, package, options, reporter)
+    }
+
+    /// Like [`Handle::start`], splitting from the serving process's own communicator (see
+    /// [`Communicator::adopt`]).
+    pub fn start_from_parent(
+        setup: &RankSetup,
+        parent: Communicator,
+        package: &Package,
+        options: &SelectOptions,
+        reporter: &dyn Reporter,
+    ) -> Result<Handle, SelectError> {
+        let runtime = Runtime::start_from_parent(setup, parent)?;
+        Handle::select(runtime, package, options, reporter)
+    }
+
+    /// Selects on a runtime that is up.
+    pub fn select(
+        runtime: Runtime,
+        package: &Package,
+        options: &SelectOptions,
+        reporter: &dyn Reporter,
+    ) -> Result<Handle, SelectError> {
+        let rank = runtime.rank();
+        let info = crate::gpu::driver::Driver::open()
+            .and_then(|driver| driver.describe(runtime.device().ordinal()))
+            .map_err(|source| RuntimeError::Driver { rank, source })?;
+        if info.arch != Some(package.arch()) {
+            return Err(SelectError::WrongArchitecture {
+                rank,
+                package: package.arch().to_string(),
+                device: info.arch_name(),
+            });
+        }
+        let started = Instant::now();
+        let mut collectives = Collectives::new(&runtime, package)?;
+        let load = started.elapsed();
+        let mut selection = select(&runtime, &mut collectives, package, options, reporter)?;
+        selection.times.load = load;
+        let ladder = package.ladder();
+        let routes = selection
+            .choice
+            .buckets
+            .iter()
+            .map(|bucket| {
+                let id = collectives
+                    .find(bucket.decision.index, &bucket.decision.winner)
+                    .expect("the choice names a candidate of its bucket");
+                (bucket.max_bytes, id)
+            })
+            .collect();
+        Ok(Handle {
+            collectives,
+            routes,
+            selection,
+            element_bytes: ladder.dtype.size_bytes(),
+            runtime,
+        })
+    }
+
+    /// The agreed choice.
+    pub fn choice(&self) -> &Choice {
+        &self.selection.choice
+    }
+
+    /// What selection did and how long it took.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The runtime (rank, device, streams, communicators).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// The registered input buffer: write the message at byte 0, then call
+    /// [`Handle::all_reduce`].
+    pub fn input(&self) -> &DeviceBuffer {
+        self.collectives.input()
+    }
+
+    /// The output buffer the sum is written to, from byte 0.
+    pub fn output(&self) -> &DeviceBuffer {
+        self.collectives.output()
+    }
+
+    /// The largest message, in elements.
+    pub fn capacity(&self) -> usize {
+        self.collectives.capacity()
+    }
+
+    /// The profile chosen for a message of `elements`: its bucket's winner, or NCCL above the
+    /// last bucket.
+    pub fn route(&self, elements: usize) -> Option<&str> {
+        let bytes = elements as u64 * self.element_bytes;
+        self.routes
+            .iter()
+            .find(|(max_bytes, _)| bytes <= *max_bytes)
+            .map(|(_, id)| self.collectives.entries()[*id].profile.as_str())
+    }
+
+    /// Enqueues the all-reduce of the first `elements` of [`Handle::input`] into
+    /// [`Handle::output`] on `stream`, with the chosen candidate for that size. It only
+    /// enqueues, so it can be captured in the caller's graph; the caller waits (a custom
+    /// kernel gives up past the timeout and leaves its abort word, see
+    /// [`Collectives::check_abort`]).
+    pub fn all_reduce(&self, stream: &Stream, elements: usize) -> Result<(), RuntimeError> {
+        let bytes = elements as u64 * self.element_bytes;
+        let routed = self
+            .routes
+            .iter()
+            .find(|(max_bytes, _)| bytes <= *max_bytes);
+        if let Some((_, id)) = routed {
+            return self
+                .collectives
+                .enqueue(&self.runtime, stream, *id, elements);
+        }
+        if elements > self.collectives.capacity() {
+            return Err(RuntimeError::Setup {
+                rank: self.runtime.rank(),
+                message: format!(
+                    "a message of {elements} elements is larger than the {} the buffers hold",
+                    self.collectives.capacity()
+                ),
+            });
+        }
+        self.runtime
+            .communicator()
+            .all_reduce_bf16(
+                stream,
+                self.collectives.input(),
+                self.collectives.output(),
+                elements,
+            )
+            .map_err(RuntimeError::from)
+    }
+
+    /// The abort word as an error, if a custom kernel gave up waiting for a peer.
+    pub fn check_abort(&self, stream: &Stream) -> Result<(), RuntimeError> {
+        self.collectives.check_abort(stream, "an all-reduce")
+    }
+}
+
+/// The fingerprint of everything the choice depends on, on this machine.
+pub fn fingerprint(
+    runtime: &Runtime,
+    package: &Package,
+    policy: &Policy,
+) -> Result<Fingerprint, RuntimeError> {
+    Ok(Fingerprint {
+        package: package.identity().to_owned(),
+        tool_version: crate::TOOL_VERSION.to_owned(),
+        gpu_names: runtime
+            .records()
+            .iter()
+            .map(|record| record.gpu_name.clone())
+            .collect(),
+        gpu_uuids: runtime
+            .records()
+            .iter()
+            .map(|record| record.gpu_uuid.clone())
+            .collect(),
+        driver_version: crate::runtime::driver_version(),
+        nccl_version: crate::runtime::nccl_version()?,
+        world_size: runtime.world(),
+        topology: topology_text(runtime.topology()),
+        nccl_settings: cache::nccl_settings(std::env::vars()),
+        margin: policy.margin,
+        exact_only: policy.exact_only,
+    })
+}
+
+fn topology_text(topology: &Topology) -> String {
+    match topology {
+        Topology::PeerKernels => "peer kernels: one host, full peer access".to_owned(),
+        Topology::NcclOnly { reason } => format!("NCCL only: {reason}"),
+    }
+}
+
+/// A cached choice that fits: it parses, names this package and fingerprint, and has one
+/// entry per bucket naming one of the bucket's candidates.
+fn cached_choice(bytes: &[u8], package: &Package, key: &str) -> Option<Choice> {
+    let choice: Choice = serde_json::from_slice(bytes).ok()?;
+    let ladder = package.ladder();
+    let fits = choice.package == package.identity()
+        && choice.fingerprint == key
+        && choice.buckets.len() == ladder.buckets.len()
+        && choice.buckets.iter().zip(&ladder.buckets).enumerate().all(
+            |(index, (chosen, bucket))| {
+                chosen.decision.index == index
+                    && chosen.max_bytes == bucket.max_bytes
+                    && bucket.candidates.contains(&chosen.decision.winner)
+            },
+        );
+    fits.then_some(choice)
+}
+
+/// Runs selection on loaded candidates. Collective.
+pub fn select(
+    runtime: &Runtime,
+    collectives: &mut Collectives,
+    package: &Package,
+    options: &SelectOptions,
+    reporter: &dyn Reporter,
+) -> Result<Selection, SelectError> {
+    let rank = runtime.rank();
+    let started = Instant::now();
+    let mut times = SelectTimes::default();
+    let fingerprint = fingerprint(runtime, package, &options.policy)?;
+    let key = fingerprint.key();
+    let cache = options.cache_dir.as_ref().map(Cache::new);
+
+    // The cache is used only when every rank found the same entry.
+    let mut cached = None;
+    if let (Some(cache), Tuning::Runtime, false) = (&cache, options.tuning, options.retune) {
+        let entry =
+            cache.load(&key).ok().flatten().and_then(|bytes| {
+                cached_choice(&bytes, package, &key).map(|choice| (bytes, choice))
+            });
+        let mut local = [0_u8; 33];
+        if let Some((bytes, _)) = &entry {
+            local[0] = 1;
+            local[1..].copy_from_slice(&Sha256::digest(bytes));
+        }
+        let gathered = runtime.all_gather(&local, "the cache agreement")?;
+        if gathered
+            .chunks(33)
+            .all(|theirs| theirs[0] == 1 && theirs == local)
+        {
+            cached = entry.map(|(_, choice)| choice);
+        }
+    }
+    let cache_hit = cached.is_some();
+    let choice = if let Some(choice) = cached {
+        choice
+    } else {
+        let checked = Instant::now();
+        reporter.start("check", 1);
+        let report = qualify(
+            runtime,
+            collectives,
+            package.ladder(),
+            QualifyOptions {
+                sizes: Sizes::Largest,
+                repeat: 1,
+                sequence_replays: 0,
+            },
+            &|_| {},
+        )?;
+        reporter.advance("every candidate at its bucket's largest size");
+        reporter.finish();
+        times.check = checked.elapsed();
+        let decisions = match options.tuning {
+            Tuning::Runtime => time_and_decide(
+                runtime,
+                collectives,
+                package,
+                &report.outcomes,
+                options,
+                reporter,
+                &mut times,
+            )?,
+            Tuning::Static => static_decisions(collectives, package, &report.outcomes),
+        };
+        let ladder = package.ladder();
+        Choice {
+            format_version: crate::tune::choice::CHOICE_FORMAT_VERSION,
+            tool_version: crate::TOOL_VERSION.to_owned(),
+            package: package.identity().to_owned(),
+            ladder: ladder.name.clone(),
+            world_size: runtime.world(),
+            fingerprint: key.clone(),
+            topology: fingerprint.topology.clone(),
+            tuning: options.tuning,
+            policy: options.policy,
+            buckets: decisions
+                .into_iter()
+                .map(|decision| BucketChoice {
+                    min_bytes: ladder.bucket_min_bytes(decision.index),
+                    max_bytes: ladder.buckets[decision.index].max_bytes,
+                    decision,
+                })
+                .collect(),
+        }
+    };
+
+    // Nothing is written unless every rank holds the same bytes.
+    let digest = choice.digest();
+    let gathered = runtime.all_gather(&digest, "the choice agreement")?;
+    let digests: Vec<[u8; 32]> = gathered
+        .chunks(32)
+        .map(|chunk| chunk.try_into().expect("32-byte slots"))
+        .collect();
+    check_agreement(&digest, &digests).map_err(|source| SelectError::Choice { rank, source })?;
+    times.selection = started.elapsed();
+
+    let choice_file = match &options.out {
+        Some(dir) => Some(
+            write_choice(dir, rank, &choice)
+                .map_err(|source| SelectError::Choice { rank, source })?,
+        ),
+        None => None,
+    };
+    let cache_entry = match (&cache, options.tuning) {
+        (Some(cache), Tuning::Runtime) if !cache_hit => Some(
+            cache
+                .store(&key, &choice.to_bytes())
+                .map_err(|source| SelectError::Cache { rank, source })?,
+        ),
+        (Some(cache), Tuning::Runtime) => Some(cache.path(&key)),
+        _ => None,
+    };
+    Ok(Selection {
+        choice,
+        cache_hit,
+        cache_entry,
+        choice_file,
+        times,
+    })
+}
+
+/// Static tuning: each bucket's default if it can run here, else its first candidate that can.
+fn static_decisions(
+    collectives: &Collectives,
+    package: &Package,
+    outcomes: &[Outcome],
+) -> Vec<BucketDecision> {
+    let exact = |id: EntryId| !matches!(outcomes[id], Outcome::Qualified { exact: false });
+    let ladder = package.ladder();
+    ladder
+        .buckets
+        .iter()
+        .enumerate()
+        .map(|(index, bucket)| {
+            let live = |profile: &str| {
+                collectives
+                    .find(index, profile)
+                    .is_some_and(|id| collectives.entries()[id].dropped.is_none())
+            };
+            let winner = if live(&bucket.default) {
+                bucket.default.clone()
+            } else {
+                bucket
+                    .candidates
+                    .iter()
+                    .find(|profile| live(profile))
+                    .cloned()
+                    .unwrap_or_else(|| "nccl".to_owned())
+            };
+            let candidates = collectives
+                .bucket_entries(index)
+                .map(|(id, entry)| CandidateResult {
+                    profile: entry.profile.clone(),
+                    exact: exact(id),
+                    outcome: CandidateOutcome::Excluded {
+                        reason: match &entry.dropped {
+                            Some(reason) => reason.to_string(),
+                            None => "not timed (static tuning)".to_owned(),
+                        },
+                    },
+                })
+                .collect();
+            let bit_exact = collectives.find(index, &winner).is_some_and(exact);
+            BucketDecision {
+                index,
+                winner: winner.clone(),
+                baseline: winner,
+                reason: DecisionReason::BaselineFastest,
+                bit_exact,
+                candidates,
+            }
+        })
+        .collect()
+}
+
+/// Per bucket: every surviving candidate (checked exact at the bucket's largest size before)
+/// timed; the decision over the gathered matrix.
+fn time_and_decide(
+    runtime: &Runtime,
+    collectives: &mut Collectives,
+    package: &Package,
+    outcomes: &[Outcome],
+    options: &SelectOptions,
+    reporter: &dyn Reporter,
+    times: &mut SelectTimes,
+) -> Result<Vec<BucketDecision>, SelectError> {
+    let rank = runtime.rank();
+    let ladder = package.ladder();
+
+    let timed = Instant::now();
+    let mut timer = Timer::new(runtime)?;
+    let mut samples = Vec::with_capacity(ladder.buckets.len());
+    reporter.start("timing", ladder.buckets.len() as u64);
+    for (index, bucket) in ladder.buckets.iter().enumerate() {
+        let elements = (bucket.max_bytes / ladder.dtype.size_bytes()) as usize;
+        let live: Vec<(EntryId, usize)> = collectives
+            .bucket_entries(index)
+            .filter(|(id, entry)| {
+                entry.dropped.is_none()
+                    && !(options.policy.exact_only
+                        && matches!(outcomes[*id], Outcome::Qualified { exact: false }))
+            })
+            .map(|(id, _)| (id, elements))
+            .collect();
+        let group = timer.time(runtime, collectives, &live, options.timing)?;
+        let mut timed_samples = group.samples.into_iter();
+        let candidates = collectives
+            .bucket_entries(index)
+            .map(|(id, entry)| {
+                let exact = !matches!(outcomes[id], Outcome::Qualified { exact: false });
+                let is_live = live.iter().any(|(live_id, _)| *live_id == id);
+                CandidateSamples {
+                    profile: entry.profile.clone(),
+                    dropped: if is_live {
+                        None
+                    } else {
+                        Some(entry.dropped.as_ref().map_or_else(
+                            || {
+                                "its output differs from the reference sum and exact-only is set"
+                                    .to_owned()
+                            },
+                            ToString::to_string,
+                        ))
+                    },
+                    exact,
+                    samples: if is_live {
+                        timed_samples.next().expect("one sample row per live entry")
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect();
+        samples.push(BucketSamples {
+            index,
+            default: bucket.default.clone(),
+            candidates,
+        });
+        reporter.advance(&format!("bucket {index}"));
+    }
+    reporter.finish();
+    times.timing = timed.elapsed();
+    decide(&samples, runtime.world() as usize, &options.policy)
+        .map_err(|source| SelectError::Decision { rank, source })
+}
