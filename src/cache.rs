@@ -46,10 +46,16 @@ impl Fingerprint {
     }
 }
 
-/// Every `NCCL_*` variable among `vars`, sorted.
+/// `NCCL_*` variables that say where the ranks meet, not how NCCL runs: they differ between
+/// runs of the same job (a fresh port each time) and cannot change a timing.
+const RENDEZVOUS_SETTINGS: [&str; 1] = ["NCCL_COMM_ID"];
+
+/// Every `NCCL_*` variable among `vars` but the rendezvous, sorted.
 pub fn nccl_settings(vars: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
     vars.into_iter()
-        .filter(|(name, _)| name.starts_with("NCCL_"))
+        .filter(|(name, _)| {
+            name.starts_with("NCCL_") && !RENDEZVOUS_SETTINGS.contains(&name.as_str())
+        })
         .collect()
 }
 

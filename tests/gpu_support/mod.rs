@@ -206,10 +206,44 @@ impl Rank {
                 return (status.code(), lines, elapsed);
             }
             if started.elapsed() > limit {
+                dump_threads(self.child.id());
                 let _ = self.child.kill();
                 panic!("the rank did not exit within {limit:?}: it hung");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Prints every thread of a hung process (name and kernel wait channel, and the stacks when
+/// gdb is installed), so a hang can be diagnosed from the log.
+fn dump_threads(pid: u32) {
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let read = |file: &str| {
+                std::fs::read_to_string(task.path().join(file))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            };
+            eprintln!(
+                "thread {:?}: {} waiting in {}",
+                task.file_name(),
+                read("comm"),
+                read("wchan")
+            );
+        }
+    }
+    if let Ok(output) = Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt 30",
+        ])
+        .output()
+    {
+        eprintln!("{}", String::from_utf8_lossy(&output.stdout));
     }
 }
