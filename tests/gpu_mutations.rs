@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use gpu_support::{ladder, prepare_bin};
 use mutations::{mutated_package, package_with_sources, Mutation};
 use prepare::compile::SourceOverrides;
 use prepare::ladder::Arch;
@@ -21,23 +22,6 @@ const LADDER: &str = "h200_nvlink_tp2.json";
 /// Runs of `check --repeat 20` for the mutation that shows only sometimes.
 const RACE_RUNS: u32 = 10;
 const RACE_REPEATS: u32 = 20;
-
-/// The `prepare` binary: carried next to the tests on the GPU machine, else this build's.
-fn prepare_bin() -> PathBuf {
-    std::env::var_os("PREPARE_BIN").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
-        PathBuf::from,
-    )
-}
-
-/// A shipped ladder: carried next to the tests on the GPU machine, else this checkout's.
-fn ladder(name: &str) -> PathBuf {
-    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
-        PathBuf::from,
-    );
-    dir.join(name)
-}
 
 /// How one `prepare check` ended.
 struct Outcome {
@@ -156,8 +140,8 @@ fn a_double_counted_rank_is_caught() {
 
 /// `h200_nvlink_tp2.json` cut to the buckets where `one_shot_pull` is a candidate, written into
 /// `dir`. The mutation changes that kernel alone (tests/mutations_compile.rs checks that every
-/// other cubin stays the same), so the larger buckets would only spend GPU time: a pass of the
-/// whole ladder's suite takes seconds, and a missed race runs every pass.
+/// other cubin stays the same), so the larger buckets, up to 64 MiB, would only spend GPU time
+/// in each of the 10 x 20 passes.
 fn one_shot_pull_ladder(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(ladder(LADDER)).expect("the shipped ladder is readable");
     let mut value: serde_json::Value = serde_json::from_str(&text).expect("the ladder is JSON");
