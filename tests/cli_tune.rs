@@ -35,7 +35,10 @@ fn too_few_rounds_are_refused() {
 #[test]
 fn a_bad_timeout_is_refused() {
     let stderr = refused(&["tune", "--package", "pkg", "--timeout", "0"]);
-    assert!(stderr.contains("--timeout 0 is not a positive number"), "{stderr}");
+    assert!(
+        stderr.contains("--timeout 0 is not a positive number"),
+        "{stderr}"
+    );
 }
 
 #[test]
