@@ -1,7 +1,8 @@
 //! Planted mutations (tests/mutations) on real GPUs: `prepare check` must refuse a package of
-//! `ladders/h200_nvlink_tp2.json` whose kernels carry one, exiting 3 and saying which candidate
-//! `is not exact`, while the same package built from the unmutated sources passes. What each
-//! run saw is printed, for the GPU run's log.
+//! `ladders/h200_nvlink_tp2.json` (for the missing start barrier, its buckets that have the
+//! one-shot pull) whose kernels carry one, exiting 3 and saying which candidate `is not exact`,
+//! while the same package built from the unmutated sources passes. What each run saw is
+//! printed, for the GPU run's log.
 
 // What each mutation's runs saw is reported on stderr for the GPU run's log.
 #![allow(clippy::print_stderr)]
@@ -19,7 +20,7 @@ use prepare::compile::SourceOverrides;
 use prepare::ladder::Arch;
 
 const LADDER: &str = "h200_nvlink_tp2.json";
-/// Runs of `check --repeat 20` for the mutation that shows only sometimes.
+/// Runs of `check` for the mutation that shows only sometimes, and passes of the suite in each.
 const RACE_RUNS: u32 = 10;
 const RACE_REPEATS: u32 = 20;
 
