@@ -3,6 +3,11 @@
 //!
 //! Options are fixed so that the same sources and NVRTC give the same bytes, and so that no
 //! flag can change the reference sum's arithmetic (no fast math, no flush to zero).
+//!
+//! Fault-injection tests compile kernels with some sources replaced ([`SourceOverrides`]), to
+//! prove that the exactness checks catch planted bugs; production code never replaces any.
+
+use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 
@@ -110,6 +115,14 @@ pub enum CompileError {
         /// The architecture.
         arch: Arch,
     },
+    /// A source override names a file the kernels do not have.
+    #[error("`{file}` is not a kernel source or header of this crate (they are {known})")]
+    UnknownSourceFile {
+        /// The file name given.
+        file: String,
+        /// The sources and headers there are.
+        known: String,
+    },
     /// The resource usage could not be read from the log.
     #[error("reading the resource usage of kernel {kernel} for {arch} from NVRTC's log: {problem}\nlog:\n{log}")]
     LogParse {
@@ -166,6 +179,75 @@ pub struct ResourceUsage {
     pub stack_bytes: u32,
 }
 
+/// Kernel sources and headers to compile in place of the embedded ones, by file name.
+///
+/// For fault-injection tests, which plant bugs in the kernels to prove that the exactness checks
+/// catch them. A package compiled from replaced sources stays honest: its manifest records each
+/// kernel's source file and the hash of the cubin actually compiled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceOverrides {
+    files: BTreeMap<String, String>,
+}
+
+impl SourceOverrides {
+    /// No file replaced: the embedded sources as they are.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Compiles `text` in place of `file`, a kernel source (`all_reduce_one_shot.cu`) or header
+    /// (`prepare_bf16.cuh`). A name the kernels do not have is refused, so a misspelt one cannot
+    /// leave the embedded text in place unnoticed.
+    pub fn replace(&mut self, file: &str, text: impl Into<String>) -> Result<(), CompileError> {
+        let known = known_source_files();
+        if !known.contains(&file) {
+            return Err(CompileError::UnknownSourceFile {
+                file: file.to_owned(),
+                known: known.join(", "),
+            });
+        }
+        self.files.insert(file.to_owned(), text.into());
+        Ok(())
+    }
+
+    /// The replaced file names, sorted.
+    pub fn files(&self) -> impl Iterator<Item = &str> {
+        self.files.keys().map(String::as_str)
+    }
+
+    /// Whether no file is replaced.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// The text to compile for `spec`'s source file.
+    fn source<'a>(&'a self, spec: &KernelSpec) -> &'a str {
+        self.files
+            .get(spec.source)
+            .map_or_else(|| kernels::source(spec), String::as_str)
+    }
+
+    /// Every header, replaced or embedded, as (include name, text).
+    fn headers(&self) -> Vec<(&str, &str)> {
+        kernels::headers()
+            .iter()
+            .map(|&(name, text)| (name, self.files.get(name).map_or(text, String::as_str)))
+            .collect()
+    }
+}
+
+/// Every kernel source and header file name, sorted.
+fn known_source_files() -> Vec<&'static str> {
+    let mut files: Vec<&'static str> = kernels::all_kernels()
+        .iter()
+        .map(|spec| spec.source)
+        .chain(kernels::headers().iter().map(|(name, _)| *name))
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    files
+}
+
 /// The options every kernel is compiled with for `arch`.
 pub fn compile_options(arch: Arch) -> Vec<String> {
     [
@@ -213,6 +295,18 @@ pub fn compile_kernels_with(
     arch: Arch,
     reporter: &dyn Reporter,
 ) -> Result<Compilation, CompileError> {
+    compile_kernels_with_sources(nvrtc, kernels, arch, &SourceOverrides::new(), reporter)
+}
+
+/// [`compile_kernels_with`], compiling the files `sources` replaces from its text instead of
+/// the embedded one (for fault-injection tests).
+pub fn compile_kernels_with_sources(
+    nvrtc: &Nvrtc,
+    kernels: &[KernelSpec],
+    arch: Arch,
+    sources: &SourceOverrides,
+    reporter: &dyn Reporter,
+) -> Result<Compilation, CompileError> {
     let supported = nvrtc
         .supported_architectures()
         .map_err(CompileError::Library)?;
@@ -239,7 +333,7 @@ pub fn compile_kernels_with(
     let compiled = distinct
         .par_iter()
         .map(|spec| {
-            let kernel = compile_kernel(nvrtc, spec, arch, &options)?;
+            let kernel = compile_kernel(nvrtc, spec, arch, &options, sources)?;
             reporter.advance(&spec.name);
             Ok(kernel)
         })
@@ -257,6 +351,7 @@ fn compile_kernel(
     spec: &KernelSpec,
     arch: Arch,
     options: &[String],
+    sources: &SourceOverrides,
 ) -> Result<CompiledKernel, CompileError> {
     let nvrtc_error = |error| CompileError::Nvrtc {
         kernel: spec.name.clone(),
@@ -264,7 +359,7 @@ fn compile_kernel(
         error,
     };
     let mut program = nvrtc
-        .program(spec.source, kernels::source(spec), kernels::headers())
+        .program(spec.source, sources.source(spec), &sources.headers())
         .map_err(nvrtc_error)?;
     let mut kernel_options = options.to_vec();
     kernel_options.push(format!("--ptxas-options=--entry={}", spec.name));
@@ -467,6 +562,52 @@ ptxas info    : Compile time = 135.894 ms
             parse_resource_usage(&garbled, "all_reduce_rsag_phased_bf16").unwrap_err(),
             @"cannot read the number before `registers` in `ptxas info    : Used many registers, used 1 barriers, 32 bytes smem`"
         );
+    }
+
+    #[test]
+    fn source_overrides_replace_only_the_files_they_name() {
+        let mut sources = SourceOverrides::new();
+        assert!(sources.is_empty());
+        sources
+            .replace("prepare_bf16.cuh", "// replaced header")
+            .unwrap();
+        sources
+            .replace("all_reduce_rsag.cu", "// replaced source")
+            .unwrap();
+        assert_eq!(
+            sources.files().collect::<Vec<_>>(),
+            ["all_reduce_rsag.cu", "prepare_bf16.cuh"]
+        );
+        for spec in kernels::all_kernels() {
+            let expected = if spec.source == "all_reduce_rsag.cu" {
+                "// replaced source"
+            } else {
+                kernels::source(&spec)
+            };
+            assert_eq!(sources.source(&spec), expected, "{}", spec.name);
+        }
+        let headers = sources.headers();
+        assert_eq!(headers.len(), kernels::headers().len());
+        for ((name, text), (embedded_name, embedded_text)) in headers.iter().zip(kernels::headers())
+        {
+            assert_eq!(name, embedded_name);
+            let expected = if *name == "prepare_bf16.cuh" {
+                "// replaced header"
+            } else {
+                embedded_text
+            };
+            assert_eq!(text, &expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_source_override_of_a_file_the_kernels_do_not_have_is_refused() {
+        let mut sources = SourceOverrides::new();
+        insta::assert_snapshot!(
+            sources.replace("prepare_bf16.h", "").unwrap_err(),
+            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_rsag.cu, all_reduce_rsag_phased.cu, prepare_abi.cuh, prepare_bf16.cuh, prepare_cluster.cuh, prepare_layout.cuh, prepare_sync.cuh)"
+        );
+        assert!(sources.is_empty());
     }
 
     #[test]

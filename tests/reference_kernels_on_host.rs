@@ -4,10 +4,21 @@
 //! scratch layouts, barriers, epochs, cluster exchanges and the timeout path without a GPU;
 //! the memory model of the real hardware is left to the GPU tests. Needs a C++20 compiler
 //! (`CXX`, else `c++`).
+//!
+//! Every planted mutation (tests/mutations) must give a wrong sum here too, in every kernel it
+//! touches and in no other.
 
+// Each mutation's failures are reported on stderr for the test log.
+#![allow(clippy::print_stderr)]
+
+mod mutations;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
+use mutations::{apply, Mutation};
 use prepare::kernels::{all_kernels, headers, source};
 
 /// Removes the definition of `name` (a `__device__ __forceinline__` function ending with a `}`
@@ -25,8 +36,9 @@ fn drop_function(text: &str, name: &str) -> String {
     format!("{}{}", &text[..start], &text[end..])
 }
 
-/// The kernel sources and headers with their inline PTX replaced by the host versions.
-fn write_emulated_sources(directory: &Path) {
+/// The kernel sources and headers, with `mutation` planted when given, their inline PTX
+/// replaced by the host versions.
+fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
     let replaced: [(&str, &[&str], &str); 3] = [
         (
             "prepare_sync.cuh",
@@ -63,6 +75,13 @@ fn write_emulated_sources(directory: &Path) {
     for spec in all_kernels() {
         files.push((spec.source.to_owned(), source(&spec).to_owned()));
     }
+    for (file, patched) in mutation.map(apply).unwrap_or_default() {
+        for (name, text) in &mut files {
+            if *name == file {
+                text.clone_from(&patched);
+            }
+        }
+    }
     for (name, mut text) in files {
         if let Some((_, functions, host)) = replaced.iter().find(|(file, _, _)| *file == name) {
             for function in *functions {
@@ -96,14 +115,22 @@ fn write_emulated_sources(directory: &Path) {
     }
 }
 
-fn build(directory: &Path, thread_sanitizer: bool) -> PathBuf {
+fn build(directory: &Path, thread_sanitizer: bool, mutation: Option<Mutation>) -> PathBuf {
     let emulation = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host_emulation");
-    write_emulated_sources(directory);
+    write_emulated_sources(directory, mutation);
     let binary = directory.join("harness");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let mut command = Command::new(&compiler);
+    // A mutation's harness runs one short mode once, expecting failures: it is built for speed.
+    let optimization: &[&str] = if mutation.is_some() {
+        &["-O0"]
+    } else {
+        &["-O1", "-g"]
+    };
     command
-        .args(["-std=c++20", "-O1", "-g", "-pthread", "-w", "-include"])
+        .args(["-std=c++20", "-pthread", "-w"])
+        .args(optimization)
+        .arg("-include")
         .arg(emulation.join("prelude.h"))
         .arg("-I")
         .arg(directory)
@@ -140,19 +167,97 @@ fn run(binary: &Path, arguments: &[&str]) {
     );
 }
 
+/// What the harness's `exactness` mode reported: each kernel's entry name and whether it gave
+/// the reference sum every time, with the whole output.
+fn exactness(binary: &Path) -> (BTreeMap<String, bool>, String) {
+    let output = Command::new(binary).arg("exactness").output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let verdicts: BTreeMap<String, bool> = text
+        .lines()
+        .filter_map(|line| {
+            let (kernel, verdict) = line.split_once(": ")?;
+            let exact = verdict == "exact";
+            (exact || verdict.starts_with("inexact")).then(|| (kernel.to_owned(), exact))
+        })
+        .collect();
+    let names: Vec<String> = all_kernels().into_iter().map(|spec| spec.name).collect();
+    assert_eq!(
+        verdicts.keys().cloned().collect::<Vec<_>>(),
+        names,
+        "the harness did not report every kernel:\n{text}"
+    );
+    let all_exact = verdicts.values().all(|exact| *exact);
+    assert_eq!(
+        output.status.success(),
+        all_exact,
+        "the exit status disagrees with the verdicts:\n{text}"
+    );
+    (verdicts, text)
+}
+
 #[test]
 fn kernels_give_the_reference_sum_on_every_rank() {
     let directory = tempfile::tempdir().unwrap();
-    let binary = build(directory.path(), false);
+    let binary = build(directory.path(), false, None);
     run(&binary, &["quick"]);
     run(&binary, &["streams", "1"]);
+    let (verdicts, text) = exactness(&binary);
+    assert!(verdicts.values().all(|exact| *exact), "{text}");
+}
+
+/// Each mutation's harness is built and run in its own thread; every kernel it touches must
+/// give a wrong sum and every other kernel the reference. The emulation catches the missing
+/// start barrier reliably, but only because the `exactness` mode starts one rank 200 ms late:
+/// a kernel that does not wait for it then always reads its input before it is written. With
+/// every rank on time the race would show only sometimes.
+#[test]
+fn every_planted_mutation_gives_a_wrong_sum() {
+    let started = Instant::now();
+    let reports: Vec<(Mutation, BTreeMap<String, bool>, String)> = std::thread::scope(|scope| {
+        let runs: Vec<_> = Mutation::ALL
+            .into_iter()
+            .map(|mutation| {
+                scope.spawn(move || {
+                    let directory = tempfile::tempdir().unwrap();
+                    let binary = build(directory.path(), false, Some(mutation));
+                    let (verdicts, text) = exactness(&binary);
+                    (mutation, verdicts, text)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("a mutation's harness ran"))
+            .collect()
+    });
+    for (mutation, verdicts, text) in &reports {
+        let wrong: Vec<&str> = verdicts
+            .iter()
+            .filter(|(_, exact)| !**exact)
+            .map(|(kernel, _)| kernel.as_str())
+            .collect();
+        eprintln!("{mutation}: wrong sums from {}", wrong.join(", "));
+        assert_eq!(
+            wrong,
+            mutation.kernels(),
+            "{mutation}: the kernels that gave a wrong sum are not those it touches:\n{text}"
+        );
+    }
+    eprintln!(
+        "{} mutations built and run in {:.1} s",
+        reports.len(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[test]
 #[ignore = "slow: every world size, then ThreadSanitizer over the stream sequences"]
 fn kernels_are_exact_at_every_world_size_and_race_free() {
     let directory = tempfile::tempdir().unwrap();
-    run(&build(directory.path(), false), &["full"]);
+    run(&build(directory.path(), false, None), &["full"]);
     let sanitized = tempfile::tempdir().unwrap();
-    run(&build(sanitized.path(), true), &["streams", "1"]);
+    run(&build(sanitized.path(), true, None), &["streams", "1"]);
 }

@@ -14,6 +14,10 @@
 //   full         the same for every world 2..8 and two geometries per kernel
 //   streams N    N rounds per world of 66 launches back to back: random kernels, sizes and
 //                geometries, every kernel repeated, and every ordered pair of kernels
+//   exactness    per kernel, a few sizes with tails at worlds 2 and 3, then one launch whose
+//                last rank starts late; prints one line per kernel, `<entry>: exact` or
+//                `<entry>: inexact (N failed checks)`, and goes on past any failure (the
+//                planted-mutation tests read which kernels a mutation broke)
 // Exit status 0 when every check passed; failures are printed.
 #include <algorithm>
 #include <cstdio>
@@ -102,17 +106,21 @@ unsigned short reference(u64 seed, unsigned launch, unsigned world, u64 e) {
 
 int failures = 0;
 std::mutex print_mutex;
+// Failures printed; past them the harness stops, unless it is to go on (exactness mode).
+constexpr int kPrintedFailures = 40;
+bool stop_after_printed_failures = true;
 
 #define CHECK(condition, ...)                              \
     do {                                                   \
         if (!(condition)) {                                \
             std::lock_guard<std::mutex> lock(print_mutex); \
-            ++failures;                                    \
-            std::printf("FAIL line %d: ", __LINE__);       \
-            std::printf(__VA_ARGS__);                      \
-            std::printf("\n");                             \
-            if (failures > 40)                             \
+            if (++failures <= kPrintedFailures) {          \
+                std::printf("FAIL line %d: ", __LINE__);   \
+                std::printf(__VA_ARGS__);                  \
+                std::printf("\n");                         \
+            } else if (stop_after_printed_failures) {      \
                 std::exit(1);                              \
+            }                                              \
         }                                                  \
     } while (0)
 
@@ -143,6 +151,8 @@ struct Options {
     u64 timeout_ns = 10'000'000'000ull;
     u64 extra_offset = 0;        // input region beyond the largest message
     bool expect_success = true;  // check outputs (else only report abort words)
+    // The last rank writes each input and launches this long after its previous launch ended.
+    std::chrono::milliseconds last_rank_late{0};
 };
 
 constexpr int kGuard = 64;
@@ -209,6 +219,8 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
         streams.emplace_back([&, rank] {
             for (unsigned index = 0; index < sequence.size(); ++index) {
                 const Launch& launch = sequence[index];
+                if (rank == world - 1)
+                    std::this_thread::sleep_for(options.last_rank_late);
                 for (u64 e = 0; e < launch.elements; ++e) {
                     const unsigned short value = input_value(seed, index, rank, e);
                     std::memcpy(buffers[rank].get() + 2 * e, &value, 2);
@@ -375,6 +387,37 @@ void streams(unsigned rounds) {
     }
 }
 
+// A kernel that reads a peer's input without waiting for the peer to start reads stale bytes
+// when that peer is late. The race is caught reliably: the late rank starts 200 ms after the
+// others, far longer than an on-time rank takes to reach the peer's input, which holds the
+// buffer's fill bytes until then.
+void exactness() {
+    stop_after_printed_failures = false;
+    for (const Kernel& kernel : kKernels) {
+        const int before = failures;
+        for (unsigned world : {2u, 3u}) {
+            std::vector<Rank> ranks(world);
+            for (u64 elements : {8ull * world + 7, 100ull, 1001ull}) {
+                Options options;
+                options.present.assign(world, true);
+                run(ranks, {geometry(kernel, 0, elements)}, options, random_source());
+            }
+        }
+        std::vector<Rank> ranks(2);
+        Options late;
+        late.present.assign(2, true);
+        late.last_rank_late = std::chrono::milliseconds(200);
+        run(ranks, {geometry(kernel, 0, 203)}, late, random_source());
+        std::lock_guard<std::mutex> lock(print_mutex);
+        if (failures == before) {
+            std::printf("all_reduce_%s_bf16: exact\n", kernel.name);
+        } else {
+            std::printf("all_reduce_%s_bf16: inexact (%d failed checks)\n", kernel.name,
+                        failures - before);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -389,6 +432,8 @@ int main(int argc, char** argv) {
         invalid_launches();
     } else if (mode == "streams") {
         streams(argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1);
+    } else if (mode == "exactness") {
+        exactness();
     } else {
         std::printf("unknown mode %s\n", mode.c_str());
         return 2;

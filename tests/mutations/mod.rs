@@ -1,0 +1,277 @@
+//! Shared by the tests that plant bugs in the kernels to prove the exactness checks catch them:
+//! the mutations, each an exact text replacement in the embedded sources, and packages built
+//! from mutated sources.
+//!
+//! A replacement whose text is not found, or found more than once, panics naming it, so an
+//! edit to the kernels cannot silently turn a mutation into a no-op: update the pattern here.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use prepare::compile::{compile_kernels_with_sources, SourceOverrides};
+use prepare::gpu::nvrtc::Nvrtc;
+use prepare::kernels::{all_kernels, headers, kernels_for_ladder, source};
+use prepare::ladder::{validate_ladder_bytes, Arch};
+use prepare::progress::Silent;
+
+/// A bug planted in the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mutation {
+    /// The sum leaves out the last rank's contribution.
+    SkipPeer,
+    /// fp32 to bf16 rounds by truncation instead of to nearest even.
+    Truncate,
+    /// The tail (the elements after the last whole 16-byte vector) is never written.
+    DropTail,
+    /// `all_reduce_one_shot_pull_bf16` skips its start barrier, so it may read a peer's input
+    /// before the peer wrote it: a race that shows only sometimes.
+    NoStartBarrier,
+    /// Rank 0's contribution is added twice.
+    DoubleCount,
+}
+
+/// One exact text replacement in one kernel source or header.
+#[derive(Debug)]
+struct Patch {
+    file: &'static str,
+    find: &'static str,
+    replace: &'static str,
+}
+
+/// The rank loop of `sum_elements` (kernels/prepare_bf16.cuh), from rank 1 on.
+const ELEMENT_RANK_LOOP: &str = concat!(
+    "for (int q = 1; q < N; ++q) {\n",
+    "        acc = add_round_nearest(acc, bf16_bits_to_float(x[q]));",
+);
+/// The rank loop of `sum_vectors`. Every kernel reduces through one of the two.
+const VECTOR_RANK_LOOP: &str = concat!(
+    "for (int q = 1; q < N; ++q) {\n",
+    "            low = add_round_nearest(low,",
+);
+
+/// Both rank loops stop before the last rank.
+const SKIP_PEER: &[Patch] = &[
+    Patch {
+        file: "prepare_bf16.cuh",
+        find: ELEMENT_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 1; q < N - 1; ++q) {\n",
+            "        acc = add_round_nearest(acc, bf16_bits_to_float(x[q]));",
+        ),
+    },
+    Patch {
+        file: "prepare_bf16.cuh",
+        find: VECTOR_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 1; q < N - 1; ++q) {\n",
+            "            low = add_round_nearest(low,",
+        ),
+    },
+];
+
+/// `float_to_bf16_bits` keeps the upper half as it is.
+const TRUNCATE: &[Patch] = &[Patch {
+    file: "prepare_bf16.cuh",
+    find: "return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;",
+    replace: "return bits >> 16;",
+}];
+
+/// The tail loop of `for_each_owned` (kernels/prepare_layout.cuh), through which every kernel
+/// moves and sums its tail, stops before its first element.
+const DROP_TAIL: &[Patch] = &[Patch {
+    file: "prepare_layout.cuh",
+    find: "e < range.tail_end; e += workers.count) {",
+    replace: "e < range.tail_begin; e += workers.count) {",
+}];
+
+/// `one_shot_pull`'s start barrier goes; it alone is followed by the input pointers.
+const NO_START_BARRIER: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot.cu",
+    find: concat!(
+        "    if (!block_barrier<N>(params, flags, kSetStart)) {\n",
+        "        return;\n",
+        "    }\n",
+        "    const unsigned char* inputs[N];",
+    ),
+    replace: "    const unsigned char* inputs[N];",
+}];
+
+/// Both rank loops start from rank 0, which the sum already starts from.
+const DOUBLE_COUNT: &[Patch] = &[
+    Patch {
+        file: "prepare_bf16.cuh",
+        find: ELEMENT_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 0; q < N; ++q) {\n",
+            "        acc = add_round_nearest(acc, bf16_bits_to_float(x[q]));",
+        ),
+    },
+    Patch {
+        file: "prepare_bf16.cuh",
+        find: VECTOR_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 0; q < N; ++q) {\n",
+            "            low = add_round_nearest(low,",
+        ),
+    },
+];
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 5] = [
+        Mutation::SkipPeer,
+        Mutation::Truncate,
+        Mutation::DropTail,
+        Mutation::NoStartBarrier,
+        Mutation::DoubleCount,
+    ];
+
+    /// Its name, as tests report it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::SkipPeer => "skip_peer",
+            Mutation::Truncate => "truncate",
+            Mutation::DropTail => "drop_tail",
+            Mutation::NoStartBarrier => "no_start_barrier",
+            Mutation::DoubleCount => "double_count",
+        }
+    }
+
+    /// Whether every run with random data shows it; a missing barrier shows only when a peer
+    /// happens to be late.
+    pub fn is_deterministic(self) -> bool {
+        self != Mutation::NoStartBarrier
+    }
+
+    /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
+    /// a shared header.
+    pub fn kernels(self) -> Vec<String> {
+        match self {
+            Mutation::NoStartBarrier => vec!["all_reduce_one_shot_pull_bf16".to_owned()],
+            _ => all_kernels().into_iter().map(|spec| spec.name).collect(),
+        }
+    }
+
+    fn patches(self) -> &'static [Patch] {
+        match self {
+            Mutation::SkipPeer => SKIP_PEER,
+            Mutation::Truncate => TRUNCATE,
+            Mutation::DropTail => DROP_TAIL,
+            Mutation::NoStartBarrier => NO_START_BARRIER,
+            Mutation::DoubleCount => DOUBLE_COUNT,
+        }
+    }
+}
+
+impl std::fmt::Display for Mutation {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+/// The embedded text of a kernel source or header.
+fn embedded(file: &str) -> &'static str {
+    if let Some((_, text)) = headers().iter().find(|(name, _)| *name == file) {
+        return text;
+    }
+    all_kernels()
+        .iter()
+        .find(|spec| spec.source == file)
+        .map_or_else(
+            || panic!("`{file}` is not a kernel source or header"),
+            source,
+        )
+}
+
+/// The files `mutation` changes, as (file name, patched text), sorted by name. Panics when a
+/// pattern is not found exactly once or a patch leaves a file unchanged.
+pub fn apply(mutation: Mutation) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = Vec::new();
+    for patch in mutation.patches() {
+        let index = files
+            .iter()
+            .position(|(file, _)| file == patch.file)
+            .unwrap_or_else(|| {
+                files.push((patch.file.to_owned(), embedded(patch.file).to_owned()));
+                files.len() - 1
+            });
+        let text = &mut files[index].1;
+        let found = text.matches(patch.find).count();
+        assert!(
+            found == 1,
+            "mutation {mutation}: kernels/{} should contain this text exactly once but has it \
+             {found} times; the kernel changed, so update tests/mutations/mod.rs:\n{}",
+            patch.file,
+            patch.find
+        );
+        let patched = text.replacen(patch.find, patch.replace, 1);
+        assert_ne!(
+            &patched, text,
+            "mutation {mutation}: a patch of kernels/{} changes nothing",
+            patch.file
+        );
+        *text = patched;
+    }
+    for (file, text) in &files {
+        assert_ne!(
+            text,
+            embedded(file),
+            "mutation {mutation} leaves kernels/{file} as it was"
+        );
+    }
+    files.sort();
+    files
+}
+
+/// [`apply`] as sources to compile.
+pub fn overrides(mutation: Mutation) -> SourceOverrides {
+    let mut sources = SourceOverrides::new();
+    for (file, text) in apply(mutation) {
+        sources
+            .replace(&file, text)
+            .unwrap_or_else(|error| panic!("mutation {mutation}: {error}"));
+    }
+    sources
+}
+
+/// Writes a package of the ladder at `ladder_path` for `arch`, with its kernels compiled from
+/// `sources`, into `out` (which must not exist), as `prepare export` would: the ladder is
+/// validated and must target `arch`. Panics naming what failed.
+pub fn package_with_sources(
+    ladder_path: &Path,
+    arch: Arch,
+    out: &Path,
+    sources: &SourceOverrides,
+) -> PathBuf {
+    let name = ladder_path.display();
+    let bytes =
+        std::fs::read(ladder_path).unwrap_or_else(|error| panic!("cannot read {name}: {error}"));
+    let ladder = validate_ladder_bytes(&bytes)
+        .unwrap_or_else(|report| panic!("{name} is not a valid ladder:\n{report}"));
+    prepare::device::check_export_target(&ladder, arch)
+        .unwrap_or_else(|error| panic!("{name}: {error}"));
+    let nvrtc = Nvrtc::load().unwrap_or_else(|error| panic!("{error}"));
+    let compilation =
+        compile_kernels_with_sources(nvrtc, &kernels_for_ladder(&ladder), arch, sources, &Silent)
+            .unwrap_or_else(|error| panic!("compiling the kernels of {name} for {arch}: {error}"));
+    let text = String::from_utf8(bytes).expect("a valid ladder is UTF-8");
+    prepare::package::write_package(out, &text, &ladder, &compilation, arch, false)
+        .unwrap_or_else(|error| panic!("writing the package of {name}: {error}"));
+    out.to_path_buf()
+}
+
+/// Writes a package of the ladder at `ladder_path` for `arch` with `mutation` planted in its
+/// kernels into `out_dir`/<mutation name>, and returns that path.
+pub fn mutated_package(
+    mutation: Mutation,
+    ladder_path: &Path,
+    arch: Arch,
+    out_dir: &Path,
+) -> PathBuf {
+    package_with_sources(
+        ladder_path,
+        arch,
+        &out_dir.join(mutation.name()),
+        &overrides(mutation),
+    )
+}

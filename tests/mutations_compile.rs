@@ -1,0 +1,153 @@
+//! Every planted mutation (tests/mutations) compiles with NVRTC for sm_90 into a package of the
+//! ladder the GPU mutation tests use, and changes the cubins of exactly the kernels it touches,
+//! so a GPU run of its package tests the planted bug and nothing else. Skips when NVRTC is
+//! missing unless `PREPARE_REQUIRE_NVRTC=1`, which CI sets so that a missing library fails
+//! instead.
+
+mod mutations;
+mod repository;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mutations::{apply, mutated_package, overrides, package_with_sources, Mutation};
+use prepare::compile::{compile_kernels_with_sources, SourceOverrides};
+use prepare::gpu::nvrtc::Nvrtc;
+use prepare::kernels::{all_kernels, KernelSpec};
+use prepare::ladder::Arch;
+use prepare::package::open_package;
+use prepare::progress::Silent;
+
+const LADDER: &str = "ladders/h200_nvlink_tp2.json";
+
+fn nvrtc() -> Option<&'static Nvrtc> {
+    match Nvrtc::load() {
+        Ok(nvrtc) => Some(nvrtc),
+        Err(error) if std::env::var("PREPARE_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            panic!("PREPARE_REQUIRE_NVRTC=1 but {error}")
+        }
+        Err(error) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipped: {error}");
+            }
+            None
+        }
+    }
+}
+
+/// Each kernel's cubin in the package at `dir`, by kernel name.
+fn package_cubins(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let package = open_package(dir).unwrap_or_else(|error| panic!("{error}"));
+    package
+        .kernels()
+        .map(|(record, cubin)| (record.name.clone(), cubin.to_vec()))
+        .collect()
+}
+
+/// The cubins of `kernels` compiled from `sources` for sm_90, by kernel name.
+fn compiled_cubins(
+    nvrtc: &Nvrtc,
+    kernels: &[KernelSpec],
+    sources: &SourceOverrides,
+) -> BTreeMap<String, Vec<u8>> {
+    compile_kernels_with_sources(nvrtc, kernels, Arch::Sm90, sources, &Silent)
+        .unwrap_or_else(|error| panic!("{error}"))
+        .kernels
+        .into_iter()
+        .map(|kernel| (kernel.name, kernel.cubin))
+        .collect()
+}
+
+#[test]
+fn every_mutation_patches_real_text_in_the_files_it_names() {
+    for mutation in Mutation::ALL {
+        let files = apply(mutation);
+        assert!(!files.is_empty(), "{mutation} patches nothing");
+        let names: Vec<&str> = files.iter().map(|(file, _)| file.as_str()).collect();
+        let expected: &[&str] = match mutation {
+            Mutation::NoStartBarrier => &["all_reduce_one_shot.cu"],
+            Mutation::DropTail => &["prepare_layout.cuh"],
+            _ => &["prepare_bf16.cuh"],
+        };
+        assert_eq!(names, expected, "{mutation}");
+        assert_eq!(
+            overrides(mutation).files().collect::<Vec<_>>(),
+            expected,
+            "{mutation}"
+        );
+    }
+    let names: Vec<&str> = Mutation::ALL
+        .iter()
+        .map(|mutation| mutation.name())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "skip_peer",
+            "truncate",
+            "drop_tail",
+            "no_start_barrier",
+            "double_count"
+        ]
+    );
+}
+
+#[test]
+fn every_mutation_builds_and_changes_exactly_the_kernels_it_touches() {
+    let Some(nvrtc) = nvrtc() else { return };
+    let ladder = repository::root().join(LADDER);
+    let dir = tempfile::tempdir().unwrap();
+    let original = package_cubins(&package_with_sources(
+        &ladder,
+        Arch::Sm90,
+        &dir.path().join("original"),
+        &SourceOverrides::new(),
+    ));
+    // Kernels the ladder does not need (the cluster kernels) are compiled on their own.
+    let others: Vec<KernelSpec> = all_kernels()
+        .into_iter()
+        .filter(|spec| !original.contains_key(&spec.name))
+        .collect();
+    assert!(!others.is_empty());
+    let original_others = compiled_cubins(nvrtc, &others, &SourceOverrides::new());
+
+    for mutation in Mutation::ALL {
+        let package = mutated_package(mutation, &ladder, Arch::Sm90, dir.path());
+        assert_eq!(package, dir.path().join(mutation.name()));
+        let mutated = package_cubins(&package);
+        assert_eq!(
+            mutated.keys().collect::<Vec<_>>(),
+            original.keys().collect::<Vec<_>>(),
+            "{mutation}"
+        );
+        let touched_others: Vec<KernelSpec> = others
+            .iter()
+            .filter(|spec| mutation.kernels().contains(&spec.name))
+            .cloned()
+            .collect();
+        let mutated_others = compiled_cubins(nvrtc, &touched_others, &overrides(mutation));
+        for (name, cubin) in mutated.iter().chain(&mutated_others) {
+            let before = original
+                .get(name)
+                .or_else(|| original_others.get(name))
+                .unwrap();
+            if mutation.kernels().contains(name) {
+                assert_ne!(cubin, before, "{mutation} leaves {name}'s cubin unchanged");
+            } else {
+                assert_eq!(
+                    cubin, before,
+                    "{mutation} changes {name}, which it should not touch"
+                );
+            }
+        }
+        let checked = mutated.len() + mutated_others.len();
+        assert!(
+            mutation
+                .kernels()
+                .iter()
+                .all(|name| mutated.contains_key(name) || mutated_others.contains_key(name)),
+            "{mutation}: a kernel it touches was not compiled ({checked} were)"
+        );
+    }
+}
