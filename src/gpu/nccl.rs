@@ -219,14 +219,48 @@ unsafe impl Send for Handle {}
 // SAFETY: as above; the flag is atomic.
 unsafe impl Sync for Handle {}
 
+/// How long an abort is waited for before the caller goes on (see [`Handle::abort`]).
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+
+/// The raw communicator, moved to the thread that aborts it.
+struct RawComm(sys::ncclComm_t);
+
+// SAFETY: only ncclCommAbort uses it on that thread, which NCCL allows from any thread.
+unsafe impl Send for RawComm {}
+
 impl Handle {
+    /// Aborts the communicator, at most once. NCCL raises its kernels' abort flag at once, so
+    /// work on a stream that waits for a missing peer ends; but ncclCommAbort then returns only
+    /// when every CUDA graph that captured an operation of the communicator is destroyed. The
+    /// caller may hold such graphs (the timing's, a server's), so the abort runs on a thread of
+    /// its own and the caller waits for it only [`ABORT_WAIT`]: it goes on, drops its graphs,
+    /// and the abort completes.
     fn abort(&self) {
-        if !self.aborted.swap(true, Ordering::SeqCst) {
-            // SAFETY: the handle is live until the Communicator is dropped, which waits for no
-            // watchdog (the watchdog holds an Arc); abort is called at most once.
-            unsafe {
-                sys::ncclCommAbort(self.raw);
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let raw = RawComm(self.raw);
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = thread::Builder::new()
+            .name("nccl-abort".to_owned())
+            .spawn(move || {
+                let raw = raw;
+                // SAFETY: the communicator is live (never destroyed, aborted only here, once:
+                // the swap above) and nothing else frees it.
+                unsafe {
+                    sys::ncclCommAbort(raw.0);
+                }
+                let _ = done.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = finished.recv_timeout(ABORT_WAIT);
             }
+            // No thread to spare: abort here, which may wait for the graphs.
+            // SAFETY: as above.
+            Err(_) => unsafe {
+                sys::ncclCommAbort(self.raw);
+            },
         }
     }
 }
