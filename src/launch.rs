@@ -37,6 +37,24 @@ pub struct LaunchSpec {
     pub deadline: Option<Duration>,
 }
 
+/// A port that was free a moment ago, for MASTER_PORT, whose next port (the rendezvous NCCL
+/// listens on, see [`crate::runtime::environment_defaults`]) was free too.
+pub fn free_port_pair() -> std::io::Result<u16> {
+    let mut last_error = None;
+    for _ in 0..64 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = first.local_addr()?.port();
+        let Some(next) = port.checked_add(1) else {
+            continue;
+        };
+        match std::net::TcpListener::bind(("127.0.0.1", next)) {
+            Ok(_) => return Ok(port),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| std::io::Error::other("no free pair of ports")))
+}
+
 /// Which of a child's streams a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {

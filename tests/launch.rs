@@ -161,3 +161,10 @@ fn rank_environment_parses_and_names_bad_variables() {
         "RANK=\"2\" is not valid: an integer from 0 to 1"
     );
 }
+
+#[test]
+fn the_picked_port_has_its_rendezvous_neighbour_free() {
+    let port = prepare::launch::free_port_pair().unwrap();
+    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::net::TcpListener::bind(("127.0.0.1", port + 1)).unwrap();
+}

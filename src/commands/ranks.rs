@@ -101,7 +101,9 @@ pub fn launch_ranks(
             .parse()
             .context("MASTER_PORT is not a port")
             .map_err(Failure::refused)?,
-        Err(_) => free_port().map_err(Failure::runtime)?,
+        Err(_) => prepare::launch::free_port_pair()
+            .context("cannot pick a port for the ranks to meet")
+            .map_err(Failure::runtime)?,
     };
     let spec = LaunchSpec {
         program: std::env::current_exe()
@@ -126,12 +128,6 @@ pub fn launch_ranks(
             Failure::runtime(error)
         }
     })
-}
-
-/// A port that was free a moment ago, for the rendezvous (NCCL takes the next one).
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot pick a port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// Brings this rank's runtime up: its GPU from LOCAL_RANK (and PREPARE_GPUS), the NCCL

@@ -127,13 +127,9 @@ pub fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf
     (dir, out)
 }
 
-/// A port free a moment ago.
+/// A port free a moment ago, with the next one (the rendezvous) free too.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    prepare::launch::free_port_pair().expect("a free pair of ports")
 }
 
 /// A rank started by hand, its output lines arriving on a channel.
