@@ -5,6 +5,7 @@
 //! The library never prints; progress goes through [`progress::Reporter`].
 
 pub mod agree;
+pub mod bench;
 pub mod cache;
 pub mod check;
 pub mod collective;

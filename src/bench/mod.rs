@@ -1,0 +1,100 @@
+//! What `prepare bench` measures, as data: per message size every contender's figures, and the
+//! decode emulation's step times; written as JSON and drawn as SVG plots (`plot`).
+
+pub mod plot;
+
+use serde::{Deserialize, Serialize};
+
+/// One contender at one message size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SizeRow {
+    /// Message size, bytes.
+    pub bytes: u64,
+    /// The bucket covering it.
+    pub bucket: usize,
+    /// The profile timed (`nccl` is NCCL).
+    pub profile: String,
+    /// Median microseconds per all-reduce (per round the slowest rank counts).
+    pub median_us: Option<f64>,
+    /// Fastest round.
+    pub min_us: Option<f64>,
+    /// Slowest round.
+    pub max_us: Option<f64>,
+    /// Rounds with a valid sample from every rank.
+    pub rounds: usize,
+    /// Operations per timed replay.
+    pub ops_per_sample: u32,
+    /// Bus bandwidth at the median, GB/s: bytes x 2(n-1)/n / time.
+    pub bus_gbps: Option<f64>,
+    /// NCCL's median over this one's (above 1: faster than NCCL).
+    pub speedup_vs_nccl: Option<f64>,
+    /// Why it was not timed.
+    pub excluded: Option<String>,
+    /// Whether it is the tuned choice for this size.
+    pub chosen: bool,
+}
+
+/// One batch size of the decode emulation: two all-reduces per layer over every layer, in one
+/// graph, with the tuned choice and with NCCL alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecodeRow {
+    /// Rows of the hidden state (tokens in the batch).
+    pub batch: usize,
+    /// Elements per all-reduce (batch x hidden).
+    pub elements: usize,
+    /// The profile the choice takes at that size.
+    pub tuned_profile: String,
+    /// Median microseconds per token step with the choice.
+    pub tuned_us: f64,
+    /// Median microseconds per token step with NCCL alone.
+    pub nccl_us: f64,
+    /// `nccl_us / tuned_us`.
+    pub speedup: f64,
+}
+
+/// The decode model emulated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecodeShape {
+    /// Transformer layers.
+    pub layers: usize,
+    /// All-reduces per layer (attention and MLP outputs).
+    pub all_reduces_per_layer: usize,
+    /// Hidden width, elements.
+    pub hidden: usize,
+}
+
+impl Default for DecodeShape {
+    /// A 61-layer, 7168-wide model (DeepSeek-V3's shape) with two all-reduces per layer.
+    fn default() -> DecodeShape {
+        DecodeShape {
+            layers: 61,
+            all_reduces_per_layer: 2,
+            hidden: 7168,
+        }
+    }
+}
+
+/// Everything one `prepare bench` run measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// The ladder's name.
+    pub ladder: String,
+    /// The package identity.
+    pub package: String,
+    /// Ranks.
+    pub world_size: u32,
+    /// Every rank's GPU name, in rank order.
+    pub gpus: Vec<String>,
+    /// NCCL's version.
+    pub nccl_version: String,
+    /// The driver version.
+    pub driver_version: String,
+    /// Interleaved rounds per size.
+    pub rounds: u32,
+    /// Every contender at every size, sizes ascending.
+    pub sizes: Vec<SizeRow>,
+    /// The decode model, when the emulation ran.
+    pub decode_shape: Option<DecodeShape>,
+    /// The decode emulation, batch ascending.
+    pub decode: Vec<DecodeRow>,
+}

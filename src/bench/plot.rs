@@ -1,0 +1,1 @@
+//! SVG plots of a [`super::BenchReport`] (plotters, SVG backend only).
