@@ -138,6 +138,32 @@ impl Timer {
         entries: &[(EntryId, usize)],
         options: TimingOptions,
     ) -> Result<GroupSamples, RuntimeError> {
+        let ops = self.calibrate(runtime, collectives, entries, options)?;
+        self.time_graphs(runtime, collectives, entries, &ops, options)
+    }
+
+    /// Times `entries` with exactly `ops` operations per replay (a decode step's all-reduces,
+    /// say): no calibration. Collective.
+    pub fn time_with_ops(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[(EntryId, usize)],
+        ops: u32,
+        options: TimingOptions,
+    ) -> Result<GroupSamples, RuntimeError> {
+        let ops = vec![ops.max(1); entries.len()];
+        self.time_graphs(runtime, collectives, entries, &ops, options)
+    }
+
+    /// Operations per replay for each entry: about `sample_us` on the slowest rank.
+    fn calibrate(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[(EntryId, usize)],
+        options: TimingOptions,
+    ) -> Result<Vec<u32>, RuntimeError> {
         let world = runtime.world() as usize;
         // Calibration: one operation per replay, the slowest rank's estimate decides how many
         // operations a sample replays, so every rank captures the same graphs.
@@ -173,9 +199,20 @@ impl Timer {
                 (wanted as u32).clamp(1, options.max_ops.max(1))
             })
             .collect();
+        Ok(ops)
+    }
 
+    fn time_graphs(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[(EntryId, usize)],
+        ops: &[u32],
+        options: TimingOptions,
+    ) -> Result<GroupSamples, RuntimeError> {
+        let world = runtime.world() as usize;
         let mut graphs = Vec::with_capacity(entries.len());
-        for (&(id, elements), &count) in entries.iter().zip(&ops) {
+        for (&(id, elements), &count) in entries.iter().zip(ops) {
             graphs.push(collectives.capture(runtime, &mut self.stream, id, elements, count)?);
         }
         let views: Vec<(EntryId, &Graph)> = entries
@@ -190,7 +227,7 @@ impl Timer {
             if round < options.warmup_rounds {
                 continue;
             }
-            for ((samples, time), &count) in local.iter_mut().zip(times).zip(&ops) {
+            for ((samples, time), &count) in local.iter_mut().zip(times).zip(ops) {
                 samples.push((time / f64::from(count)) as f32);
             }
         }
@@ -215,7 +252,10 @@ impl Timer {
                     .collect()
             })
             .collect();
-        Ok(GroupSamples { ops, samples })
+        Ok(GroupSamples {
+            ops: ops.to_vec(),
+            samples,
+        })
     }
 }
 

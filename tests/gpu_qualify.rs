@@ -100,7 +100,8 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
             package.as_os_str(),
         ]);
         assert!(ok, "{text}");
-        let json = dir.path().join("bench.json");
+        let out = dir.path().join("bench");
+        let cache = dir.path().join("cache");
         let (ok, text) = run(&[
             "bench".as_ref(),
             "--gpus".as_ref(),
@@ -111,13 +112,16 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
             package.as_os_str(),
             "--sizes".as_ref(),
             "8K,256K,4M,64M".as_ref(),
-            "--json".as_ref(),
-            json.as_os_str(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
         ]);
         eprintln!("{name}:\n{text}");
         assert!(ok, "bench failed");
-        let rows: Vec<serde_json::Value> =
-            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("bench.json")).unwrap()).unwrap();
+        let rows = report["sizes"].as_array().unwrap();
         for size in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
             let at: Vec<_> = rows.iter().filter(|row| row["bytes"] == size).collect();
             assert!(
@@ -132,8 +136,14 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
             assert_eq!(
                 at.iter().filter(|row| row["chosen"] == true).count(),
                 1,
-                "{size}"
+                "{size}: one tuned choice"
             );
         }
+        let decode = report["decode"].as_array().unwrap();
+        assert_eq!(decode.len(), 7, "batches 1 to 64");
+        assert!(decode
+            .iter()
+            .all(|row| row["tuned_us"].as_f64().unwrap() > 0.0
+                && row["nccl_us"].as_f64().unwrap() > 0.0));
     }
 }

@@ -1,6 +1,8 @@
 //! `prepare bench`: every candidate of a package, NCCL among them, timed against each other on
-//! the same GPUs in one run, at sizes across the ladder; a table like nccl-tests' and, with
-//! `--json`, the figures for machines.
+//! the same GPUs in one run, at sizes across the ladder, with the tuned choice marked; then a
+//! decode emulation (two all-reduces per layer, 61 layers, hidden 7168, in one graph per batch
+//! size) with the tuned choice against NCCL alone. Tables like nccl-tests', and with `--out`
+//! the figures as JSON and SVG plots.
 //!
 //! Method: candidates are first qualified (captured in graphs, exact on fresh random data);
 //! then per size every qualified candidate of the bucket covering it is captured in a graph of
@@ -12,12 +14,14 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Context as _};
+use prepare::bench::{BenchReport, DecodeRow, DecodeShape, SizeRow};
 use prepare::collective::Collectives;
 use prepare::package::Outcome;
 use prepare::qualify::{qualify, QualifyOptions};
+use prepare::select::SelectOptions;
 use prepare::timing::{Timer, TimingOptions};
+use prepare::tune::choice::Choice;
 use prepare::tune::{decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, Policy};
-use serde::Serialize;
 
 use super::ranks::{self, RankArgs, Role};
 use super::Failure;
@@ -30,8 +34,8 @@ pub struct Args {
     package: PathBuf,
     #[command(flatten)]
     ranks: RankArgs,
-    /// Message sizes (`8K,256K,4M,64M`, or bytes); by default every power of two from the
-    /// first bucket's smallest message to the last bucket's largest.
+    /// Message sizes (`8K,256K,4M,64M`, or bytes); by default every bucket's smallest and
+    /// largest message and the powers of two between.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     sizes: Option<Vec<u64>>,
     /// Interleaved rounds per size.
@@ -40,9 +44,25 @@ pub struct Args {
     /// Each sample replays enough operations to take about this many microseconds.
     #[arg(long, default_value_t = 150.0, value_name = "US")]
     sample_us: f64,
-    /// Rank 0 writes the figures here as JSON.
+    /// The tuned choice to mark and to emulate decode with (from `prepare tune --out`); by
+    /// default the cache's, or one selected now (and cached).
     #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
+    choice: Option<PathBuf>,
+    /// The cache directory for the tuned choice (default `$XDG_CACHE_HOME/prepare`, else
+    /// `~/.cache/prepare`).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Batch sizes (rows of the hidden state) of the decode emulation; `0` skips it.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16,32,64",
+        value_name = "LIST"
+    )]
+    batches: Vec<usize>,
+    /// Rank 0 writes bench.json and the SVG plots here.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 /// A size with an optional K, M or G suffix (powers of 1024).
@@ -62,29 +82,6 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is not a size such as 4096, 256K or 64M"))
 }
 
-/// One contender at one size.
-#[derive(Debug, Serialize)]
-struct Row {
-    bytes: u64,
-    bucket: usize,
-    profile: String,
-    /// Median microseconds per all-reduce (slowest rank per round).
-    median_us: Option<f64>,
-    min_us: Option<f64>,
-    max_us: Option<f64>,
-    rounds: usize,
-    /// Operations per timed replay.
-    ops_per_sample: u32,
-    /// Bus bandwidth at the median, GB/s: bytes x 2(n-1)/n / time.
-    bus_gbps: Option<f64>,
-    /// NCCL's median over this one's (above 1: faster than NCCL).
-    speedup_vs_nccl: Option<f64>,
-    /// Why it was not timed.
-    excluded: Option<String>,
-    /// Whether the decision picks it at this size.
-    chosen: bool,
-}
-
 /// Runs `prepare bench`.
 pub fn run(args: &Args) -> Result<(), Failure> {
     args.ranks.timeout()?;
@@ -101,18 +98,59 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     }
 }
 
+/// Every bucket's smallest and largest message and the powers of two between, ascending.
 fn default_sizes(ladder: &prepare::ladder::Ladder) -> Vec<u64> {
-    let first = ladder.bucket_min_bytes(0).next_power_of_two();
     let last = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
-    std::iter::successors(Some(first.max(2)), |size| size.checked_mul(2))
+    let mut sizes: Vec<u64> = std::iter::successors(Some(2_u64), |size| size.checked_mul(2))
         .take_while(|&size| size <= last)
+        .collect();
+    for index in 0..ladder.buckets.len() {
+        sizes.push(ladder.bucket_min_bytes(index));
+        sizes.push(ladder.buckets[index].max_bytes);
+    }
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// Per bucket, the profile the choice takes.
+fn chosen_profiles(choice: &Choice) -> Vec<String> {
+    choice
+        .buckets
+        .iter()
+        .map(|bucket| bucket.decision.winner.clone())
         .collect()
+}
+
+/// The bucket's plain NCCL candidate: `nccl` without communicator settings if it has one, else
+/// its first NCCL candidate.
+fn nccl_profile(ladder: &prepare::ladder::Ladder, bucket: usize) -> Option<String> {
+    let nccl: Vec<&prepare::ladder::Profile> = ladder.buckets[bucket]
+        .candidates
+        .iter()
+        .filter_map(|id| ladder.profile(id))
+        .filter(|profile| profile.is_nccl())
+        .collect();
+    nccl.iter()
+        .find(|profile| profile.max_ctas.is_none() && profile.min_ctas.is_none())
+        .or(nccl.first())
+        .map(|profile| profile.id.clone())
 }
 
 #[allow(clippy::print_stdout, clippy::too_many_lines)]
 fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
     let package = prepare::package::open_package(&args.package).map_err(Failure::refused)?;
     let ladder = package.ladder();
+    let given_choice = match &args.choice {
+        Some(path) => {
+            let choice = Choice::read(path).map_err(Failure::refused)?;
+            choice
+                .check_package(path, &package)
+                .map_err(Failure::refused)?;
+            Some(choice)
+        }
+        None => None,
+    };
     let sizes = args.sizes.clone().unwrap_or_else(|| default_sizes(ladder));
     let runtime = ranks::start_rank(&args.ranks, environment)?;
     ranks::check_architecture(&runtime, &package)?;
@@ -135,6 +173,35 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         &log,
     )
     .map_err(Failure::runtime)?;
+    let choice = if let Some(choice) = given_choice {
+        choice
+    } else {
+        let options = SelectOptions {
+            cache_dir: args
+                .cache_dir
+                .clone()
+                .or_else(|| SelectOptions::default().cache_dir),
+            ..SelectOptions::default()
+        };
+        let selection = prepare::select::select(
+            &runtime,
+            &mut collectives,
+            &package,
+            &options,
+            &prepare::progress::Silent,
+        )
+        .map_err(Failure::runtime)?;
+        log(format!(
+            "tuned choice: {}",
+            if selection.cache_hit {
+                "from the cache"
+            } else {
+                "selected now and cached"
+            }
+        ));
+        selection.choice
+    };
+    let chosen = chosen_profiles(&choice);
     let mut timer = Timer::new(&runtime).map_err(Failure::runtime)?;
     let options = TimingOptions {
         rounds: args.rounds,
@@ -182,31 +249,36 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
                 }
             })
             .collect();
-        let default = ladder.buckets[bucket].default.clone();
+        // The decision gives every candidate's figures; the winner marked is the tuned choice's.
         let decision = decide_bucket(
             &BucketSamples {
                 index: bucket,
-                default,
+                default: ladder.buckets[bucket].default.clone(),
                 candidates,
             },
             world as usize,
             &Policy::default(),
         )
         .map_err(Failure::runtime)?;
+        let nccl_name = nccl_profile(ladder, bucket);
         let nccl_median = decision.candidates.iter().find_map(|candidate| {
-            match (&candidate.outcome, candidate.profile == "nccl") {
+            match (
+                &candidate.outcome,
+                Some(&candidate.profile) == nccl_name.as_ref(),
+            ) {
                 (CandidateOutcome::Timed { median_us, .. }, true) => Some(*median_us),
                 _ => None,
             }
         });
         for candidate in &decision.candidates {
+            let is_chosen = candidate.profile == chosen[bucket];
             let row = match &candidate.outcome {
                 CandidateOutcome::Timed {
                     median_us,
                     min_us,
                     max_us,
                     rounds,
-                } => Row {
+                } => SizeRow {
                     bytes,
                     bucket,
                     profile: candidate.profile.clone(),
@@ -221,9 +293,9 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
                     bus_gbps: Some(bytes as f64 * factor / (median_us * 1e3)),
                     speedup_vs_nccl: nccl_median.map(|nccl| nccl / median_us),
                     excluded: None,
-                    chosen: candidate.profile == decision.winner,
+                    chosen: is_chosen,
                 },
-                CandidateOutcome::Excluded { reason } => Row {
+                CandidateOutcome::Excluded { reason } => SizeRow {
                     bytes,
                     bucket,
                     profile: candidate.profile.clone(),
@@ -235,7 +307,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
                     bus_gbps: None,
                     speedup_vs_nccl: None,
                     excluded: Some(reason.clone()),
-                    chosen: false,
+                    chosen: is_chosen,
                 },
             };
             let marker = if row.chosen { "*" } else { " " };
@@ -249,7 +321,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
                     row.speedup_vs_nccl.unwrap_or(f64::NAN),
                 ),
                 (None, reason) => format!(
-                    "{bytes:>10} {bucket:>6}  {:<22} excluded: {}",
+                    "{bytes:>10} {bucket:>6} {marker}{:<22} excluded: {}",
                     row.profile,
                     reason.as_deref().unwrap_or("")
                 ),
@@ -257,13 +329,103 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
             rows.push(row);
         }
     }
-    log("* the candidate the decision picks at that size (3% margin, p < 0.01)".to_owned());
-    if let (true, Some(path)) = (leader, &args.json) {
-        let mut bytes = serde_json::to_vec_pretty(&rows).expect("rows serialize");
-        bytes.push(b'\n');
-        prepare::cache::write_atomically(path, &bytes)
-            .with_context(|| format!("cannot write {}", path.display()))
+    log("* the tuned choice at that size; vs_nccl: NCCL's median over the candidate's".to_owned());
+
+    let shape = DecodeShape::default();
+    let mut decode = Vec::new();
+    let batches: Vec<usize> = args
+        .batches
+        .iter()
+        .copied()
+        .filter(|&batch| batch > 0)
+        .collect();
+    if !batches.is_empty() {
+        let ops = (shape.layers * shape.all_reduces_per_layer) as u32;
+        log(format!(
+            "decode emulation: {} layers x {} all-reduces of batch x {} bf16 in one graph",
+            shape.layers, shape.all_reduces_per_layer, shape.hidden
+        ));
+        log(format!(
+            "{:>6} {:>9}  {:<22} {:>11} {:>11} {:>8}",
+            "batch", "elements", "tuned", "tuned_us", "nccl_us", "speedup"
+        ));
+        for batch in batches {
+            let elements = batch * shape.hidden;
+            let bytes = elements as u64 * ladder.dtype.size_bytes();
+            let Some(bucket) = ladder.bucket_for(bytes) else {
+                log(format!("{batch:>6}: above the last bucket; skipped"));
+                continue;
+            };
+            let Some(nccl) =
+                nccl_profile(ladder, bucket).and_then(|profile| collectives.find(bucket, &profile))
+            else {
+                continue;
+            };
+            let tuned = collectives.find(bucket, &chosen[bucket]).unwrap_or(nccl);
+            let mut entries = vec![(tuned, elements)];
+            if tuned != nccl {
+                entries.push((nccl, elements));
+            }
+            let group = timer
+                .time_with_ops(&runtime, &collectives, &entries, ops, options)
+                .map_err(Failure::runtime)?;
+            let step = |samples: &Vec<Vec<Option<f64>>>| {
+                let mut figures: Vec<f64> = (0..samples.first().map_or(0, Vec::len))
+                    .filter_map(|round| {
+                        samples
+                            .iter()
+                            .map(|rank| rank[round])
+                            .try_fold(0.0_f64, |slowest, value| value.map(|v| slowest.max(v)))
+                    })
+                    .collect();
+                figures.sort_by(f64::total_cmp);
+                figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN) * f64::from(ops)
+            };
+            let tuned_us = step(&group.samples[0]);
+            let nccl_us = group.samples.get(1).map_or(tuned_us, step);
+            let row = DecodeRow {
+                batch,
+                elements,
+                tuned_profile: chosen[bucket].clone(),
+                tuned_us,
+                nccl_us,
+                speedup: nccl_us / tuned_us,
+            };
+            log(format!(
+                "{batch:>6} {elements:>9}  {:<22} {tuned_us:>11.1} {nccl_us:>11.1} {:>7.2}x",
+                row.tuned_profile, row.speedup
+            ));
+            decode.push(row);
+        }
+    }
+
+    if let (true, Some(dir)) = (leader, &args.out) {
+        let report = BenchReport {
+            ladder: ladder.name.clone(),
+            package: package.identity().to_owned(),
+            world_size: world,
+            gpus: runtime
+                .records()
+                .iter()
+                .map(|record| record.gpu_name.clone())
+                .collect(),
+            nccl_version: prepare::runtime::nccl_version().map_err(Failure::runtime)?,
+            driver_version: prepare::runtime::driver_version(),
+            rounds: args.rounds,
+            sizes: rows,
+            decode_shape: (!decode.is_empty()).then_some(shape),
+            decode,
+        };
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot make {}", dir.display()))
             .map_err(Failure::runtime)?;
+        let mut bytes = serde_json::to_vec_pretty(&report).expect("a report serializes");
+        bytes.push(b'\n');
+        let json = dir.join("bench.json");
+        prepare::cache::write_atomically(&json, &bytes)
+            .with_context(|| format!("cannot write {}", json.display()))
+            .map_err(Failure::runtime)?;
+        log(format!("wrote {}", json.display()));
     }
     std::io::stdout()
         .flush()
