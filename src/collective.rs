@@ -13,7 +13,7 @@ use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
-    DeviceBuffer, Geometry, Graph, LoadedKernel, Module, ModuleImage, Stream,
+    DeviceBuffer, Geometry, Graph, LoadedKernel, ModuleImage, Stream,
 };
 use crate::gpu::nccl::Communicator;
 use crate::kernels;
@@ -68,7 +68,6 @@ pub struct Collectives {
     output: DeviceBuffer,
     capacity: usize,
     splits: Vec<Communicator>,
-    modules: Vec<Module>,
     timeout: Duration,
     rank: u32,
 }
@@ -152,6 +151,7 @@ impl Collectives {
             .allocate(message_bytes.max(2))
             .map_err(driver(rank))?;
 
+        // Each loaded kernel keeps its module loaded.
         let mut modules = Vec::new();
         if matches!(input, Input::Peer(_)) {
             for (record, cubin) in package.kernels() {
@@ -211,7 +211,6 @@ impl Collectives {
             output,
             capacity,
             splits,
-            modules: modules.into_iter().map(|(_, module)| module).collect(),
             timeout: runtime.timeout(),
             rank,
         };
@@ -398,11 +397,6 @@ impl Collectives {
                 abort,
             }),
         }
-    }
-
-    /// Modules stay loaded while entries use them.
-    pub fn modules(&self) -> usize {
-        self.modules.len()
     }
 }
 
