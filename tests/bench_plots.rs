@@ -1,0 +1,298 @@
+//! The bench plots: every file is written, holds what a reader looks for (contenders, the tuned
+//! choice, human sizes, the titles), is the same bytes for the same report, and a failure
+//! names the file it was writing.
+
+use std::path::{Path, PathBuf};
+
+use prepare::bench::plot::{write_plots, PlotError};
+use prepare::bench::{BenchReport, DecodeRow, DecodeShape, SizeRow};
+
+const PROFILES: [&str; 6] = [
+    "nccl",
+    "one_shot_bf16",
+    "two_shot_bf16",
+    "rsag_phased_bf16",
+    "ring_pipelined_bf16",
+    "tree_bf16",
+];
+
+const KIB: u64 = 1024;
+
+/// A bench of six contenders over 8 KiB..64 MiB on 8 ranks: latency grows with size at a rate
+/// each contender has its own, one-shot is excluded above 1 MiB and the tree never runs, and the
+/// fastest timed contender at each size is the choice.
+fn report() -> BenchReport {
+    let world_size = 8;
+    let mut sizes = Vec::new();
+    let mut bytes = 8 * KIB;
+    while bytes <= 64 * KIB * KIB {
+        let megabytes = bytes as f64 / 1e6;
+        let rows: Vec<SizeRow> = PROFILES
+            .iter()
+            .enumerate()
+            .map(|(index, profile)| {
+                let (base_us, us_per_megabyte) = [
+                    (18.0, 2.9),
+                    (6.0, 9.0),
+                    (9.0, 3.4),
+                    (11.0, 2.8),
+                    (14.0, 2.7),
+                    (0.0, 0.0),
+                ][index];
+                let excluded = match *profile {
+                    "one_shot_bf16" if bytes > KIB * KIB => Some("above its largest size".into()),
+                    "tree_bf16" => Some("needs a power-of-two tree over NVLink".into()),
+                    _ => None,
+                };
+                let median_us = excluded
+                    .is_none()
+                    .then_some(base_us + us_per_megabyte * megabytes);
+                let bus_gbps = median_us.map(|median| {
+                    bytes as f64 * 2.0 * f64::from(world_size - 1)
+                        / f64::from(world_size)
+                        / (median * 1e3)
+                });
+                SizeRow {
+                    bytes,
+                    bucket: bytes.trailing_zeros() as usize,
+                    profile: (*profile).to_owned(),
+                    median_us,
+                    min_us: median_us.map(|median| median * 0.97),
+                    max_us: median_us.map(|median| median * 1.05),
+                    rounds: if median_us.is_some() { 20 } else { 0 },
+                    ops_per_sample: 16,
+                    bus_gbps,
+                    speedup_vs_nccl: None,
+                    excluded,
+                    chosen: false,
+                }
+            })
+            .collect();
+        let nccl = rows[0].median_us.expect("NCCL is always timed");
+        let fastest = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| Some((index, row.median_us?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(index, _)| index)
+            .expect("NCCL is timed");
+        sizes.extend(rows.into_iter().enumerate().map(|(index, mut row)| {
+            row.speedup_vs_nccl = row.median_us.map(|median| nccl / median);
+            row.chosen = index == fastest;
+            row
+        }));
+        bytes *= 2;
+    }
+    let shape = DecodeShape::default();
+    let decode = (0..7)
+        .map(|exponent| {
+            let batch = 1usize << exponent;
+            let tuned_us = 610.0 + 14.0 * batch as f64;
+            let nccl_us = 2300.0 + 16.0 * batch as f64;
+            DecodeRow {
+                batch,
+                elements: batch * shape.hidden,
+                tuned_profile: "one_shot_bf16".to_owned(),
+                tuned_us,
+                nccl_us,
+                speedup: nccl_us / tuned_us,
+            }
+        })
+        .collect();
+    BenchReport {
+        ladder: "h200_nvlink".to_owned(),
+        package: "a".repeat(64),
+        world_size,
+        gpus: vec!["NVIDIA H200".to_owned(); world_size as usize],
+        nccl_version: "2.28.9".to_owned(),
+        driver_version: "580.159.04".to_owned(),
+        rounds: 20,
+        sizes,
+        decode_shape: Some(shape),
+        decode,
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+fn names(paths: &[PathBuf]) -> Vec<&str> {
+    paths
+        .iter()
+        .map(|path| path.file_name().unwrap().to_str().unwrap())
+        .collect()
+}
+
+/// A document plotters closed: one root element, every `<text>` closed.
+fn assert_well_formed(svg: &str, file: &str) {
+    assert!(svg.starts_with("<svg"), "{file} does not open with <svg");
+    assert!(svg.trim_end().ends_with("</svg>"), "{file} is not closed");
+    assert_eq!(svg.matches("<svg").count(), 1, "{file}");
+    assert_eq!(
+        svg.matches("<text").count(),
+        svg.matches("</text>").count(),
+        "{file} has an unclosed <text>"
+    );
+}
+
+/// The text of every `<text>` element, trimmed.
+fn texts(svg: &str) -> Vec<&str> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|element| {
+            let body = &element[element.find('>')? + 1..];
+            Some(body[..body.find("</text>")?].trim())
+        })
+        .collect()
+}
+
+#[test]
+fn every_plot_is_written_with_its_contenders_and_the_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_plots(&report(), dir.path()).unwrap();
+    assert_eq!(
+        names(&written),
+        ["latency.svg", "bus_bandwidth.svg", "decode.svg"]
+    );
+    for path in &written {
+        assert_eq!(path.parent(), Some(dir.path()));
+    }
+    let mut present: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    present.sort();
+    // No temporary file is left beside the plots.
+    assert_eq!(present, ["bus_bandwidth.svg", "decode.svg", "latency.svg"]);
+
+    for file in ["latency.svg", "bus_bandwidth.svg"] {
+        let svg = read(&dir.path().join(file));
+        assert_well_formed(&svg, file);
+        let texts = texts(&svg);
+        // The tree never ran, so it has no line and no legend entry.
+        for profile in &PROFILES[..5] {
+            assert!(
+                texts.contains(profile),
+                "{file} has no legend for {profile}"
+            );
+        }
+        assert!(
+            !texts.contains(&"tree_bf16"),
+            "{file} draws an untimed contender"
+        );
+        assert!(texts.contains(&"tuned choice"), "{file}: {texts:?}");
+        assert!(texts.contains(&"message size"), "{file}: {texts:?}");
+        for label in ["16 KiB", "1 MiB", "64 MiB"] {
+            assert!(
+                texts.contains(&label),
+                "{file} has no {label} tick: {texts:?}"
+            );
+        }
+        assert!(
+            texts
+                .iter()
+                .any(|text| text.starts_with("h200_nvlink") && text.ends_with("8 x NVIDIA H200")),
+            "{file} has no title naming the ladder and machine: {texts:?}"
+        );
+        // NCCL in black, the choice in rings.
+        assert!(svg.contains(r##"stroke="#000000""##), "{file}");
+        assert!(
+            svg.contains("<circle") && svg.contains(r#"r="8""#),
+            "{file}"
+        );
+    }
+
+    let decode = read(&dir.path().join("decode.svg"));
+    assert_well_formed(&decode, "decode.svg");
+    let texts = texts(&decode);
+    for expected in ["tuned choice", "NCCL alone", "batch rows", "1", "8", "64"] {
+        assert!(
+            texts.contains(&expected),
+            "decode.svg has no {expected}: {texts:?}"
+        );
+    }
+    let title = texts
+        .iter()
+        .find(|text| text.starts_with("h200_nvlink"))
+        .expect("decode.svg has a title");
+    for part in [
+        "61 layers",
+        "2 all-reduces",
+        "hidden 7168",
+        "8 x NVIDIA H200",
+    ] {
+        assert!(
+            title.contains(part),
+            "decode title {title:?} lacks {part:?}"
+        );
+    }
+}
+
+#[test]
+fn the_same_report_gives_the_same_bytes() {
+    let report = report();
+    let first = tempfile::tempdir().unwrap();
+    let second = tempfile::tempdir().unwrap();
+    let written = write_plots(&report, first.path()).unwrap();
+    write_plots(&report, second.path()).unwrap();
+    for path in &written {
+        let name = path.file_name().unwrap();
+        assert_eq!(
+            std::fs::read(path).unwrap(),
+            std::fs::read(second.path().join(name)).unwrap(),
+            "{name:?} differs between two writes"
+        );
+    }
+    // Writing over the same files keeps them as they were.
+    let before: Vec<Vec<u8>> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    write_plots(&report, first.path()).unwrap();
+    let after: Vec<Vec<u8>> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn without_decode_rows_there_is_no_decode_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    write_plots(&report(), dir.path()).unwrap();
+    assert!(dir.path().join("decode.svg").exists());
+
+    let mut report = report();
+    report.decode.clear();
+    report.decode_shape = None;
+    let written = write_plots(&report, dir.path()).unwrap();
+    assert_eq!(names(&written), ["latency.svg", "bus_bandwidth.svg"]);
+    // A decode plot of an earlier report is not left beside this one's.
+    assert!(!dir.path().join("decode.svg").exists());
+}
+
+#[test]
+fn a_directory_that_cannot_be_written_names_the_file() {
+    // A regular file where the directory should be: unwritable even for root.
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_directory = dir.path().join("plots");
+    std::fs::write(&not_a_directory, b"").unwrap();
+    let error = write_plots(&report(), &not_a_directory).unwrap_err();
+    let PlotError::Io { path, .. } = &error else {
+        panic!("expected an I/O error, got {error:?}");
+    };
+    assert_eq!(path, &not_a_directory.join("latency.svg"));
+    assert!(error.to_string().contains("latency.svg"), "{error}");
+}
+
+#[test]
+fn a_report_with_nothing_timed_names_the_plot_it_cannot_draw() {
+    let mut report = report();
+    for row in &mut report.sizes {
+        row.median_us = None;
+        row.bus_gbps = None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let error = write_plots(&report, dir.path()).unwrap_err();
+    assert!(
+        matches!(&error, PlotError::Empty { path, .. } if path.ends_with("latency.svg")),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("latency.svg"), "{error}");
+    assert!(!dir.path().join("latency.svg").exists());
+}
