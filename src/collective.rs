@@ -12,9 +12,7 @@ use std::time::Duration;
 use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
-use crate::gpu::driver::{
-    DeviceBuffer, Geometry, Graph, LoadedKernel, ModuleImage, Stream,
-};
+use crate::gpu::driver::{DeviceBuffer, Geometry, Graph, LoadedKernel, ModuleImage, Stream};
 use crate::gpu::nccl::Communicator;
 use crate::kernels;
 use crate::ladder::{Bucket, Ladder, Profile};

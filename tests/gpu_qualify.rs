@@ -139,6 +139,10 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
                 "{size}: one tuned choice"
             );
         }
+        for plot in ["latency.svg", "bus_bandwidth.svg", "decode.svg"] {
+            let svg = std::fs::read_to_string(out.join(plot)).unwrap();
+            assert!(svg.starts_with("<svg"), "{plot}");
+        }
         let decode = report["decode"].as_array().unwrap();
         assert_eq!(decode.len(), 7, "batches 1 to 64");
         assert!(decode

@@ -426,6 +426,12 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
             .with_context(|| format!("cannot write {}", json.display()))
             .map_err(Failure::runtime)?;
         log(format!("wrote {}", json.display()));
+        let plots = prepare::bench::plot::write_plots(&report, dir)
+            .context("cannot draw the plots")
+            .map_err(Failure::runtime)?;
+        for plot in plots {
+            log(format!("wrote {}", plot.display()));
+        }
     }
     std::io::stdout()
         .flush()
