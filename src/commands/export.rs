@@ -50,8 +50,12 @@ fn parse_arch(name: &str) -> Result<Arch, String> {
 
 /// Runs `prepare export`.
 pub fn run(args: &Args) -> Result<(), Failure> {
-    if let Role::Rank(environment) = ranks::role()? {
-        return qualify_rank(args, &environment);
+    // A rank of `export --gpus` is started by the launcher below with the staged package named;
+    // an export run inside someone else's torchrun job is not one.
+    if std::env::var_os(STAGED_PACKAGE_VARIABLE).is_some() {
+        if let Role::Rank(environment) = ranks::role()? {
+            return qualify_rank(args, &environment);
+        }
     }
     let (text, ladder) = read_ladder(&args.collective_ladder)?;
 
@@ -80,6 +84,20 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         (None, Some(arch)) => arch,
         (None, None) => unreachable!("no --arch means GPUs"),
     };
+    // One GPU cannot run a collective: compile for it, and say that nothing was qualified.
+    let gpus = gpus.filter(|gpus| {
+        let several = gpus.len() > 1 || args.ranks.gpus.is_some();
+        if !several {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!(
+                    "one GPU is visible: compiling for its {arch} without qualification, which \
+                     needs two or more (name them with --gpus)"
+                );
+            }
+        }
+        several
+    });
     prepare::device::check_export_target(&ladder, arch).map_err(Failure::refused)?;
 
     // Refused before compiling, so the answer does not wait on NVRTC.
