@@ -14,8 +14,6 @@
 //! Collective: every rank runs the same launches in the same order, whatever it finds, and the
 //! outcome is agreed, so every rank returns the same outcomes.
 
-use std::sync::Arc;
-
 use crate::collective::{agree_drops, Collectives, EntryId};
 use crate::device::DropReason;
 use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
@@ -38,8 +36,7 @@ pub enum Sizes {
     /// The bucket's smallest and largest messages and one with a tail that is not a whole
     /// vector.
     Edges,
-    /// Only the bucket's largest message (what startup timing checks before timing). The
-    /// candidates of a bucket alternate between two datasets rather than each drawing its own.
+    /// Only the bucket's largest message (what startup timing checks before timing).
     Largest,
 }
 
@@ -148,67 +145,11 @@ fn run_seed(seed: u64, counter: u64) -> u64 {
     seed ^ (counter + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// One run's data: every rank's input and their reference sum.
-struct Dataset {
-    inputs: Vec<Vec<u16>>,
-    expected: Vec<u16>,
-}
-
 struct Checker<'a> {
     runtime: &'a Runtime,
     collectives: &'a Collectives,
     seed: u64,
     counter: u64,
-    /// With `Some`, consecutive runs of one size alternate between two datasets instead of
-    /// drawing fresh data every run: consecutive launches still never see the same data, and
-    /// the data is drawn and summed twice per size rather than once per candidate.
-    alternate: Option<Alternation>,
-}
-
-/// Two datasets of one message size and which one is next.
-struct Alternation {
-    elements: usize,
-    datasets: [Option<Arc<Dataset>>; 2],
-    next: usize,
-}
-
-impl Checker<'_> {
-    fn draw(&mut self, elements: usize) -> Dataset {
-        self.counter += 1;
-        let inputs = random_inputs(
-            run_seed(self.seed, self.counter),
-            self.runtime.world() as usize,
-            elements,
-        );
-        let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
-        let expected = reference_sum_bf16(&views);
-        Dataset { inputs, expected }
-    }
-
-    /// The data for the next run at `elements`.
-    fn dataset(&mut self, elements: usize) -> Arc<Dataset> {
-        let Some(mut alternation) = self.alternate.take() else {
-            return Arc::new(self.draw(elements));
-        };
-        if alternation.elements != elements {
-            alternation = Alternation {
-                elements,
-                datasets: [None, None],
-                next: 0,
-            };
-        }
-        let slot = alternation.next;
-        alternation.next ^= 1;
-        let dataset = if let Some(dataset) = &alternation.datasets[slot] {
-            Arc::clone(dataset)
-        } else {
-            let dataset = Arc::new(self.draw(elements));
-            alternation.datasets[slot] = Some(Arc::clone(&dataset));
-            dataset
-        };
-        self.alternate = Some(alternation);
-        dataset
-    }
 }
 
 impl Checker<'_> {
@@ -224,8 +165,12 @@ impl Checker<'_> {
     ) -> Result<Option<String>, RuntimeError> {
         let rank = self.runtime.rank();
         let driver = |source| RuntimeError::Driver { rank, source };
-        let dataset = self.dataset(elements);
-        let inputs = &dataset.inputs;
+        self.counter += 1;
+        let inputs = random_inputs(
+            run_seed(self.seed, self.counter),
+            self.runtime.world() as usize,
+            elements,
+        );
         let collectives = self.collectives;
         stream
             .write(collectives.input(), 0, &inputs[rank as usize])
@@ -250,8 +195,9 @@ impl Checker<'_> {
             )));
         }
         got.truncate(elements);
-        let expected = &dataset.expected;
-        if let Some((first, mismatches)) = first_mismatch(&got, expected) {
+        let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
+        let expected = reference_sum_bf16(&views);
+        if let Some((first, mismatches)) = first_mismatch(&got, &expected) {
             return Ok(Some(format!(
                 "rank {rank}, {elements} elements: {mismatches} differ from the reference sum, \
                  the first at {first} (got {:#06x}, expected {:#06x})",
@@ -333,11 +279,6 @@ pub fn qualify(
         collectives,
         seed,
         counter: 0,
-        alternate: (options.sizes == Sizes::Largest).then_some(Alternation {
-            elements: 0,
-            datasets: [None, None],
-            next: 0,
-        }),
     };
     let mut runs = 0_u64;
     for pass in 0..options.repeat {
