@@ -59,13 +59,14 @@ enum Input {
 /// A package's candidates on one rank.
 #[derive(Debug)]
 pub struct Collectives {
+    // Dropped first: an aborted split's kernels end before the buffers wait for the device.
+    splits: Vec<Communicator>,
     entries: Vec<Entry>,
     // Buffers and communicators outlive nothing that uses them: graphs are the caller's, and
     // the caller keeps `Collectives` alive while replaying them.
     input: Input,
     output: DeviceBuffer,
     capacity: usize,
-    splits: Vec<Communicator>,
     timeout: Duration,
     rank: u32,
 }
@@ -111,6 +112,22 @@ impl Collectives {
     /// the GPU. Collective: every rank calls it for the same package.
     pub fn new(runtime: &Runtime, package: &Package) -> Result<Collectives, RuntimeError> {
         let rank = runtime.rank();
+        // Every rank must load the same package, or their launches would differ.
+        let identity = package.identity().as_bytes();
+        let gathered = runtime.all_gather(identity, "the package agreement")?;
+        if let Some(other) = gathered
+            .chunks(identity.len())
+            .position(|theirs| theirs != identity)
+        {
+            return Err(RuntimeError::Setup {
+                rank,
+                message: format!(
+                    "rank {other} loaded another package (identity {}) than this rank ({})",
+                    String::from_utf8_lossy(&gathered[other * identity.len()..][..identity.len()]),
+                    package.identity()
+                ),
+            });
+        }
         let ladder = package.ladder();
         let capacity = capacity_elements(ladder);
         // Profiles with communicator settings each run on their own split, made in ladder
@@ -173,7 +190,11 @@ impl Collectives {
                     dropped: None,
                     launch: None,
                 };
-                if profile.is_nccl() {
+                // A kernel the package's qualification found wrong stays out wherever it runs.
+                let found_wrong = qualified_wrong(package, bucket_index, &profile.id);
+                if let (Some(reason), false) = (found_wrong, profile.is_nccl()) {
+                    entry.dropped = Some(reason);
+                } else if profile.is_nccl() {
                     let split = split_of
                         .iter()
                         .find(|(name, _)| *name == profile.id)
@@ -371,11 +392,19 @@ impl Collectives {
         }
         enqueue()?;
         // Every kernel's wait is bounded by the timeout; twice it leaves room for the launch.
-        let waited = stream
+        // A stream still busy after that cannot be read (the read would wait for it).
+        stream
             .synchronize_within(self.timeout * 2)
-            .map_err(driver(self.rank));
-        self.check_abort(stream, step)?;
-        waited
+            .map_err(driver(self.rank))?;
+        self.check_abort(stream, step)
+    }
+
+    /// Aborts the NCCL profiles' own communicators, so that their kernels waiting for a
+    /// missing peer end (the runtime's communicator is aborted by [`Runtime::bounded`]).
+    pub fn abort_splits(&self) {
+        for split in &self.splits {
+            split.abort();
+        }
     }
 
     /// The abort word as an error, if a kernel left one.
@@ -395,6 +424,26 @@ impl Collectives {
                 abort,
             }),
         }
+    }
+}
+
+/// The drop the package's qualification recorded for a candidate when it says the kernel is
+/// wrong (not exact, or it could not be captured); residency and peer access depend on the
+/// machine and are decided here again.
+fn qualified_wrong(package: &Package, bucket: usize, profile: &str) -> Option<DropReason> {
+    let qualification = package.manifest().qualification.as_ref()?;
+    let candidate = qualification
+        .buckets
+        .iter()
+        .find(|recorded| recorded.index == bucket)?
+        .candidates
+        .iter()
+        .find(|candidate| candidate.profile == profile)?;
+    match &candidate.outcome {
+        crate::package::Outcome::Dropped(
+            reason @ (DropReason::NotExact { .. } | DropReason::CaptureFailed { .. }),
+        ) => Some(reason.clone()),
+        _ => None,
     }
 }
 

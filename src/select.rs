@@ -131,7 +131,8 @@ pub struct Selection {
 }
 
 /// A rank's selected collectives: reports the choice and launches the chosen candidate for a
-/// message of any size. Messages above the ladder's last bucket go to NCCL.
+/// message of any size up to [`Handle::capacity`], the ladder's largest message (the buffers
+/// are allocated for it; a larger message is refused, not split).
 #[derive(Debug)]
 pub struct Handle {
     // Dropped before the runtime: kernels and peer memory before the communicators.
@@ -331,13 +332,15 @@ fn topology_text(topology: &Topology) -> String {
     }
 }
 
-/// A cached choice that fits: it parses, names this package and fingerprint, and has one
-/// entry per bucket naming one of the bucket's candidates.
-fn cached_choice(bytes: &[u8], package: &Package, key: &str) -> Option<Choice> {
+/// A cached choice that fits: it parses, names this package, fingerprint and policy, was timed,
+/// and has one entry per bucket naming one of the bucket's candidates.
+fn cached_choice(bytes: &[u8], package: &Package, key: &str, policy: &Policy) -> Option<Choice> {
     let choice: Choice = serde_json::from_slice(bytes).ok()?;
     let ladder = package.ladder();
     let fits = choice.package == package.identity()
         && choice.fingerprint == key
+        && choice.tuning == Tuning::Runtime
+        && choice.policy == *policy
         && choice.buckets.len() == ladder.buckets.len()
         && choice.buckets.iter().zip(&ladder.buckets).enumerate().all(
             |(index, (chosen, bucket))| {
@@ -361,29 +364,58 @@ pub fn select(
     let started = Instant::now();
     let mut times = SelectTimes::default();
     let fingerprint = fingerprint(runtime, package, &options.policy)?;
-    let key = fingerprint.key();
+    // Every rank must select with the same options, or they would take different steps.
+    let options_digest = Sha256::digest(
+        serde_json::to_vec(&(
+            options.tuning,
+            options.policy,
+            options.retune,
+            format!("{:?}", options.timing),
+        ))
+        .expect("options serialize"),
+    );
+    let gathered = runtime.all_gather(&options_digest, "the options agreement")?;
+    if let Some(other) = gathered
+        .chunks(32)
+        .position(|theirs| theirs != options_digest.as_slice())
+    {
+        return Err(RuntimeError::Setup {
+            rank,
+            message: format!(
+                "rank {other} selects with other options (tuning, policy, --retune or timing) \
+                 than this rank; every rank must be given the same"
+            ),
+        }
+        .into());
+    }
+    // The key covers every rank's fingerprint (each host's driver, NCCL and settings), so all
+    // ranks look up and write the same key.
+    let gathered =
+        runtime.all_gather(fingerprint.key().as_bytes(), "the fingerprint all-gather")?;
+    let key = crate::package::sha256_hex(&gathered);
     let cache = options.cache_dir.as_ref().map(Cache::new);
 
-    // The cache is used only when every rank found the same entry.
-    let mut cached = None;
-    if let (Some(cache), Tuning::Runtime, false) = (&cache, options.tuning, options.retune) {
-        let entry =
-            cache.load(&key).ok().flatten().and_then(|bytes| {
-                cached_choice(&bytes, package, &key).map(|choice| (bytes, choice))
-            });
-        let mut local = [0_u8; 33];
-        if let Some((bytes, _)) = &entry {
-            local[0] = 1;
-            local[1..].copy_from_slice(&Sha256::digest(bytes));
-        }
-        let gathered = runtime.all_gather(&local, "the cache agreement")?;
-        if gathered
-            .chunks(33)
-            .all(|theirs| theirs[0] == 1 && theirs == local)
-        {
-            cached = entry.map(|(_, choice)| choice);
-        }
+    // The cache is used only when every rank found the same entry. Every rank takes part in
+    // the agreement, with or without a cache of its own.
+    let use_cache = options.tuning == Tuning::Runtime && !options.retune;
+    let entry = cache
+        .as_ref()
+        .filter(|_| use_cache)
+        .and_then(|cache| cache.load(&key).ok().flatten())
+        .and_then(|bytes| {
+            cached_choice(&bytes, package, &key, &options.policy).map(|choice| (bytes, choice))
+        });
+    let mut local = [0_u8; 33];
+    if let Some((bytes, _)) = &entry {
+        local[0] = 1;
+        local[1..].copy_from_slice(&Sha256::digest(bytes));
     }
+    let gathered = runtime.all_gather(&local, "the cache agreement")?;
+    let cached = gathered
+        .chunks(33)
+        .all(|theirs| theirs[0] == 1 && theirs == local)
+        .then(|| entry.map(|(_, choice)| choice))
+        .flatten();
     let cache_hit = cached.is_some();
     let choice = if let Some(choice) = cached {
         choice

@@ -102,7 +102,7 @@ impl Timer {
         let stream = &self.stream;
         let barrier = &self.barrier;
         let events = &self.events;
-        runtime.bounded(runtime.communicator(), stream, step, || {
+        let waited = runtime.bounded(runtime.communicator(), stream, step, || {
             for ((_, graph), (start, end)) in graphs.iter().zip(events) {
                 runtime.communicator().all_reduce_bf16(
                     stream,
@@ -115,7 +115,13 @@ impl Timer {
                 stream.record(end).map_err(driver(rank))?;
             }
             Ok(())
-        })?;
+        });
+        if waited.is_err() {
+            // The graphs may hold NCCL work of a profile's own communicator, which the
+            // runtime's watchdog does not abort.
+            collectives.abort_splits();
+        }
+        waited?;
         collectives.check_abort(stream, step)?;
         graphs
             .iter()

@@ -201,7 +201,32 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         ));
         selection.choice
     };
-    let chosen = chosen_profiles(&choice);
+    // Every rank must time and emulate with the same choice.
+    let digest = choice.digest();
+    let gathered = runtime
+        .all_gather(&digest, "the choice agreement")
+        .map_err(Failure::runtime)?;
+    if let Some(other) = gathered.chunks(32).position(|theirs| theirs != digest) {
+        return Err(Failure::refused(anyhow::anyhow!(
+            "rank {other} was given another choice than rank {}; give every rank the same file",
+            runtime.rank()
+        )));
+    }
+    // A winner this run's qualification dropped is replaced by the bucket's NCCL.
+    let chosen: Vec<String> = chosen_profiles(&choice)
+        .into_iter()
+        .enumerate()
+        .map(|(bucket, profile)| {
+            let live = collectives
+                .find(bucket, &profile)
+                .is_some_and(|id| collectives.entries()[id].dropped.is_none());
+            if live {
+                profile
+            } else {
+                nccl_profile(ladder, bucket).unwrap_or(profile)
+            }
+        })
+        .collect();
     let mut timer = Timer::new(&runtime).map_err(Failure::runtime)?;
     let options = TimingOptions {
         rounds: args.rounds,

@@ -22,7 +22,8 @@ pub struct RankArgs {
     /// Seconds any step may take before the rank gives up and names who is missing.
     #[arg(long, default_value_t = 60.0, value_name = "SECS")]
     pub timeout: f64,
-    /// Rank 0 writes the NCCL id here and the others read it, instead of NCCL_COMM_ID.
+    /// Rank 0 writes the NCCL id here and the others read it, instead of NCCL_COMM_ID. The
+    /// launcher removes a file left by an earlier run; ranks started by hand need it removed.
     #[arg(long, value_name = "FILE")]
     pub id_file: Option<PathBuf>,
 }
@@ -105,6 +106,20 @@ pub fn launch_ranks(
             .context("cannot pick a port for the ranks to meet")
             .map_err(Failure::runtime)?,
     };
+    // A file left by an earlier run would hand the other ranks its stale id before rank 0
+    // writes the new one.
+    if let Some(path) = &args.id_file {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                return Err(Failure::runtime(anyhow::anyhow!(
+                    "cannot remove the previous id file {}: {error}",
+                    path.display()
+                )))
+            }
+        }
+    }
     let spec = LaunchSpec {
         program: std::env::current_exe()
             .context("cannot find this program")

@@ -40,7 +40,7 @@ pub struct Choice {
     pub ladder: String,
     /// Ranks.
     pub world_size: u32,
-    /// The cache key it is stored under (sha256 of its fingerprint).
+    /// The cache key it is stored under: sha256 of every rank's fingerprint key, in rank order.
     pub fingerprint: String,
     /// Whether peer kernels were allowed, and if not why.
     pub topology: String,
