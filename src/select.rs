@@ -244,8 +244,8 @@ impl Handle {
         self.collectives.capacity()
     }
 
-    /// The profile chosen for a message of `elements`: its bucket's winner, or NCCL above the
-    /// last bucket.
+    /// The profile chosen for a message of `elements`: its bucket's winner; `None` above
+    /// [`Handle::capacity`].
     pub fn route(&self, elements: usize) -> Option<&str> {
         let bytes = elements as u64 * self.element_bytes;
         self.routes
@@ -265,12 +265,7 @@ impl Handle {
             .routes
             .iter()
             .find(|(max_bytes, _)| bytes <= *max_bytes);
-        if let Some((_, id)) = routed {
-            return self
-                .collectives
-                .enqueue(&self.runtime, stream, *id, elements);
-        }
-        if elements > self.collectives.capacity() {
+        let Some((_, id)) = routed else {
             return Err(RuntimeError::Setup {
                 rank: self.runtime.rank(),
                 message: format!(
@@ -278,16 +273,9 @@ impl Handle {
                     self.collectives.capacity()
                 ),
             });
-        }
-        self.runtime
-            .communicator()
-            .all_reduce_bf16(
-                stream,
-                self.collectives.input(),
-                self.collectives.output(),
-                elements,
-            )
-            .map_err(RuntimeError::from)
+        };
+        self.collectives
+            .enqueue(&self.runtime, stream, *id, elements)
     }
 
     /// The abort word as an error, if a custom kernel gave up waiting for a peer.
