@@ -322,7 +322,12 @@ fn topology_text(topology: &Topology) -> String {
 
 /// A cached choice that fits: it parses, names this package, fingerprint and policy, was timed,
 /// and has one entry per bucket naming one of the bucket's candidates.
-fn cached_choice(bytes: &[u8], package: &Package, key: &str, policy: &Policy) -> Option<Choice> {
+pub fn cached_choice(
+    bytes: &[u8],
+    package: &Package,
+    key: &str,
+    policy: &Policy,
+) -> Option<Choice> {
     let choice: Choice = serde_json::from_slice(bytes).ok()?;
     let ladder = package.ladder();
     let fits = choice.package == package.identity()

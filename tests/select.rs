@@ -1,0 +1,87 @@
+//! A cached choice is used only when it fits: this package, this key, this policy, timed, one
+//! entry per bucket naming one of the bucket's candidates. Anything else is a miss, so a stale
+//! or foreign entry can never be served.
+
+mod package_support;
+
+use prepare::package::open_package;
+use prepare::select::cached_choice;
+use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
+use prepare::tune::{BucketDecision, DecisionReason, Policy};
+
+/// A change to a choice that must make it miss.
+type Change = Box<dyn Fn(&mut Choice)>;
+
+const KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+/// A choice of every bucket's default for the package.
+fn choice(package: &prepare::package::Package) -> Choice {
+    let ladder = package.ladder();
+    Choice {
+        format_version: CHOICE_FORMAT_VERSION,
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        package: package.identity().to_owned(),
+        ladder: ladder.name.clone(),
+        world_size: ladder.world_size,
+        fingerprint: KEY.to_owned(),
+        topology: "peer kernels: one host, full peer access".to_owned(),
+        tuning: Tuning::Runtime,
+        policy: Policy::default(),
+        buckets: ladder
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(index, bucket)| BucketChoice {
+                min_bytes: ladder.bucket_min_bytes(index),
+                max_bytes: bucket.max_bytes,
+                decision: BucketDecision {
+                    index,
+                    winner: bucket.default.clone(),
+                    baseline: bucket.default.clone(),
+                    reason: DecisionReason::BaselineFastest,
+                    bit_exact: true,
+                    candidates: Vec::new(),
+                },
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn only_a_choice_that_fits_is_taken_from_the_cache() {
+    let (_scratch, dir) = package_support::scratch();
+    let out = dir.join("package");
+    package_support::write_fixture(&out, prepare::ladder::Arch::Sm120);
+    let package = open_package(&out).unwrap();
+    let policy = Policy::default();
+    let good = choice(&package);
+    let fits = |choice: &Choice| cached_choice(&choice.to_bytes(), &package, KEY, &policy);
+    assert_eq!(fits(&good), Some(good.clone()));
+
+    let changes: Vec<(&str, Change)> = vec![
+        ("another package", Box::new(|c| c.package = "0".repeat(64))),
+        ("another key", Box::new(|c| c.fingerprint = "1".repeat(64))),
+        ("static tuning", Box::new(|c| c.tuning = Tuning::Static)),
+        ("another margin", Box::new(|c| c.policy.margin = 0.05)),
+        (
+            "another significance",
+            Box::new(|c| c.policy.significance = 0.05),
+        ),
+        ("exact-only", Box::new(|c| c.policy.exact_only = true)),
+        ("a bucket missing", Box::new(|c| drop(c.buckets.pop()))),
+        (
+            "a winner not among the bucket's candidates",
+            Box::new(|c| c.buckets[0].decision.winner = "rsag_phased".to_owned()),
+        ),
+        (
+            "another bucket range",
+            Box::new(|c| c.buckets[1].max_bytes += 2),
+        ),
+    ];
+    for (what, change) in changes {
+        let mut changed = good.clone();
+        change(&mut changed);
+        assert_eq!(fits(&changed), None, "{what} must miss");
+    }
+    assert_eq!(cached_choice(b"{ torn", &package, KEY, &policy), None);
+}
