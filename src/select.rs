@@ -397,6 +397,15 @@ pub fn select(
         .and_then(|cache| cache.load(&key).ok().flatten())
         .and_then(|bytes| {
             cached_choice(&bytes, package, &key, &options.policy).map(|choice| (bytes, choice))
+        })
+        // A winner that cannot run here now (the drops are agreed, so every rank sees the same)
+        // makes the entry a miss.
+        .filter(|(_, choice)| {
+            choice.buckets.iter().all(|bucket| {
+                collectives
+                    .find(bucket.decision.index, &bucket.decision.winner)
+                    .is_some_and(|id| collectives.entries()[id].dropped.is_none())
+            })
         });
     let mut local = [0_u8; 33];
     if let Some((bytes, _)) = &entry {
