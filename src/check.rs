@@ -24,16 +24,6 @@ pub enum CheckError {
     /// The runtime failed (driver, NCCL, a timeout naming the rank).
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// The package does not fit this GPU.
-    #[error("rank {rank}: the package is for {package}, this GPU is {device}")]
-    WrongArchitecture {
-        /// This rank.
-        rank: u32,
-        /// The package's architecture.
-        package: String,
-        /// The GPU's.
-        device: String,
-    },
     /// A custom candidate's output differed from the reference on some rank (or it changed
     /// its input, or wrote past the message).
     #[error("rank {rank}: {what} is not exact: {message}")]
@@ -227,16 +217,6 @@ pub fn check_rank(
     let mut collectives = None;
     let mut sequence = None;
     if let Some(package) = package {
-        let info = crate::gpu::driver::Driver::open()
-            .and_then(|driver| driver.describe(runtime.device().ordinal()))
-            .map_err(driver)?;
-        if info.arch != Some(package.arch()) {
-            return Err(CheckError::WrongArchitecture {
-                rank,
-                package: package.arch().to_string(),
-                device: info.arch_name(),
-            });
-        }
         let mut loaded = Collectives::new(runtime, package)?;
         let report = qualify(runtime, &mut loaded, package.ladder(), options, log)?;
         for (entry, outcome) in loaded.entries().iter().zip(&report.outcomes) {

@@ -107,10 +107,27 @@ fn capacity_elements(ladder: &Ladder) -> usize {
     largest.div_ceil(ladder.dtype.size_bytes()) as usize
 }
 
+/// The package's architecture must be this rank's GPU's.
+pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), RuntimeError> {
+    let rank = runtime.rank();
+    let info = crate::gpu::driver::Driver::open()
+        .and_then(|driver| driver.describe(runtime.device().ordinal()))
+        .map_err(driver(rank))?;
+    if info.arch == Some(package.arch()) {
+        return Ok(());
+    }
+    Err(RuntimeError::WrongArchitecture {
+        rank,
+        package: package.arch().to_string(),
+        device: info.arch_name(),
+    })
+}
+
 impl Collectives {
-    /// Loads `package` on this rank. The caller has checked the package's architecture against
-    /// the GPU. Collective: every rank calls it for the same package.
+    /// Loads `package` on this rank, after checking its architecture against the GPU.
+    /// Collective: every rank calls it for the same package.
     pub fn new(runtime: &Runtime, package: &Package) -> Result<Collectives, RuntimeError> {
+        check_architecture(runtime, package)?;
         let rank = runtime.rank();
         // Every rank must load the same package, or their launches would differ.
         let identity = package.identity().as_bytes();

@@ -90,6 +90,16 @@ pub enum RuntimeError {
         /// The decoded abort word.
         abort: crate::gpu::abort::Abort,
     },
+    /// A package is for another architecture than this rank's GPU.
+    #[error("rank {rank}: the package is for {package}, this GPU is {device}")]
+    WrongArchitecture {
+        /// This rank.
+        rank: u32,
+        /// The package's architecture.
+        package: String,
+        /// The GPU's.
+        device: String,
+    },
     /// The setup is not possible.
     #[error("rank {rank}: {message}")]
     Setup {

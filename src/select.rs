@@ -65,16 +65,6 @@ pub enum SelectError {
     /// The runtime failed (driver, NCCL, a peer missing past the timeout, naming it).
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// The package does not fit this rank's GPU.
-    #[error("rank {rank}: the package is for {package}, this GPU is {device}")]
-    WrongArchitecture {
-        /// This rank.
-        rank: u32,
-        /// The package's architecture.
-        package: String,
-        /// The GPU's.
-        device: String,
-    },
     /// No candidate of a bucket survived.
     #[error("rank {rank}: {source}")]
     Decision {
@@ -176,17 +166,6 @@ impl Handle {
         options: &SelectOptions,
         reporter: &dyn Reporter,
     ) -> Result<Handle, SelectError> {
-        let rank = runtime.rank();
-        let info = crate::gpu::driver::Driver::open()
-            .and_then(|driver| driver.describe(runtime.device().ordinal()))
-            .map_err(|source| RuntimeError::Driver { rank, source })?;
-        if info.arch != Some(package.arch()) {
-            return Err(SelectError::WrongArchitecture {
-                rank,
-                package: package.arch().to_string(),
-                device: info.arch_name(),
-            });
-        }
         let started = Instant::now();
         let mut collectives = Collectives::new(&runtime, package)?;
         let load = started.elapsed();

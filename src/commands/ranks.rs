@@ -173,21 +173,13 @@ pub fn start_rank(args: &RankArgs, environment: &RankEnvironment) -> Result<Runt
     Runtime::start(&setup).map_err(Failure::runtime)
 }
 
-/// The GPU's architecture must be the package's.
+/// The GPU's architecture must be the package's: another one is the input refused.
 pub fn check_architecture(
     runtime: &Runtime,
     package: &prepare::package::Package,
 ) -> Result<(), Failure> {
-    let info = prepare::gpu::driver::Driver::open()
-        .and_then(|driver| driver.describe(runtime.device().ordinal()))
-        .map_err(Failure::runtime)?;
-    if info.arch == Some(package.arch()) {
-        return Ok(());
-    }
-    Err(Failure::refused(anyhow::anyhow!(
-        "rank {}: the package is for {}, this GPU is {}",
-        runtime.rank(),
-        package.arch(),
-        info.arch_name()
-    )))
+    prepare::collective::check_architecture(runtime, package).map_err(|error| match error {
+        prepare::runtime::RuntimeError::WrongArchitecture { .. } => Failure::refused(error),
+        other => Failure::runtime(other),
+    })
 }

@@ -148,11 +148,7 @@ fn run_rank(
         leader: rank == 0,
         started: std::sync::Mutex::new(None),
     };
-    let handle =
-        Handle::select(runtime, &package, options, &reporter).map_err(|error| match error {
-            prepare::select::SelectError::WrongArchitecture { .. } => Failure::refused(error),
-            other => Failure::runtime(other),
-        })?;
+    let handle = Handle::select(runtime, &package, options, &reporter).map_err(Failure::runtime)?;
     let selection = handle.selection();
     let choice = &selection.choice;
     let digest = prepare::cache::hex(&choice.digest());
