@@ -331,33 +331,23 @@ pub fn qualify(
 
     // Custom candidates that were wrong anywhere are dropped everywhere; NCCL is kept with
     // whether it matched on every rank.
-    let custom: Vec<Option<DropReason>> = collectives
-        .entries()
-        .iter()
-        .zip(&problems)
-        .map(|(entry, problem)| {
-            problem
-                .as_ref()
-                .filter(|_| !entry.nccl)
-                .map(|message| DropReason::NotExact {
-                    message: message.clone(),
-                })
-        })
-        .collect();
+    let wrong = |nccl: bool| -> Vec<Option<DropReason>> {
+        collectives
+            .entries()
+            .iter()
+            .zip(&problems)
+            .map(|(entry, problem)| {
+                problem
+                    .as_ref()
+                    .filter(|_| entry.nccl == nccl)
+                    .map(|message| DropReason::NotExact {
+                        message: message.clone(),
+                    })
+            })
+            .collect()
+    };
+    let (custom, nccl_wrong) = (wrong(false), wrong(true));
     let agreed = agree_drops(runtime, &custom, "the exactness agreement")?;
-    let nccl_wrong: Vec<Option<DropReason>> = collectives
-        .entries()
-        .iter()
-        .zip(&problems)
-        .map(|(entry, problem)| {
-            problem
-                .as_ref()
-                .filter(|_| entry.nccl)
-                .map(|message| DropReason::NotExact {
-                    message: message.clone(),
-                })
-        })
-        .collect();
     let nccl_agreed = agree_drops(runtime, &nccl_wrong, "the NCCL exactness agreement")?;
     collectives.apply_drops(agreed);
     let outcomes = collectives
