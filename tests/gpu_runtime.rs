@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use gpu_support::{export, export_file, free_port, ladder, prepare_bin, start_rank};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 #[test]
 #[ignore = "needs GPUs"]
@@ -91,16 +90,8 @@ fn fault_during_soak(collective: &str, signal: Signal) {
     let victim = start_rank("check", 1, port, "one", &args);
     survivor.wait_for("soak:", Duration::from_secs(90));
     victim.wait_for("soak:", Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(300));
-    let pid = Pid::from_raw(i32::try_from(victim.child.id()).unwrap());
-    kill(pid, signal).unwrap();
-    let injected = Instant::now();
-    let (code, lines, _) = survivor.finish(Duration::from_secs(60));
-    let elapsed = injected.elapsed();
+    let (code, lines, elapsed) = gpu_support::inject_fault(survivor, victim, signal);
     eprintln!("{signal:?} during the {collective} soak: rank 0 exited {elapsed:?} after the fault");
-    let _ = kill(pid, Signal::SIGKILL);
-    let mut victim = victim;
-    let _ = victim.child.wait();
     assert_eq!(code, Some(3), "{lines:#?}");
     assert!(
         lines

@@ -14,8 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gpu_support::{export, free_port, prepare_bin, start_rank};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 /// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
 /// succeeded and its output.
@@ -204,16 +203,8 @@ fn fault_during_timing(signal: Signal) {
     let survivor = start_rank("tune", 0, port, "one", &args);
     let victim = start_rank("tune", 1, port, "one", &args);
     survivor.wait_for("timing:", Duration::from_secs(120));
-    std::thread::sleep(Duration::from_millis(300));
-    let pid = Pid::from_raw(i32::try_from(victim.child.id()).unwrap());
-    kill(pid, signal).unwrap();
-    let injected = Instant::now();
-    let (code, lines, _) = survivor.finish(Duration::from_secs(60));
-    let elapsed = injected.elapsed();
+    let (code, lines, elapsed) = gpu_support::inject_fault(survivor, victim, signal);
     eprintln!("{signal:?} during timing: rank 0 exited {elapsed:?} after the fault");
-    let _ = kill(pid, Signal::SIGKILL);
-    let mut victim = victim;
-    let _ = victim.child.wait();
     assert_eq!(code, Some(3), "{lines:#?}");
     assert!(
         lines

@@ -243,3 +243,25 @@ fn dump_threads(pid: u32) {
         eprintln!("{}", String::from_utf8_lossy(&output.stdout));
     }
 }
+
+/// Sends `signal` to `victim` (already past the point to fault), waits for `survivor` to
+/// exit and ends the victim. Returns the survivor's exit code, its remaining lines and the time
+/// from the fault to its exit.
+pub fn inject_fault(
+    survivor: Rank,
+    mut victim: Rank,
+    signal: nix::sys::signal::Signal,
+) -> (Option<i32>, Vec<String>, Duration) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = Pid::from_raw(i32::try_from(victim.child.id()).unwrap());
+    kill(pid, signal).unwrap();
+    let injected = Instant::now();
+    let (code, lines, _) = survivor.finish(Duration::from_secs(60));
+    let elapsed = injected.elapsed();
+    let _ = kill(pid, Signal::SIGKILL);
+    let _ = victim.child.wait();
+    (code, lines, elapsed)
+}
