@@ -3,13 +3,18 @@
 // The host mirror is `prepare::kernels::AllReduceParams` (#[repr(C)]); keep the two identical.
 //
 // Memory each rank registers once and shares with its peers by CUDA IPC:
-//   buffer:  [0, scratch_offset)              input region: the message to reduce
-//            [scratch_offset, buffer_bytes)   scratch the algorithm needs (push slots, slices)
+//   buffer:  [0, input region)                the message to reduce
+//            then the scratch the algorithms need (push slots, slices), from `scratch_offset`.
+//            Kernels that start with a barrier share one scratch region right after the input;
+//            each double-buffered kernel (no barrier: flags travel with the data) has a region
+//            of its own after that, which no other kernel touches, and is launched with
+//            `scratch_offset` pointing at it.
 //   signals: PREPARE_SIGNAL_WORDS 64-bit flags, written by peers with st.release.sys and read
 //            by the owner with ld.acquire.sys; zeroed once at allocation, never reset.
-//   state:   local only: state[0] is the sticky abort word, state[1 + b] block b's epoch.
-// After an abort the ranks' epochs may disagree: only zeroing every rank's signals and state
-// together (no launch in flight anywhere) makes the kernels usable again.
+//   state:   local only: state[0] is the sticky abort word, state[1 + b] block b's epoch, then
+//            the double-buffered kernels' launch counter and their count of finished blocks.
+// After an abort the ranks' epochs may disagree: only zeroing every rank's signals, state and
+// scratch together (no launch in flight anywhere) makes the kernels usable again.
 // Epochs live in device memory and advance on every launch, so a captured graph replays any
 // number of times. A spin that passes `timeout_ns` (against %globaltimer) stores an abort code
 // in state[0] and returns; every later launch sees it and returns at once.
@@ -17,11 +22,15 @@
 
 #define PREPARE_MAX_RANKS 8
 #define PREPARE_MAX_BLOCKS 1024
-// Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end).
-#define PREPARE_SIGNAL_SETS 4
+// Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end), and
+// the step flags of the double-buffered kernels.
+#define PREPARE_SIGNAL_SETS 5
 // signals[set][source_rank][block]
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
-#define PREPARE_STATE_WORDS (1 + PREPARE_MAX_BLOCKS)
+#define PREPARE_STATE_WORDS (3 + PREPARE_MAX_BLOCKS)
+// Launches of double-buffered kernels so far, and blocks of the current one that finished.
+#define PREPARE_STATE_LAUNCH_WORD (1 + PREPARE_MAX_BLOCKS)
+#define PREPARE_STATE_DONE_WORD (2 + PREPARE_MAX_BLOCKS)
 
 // Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | rank, where
 // rank is the peer that did not arrive (PEER_TIMEOUT) or this rank (INVALID_LAUNCH).
@@ -43,7 +52,8 @@ struct AllReduceParams {
     void* output;
     // Elements in the message (any count up to the bucket's capacity; tails included).
     unsigned long long elements;
-    // Byte offset of the scratch region inside every rank's buffer; at least 2 * elements.
+    // Byte offset of this kernel's scratch region inside every rank's buffer (the same on every
+    // rank); at least 2 * elements.
     unsigned long long scratch_offset;
     // Deadline for every spin, in nanoseconds of %globaltimer from the kernel's start.
     unsigned long long timeout_ns;

@@ -20,6 +20,8 @@ enum : unsigned int {
     kSetData = 1,
     kSetGather = 2,
     kSetEnd = 3,
+    // The double-buffered kernels' step flags (prepare_double_buffer.cuh).
+    kSetStep = 4,
 };
 
 __device__ __forceinline__ u64 global_timer_ns() {
@@ -46,6 +48,34 @@ __device__ __forceinline__ u64 load_relaxed_device(const u64* address) {
     u64 value;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
     return value;
+}
+
+// 16 bytes as four words, read or written whole by one instruction. Each aligned 8-byte half
+// is single-copy atomic (the flags-in-data kernels rely on no more); volatile, so every read
+// goes to memory and every write is issued in order.
+__device__ __forceinline__ void store_line_volatile(unsigned int* address,
+                                                    const unsigned int (&words)[4]) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address),
+                 "r"(words[0]), "r"(words[1]), "r"(words[2]), "r"(words[3])
+                 : "memory");
+}
+
+__device__ __forceinline__ void load_line_volatile(const unsigned int* address,
+                                                   unsigned int (&words)[4]) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                 : "l"(address)
+                 : "memory");
+}
+
+// Adds to a local word; returns what it held.
+__device__ __forceinline__ u64 fetch_add_acq_rel_device(u64* address, u64 value) {
+    u64 previous;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;"
+                 : "=l"(previous)
+                 : "l"(address), "l"(value)
+                 : "memory");
+    return previous;
 }
 
 // Keeps the first abort code (later failures are its consequences); returns the word it found.

@@ -40,7 +40,7 @@ for entry in "${tests[@]}"; do
     esac
     cp "$executable" "$destination/tests/$copy"
 done
-cp scripts/gpu-tests.sh "$destination/scripts/"
+cp scripts/gpu-env.sh scripts/gpu-tests.sh scripts/gpu-bench.sh "$destination/scripts/"
 if [ -d ladders ]; then
     cp -r ladders "$destination/ladders"
 fi

@@ -29,6 +29,8 @@ enum Launch {
     Custom {
         kernel: LoadedKernel,
         geometry: Geometry,
+        /// Where the kernel's scratch starts in every rank's buffer.
+        scratch_offset: u64,
     },
     /// NCCL on the runtime's communicator (`None`) or on a profile's own split.
     Nccl { split: Option<usize> },
@@ -163,13 +165,13 @@ impl Collectives {
         };
         let has_custom = kernels::input_region_bytes(ladder) > 0;
         let message_bytes = capacity * 2;
+        // The input region holds the largest message of any bucket, so NCCL reads the same
+        // buffer as the custom kernels even where only NCCL takes a bucket.
+        let input_region = kernels::input_region_bytes(ladder)
+            .max((message_bytes as u64).next_multiple_of(kernels::BUFFER_ALIGNMENT_BYTES));
         let input = if peer_reason.is_none() && has_custom {
-            // The input region holds the largest message of any bucket, so NCCL reads the
-            // same buffer as the custom kernels even where only NCCL takes a bucket.
-            let region = kernels::input_region_bytes(ladder)
-                .max((message_bytes as u64).next_multiple_of(kernels::BUFFER_ALIGNMENT_BYTES));
-            let scratch = kernels::peer_buffer_bytes(ladder) - kernels::input_region_bytes(ladder);
-            Input::Peer(runtime.map_peer_memory((region + scratch) as usize, region as usize)?)
+            let scratch = kernels::scratch_region_bytes(ladder);
+            Input::Peer(runtime.map_peer_memory((input_region + scratch) as usize)?)
         } else {
             Input::Plain(
                 runtime
@@ -234,7 +236,14 @@ impl Collectives {
                     let geometry = geometry_for(bucket, profile).map_err(driver(rank))?;
                     let resident = kernel.resident_capacity(geometry).map_err(driver(rank))?;
                     match check_candidate_residency(bucket, profile, resident) {
-                        Ok(()) => entry.launch = Some(Launch::Custom { kernel, geometry }),
+                        Ok(()) => {
+                            entry.launch = Some(Launch::Custom {
+                                kernel,
+                                geometry,
+                                scratch_offset: input_region
+                                    + kernels::scratch_offset_after_input(ladder, &spec),
+                            });
+                        }
                         Err(reason) => entry.dropped = Some(reason),
                     }
                 }
@@ -348,11 +357,16 @@ impl Collectives {
                         .map_or_else(|| "unknown".to_owned(), ToString::to_string)
                 ),
             }),
-            Some(Launch::Custom { kernel, geometry }) => {
+            Some(Launch::Custom {
+                kernel,
+                geometry,
+                scratch_offset,
+            }) => {
                 let Input::Peer(peer) = &self.input else {
                     unreachable!("custom entries exist only with peer memory")
                 };
-                let params = peer.params(&self.output, elements as u64, self.timeout);
+                let params =
+                    peer.params(&self.output, elements as u64, *scratch_offset, self.timeout);
                 stream
                     .launch_loaded(kernel, *geometry, &params)
                     .map_err(driver(self.rank))

@@ -334,6 +334,7 @@ mod tests {
             id: "p".to_owned(),
             algorithm,
             transfer: None,
+            protocol: None,
             schedule: None,
             active_clusters: None,
             blocks,

@@ -2,7 +2,7 @@
 //! embedded in the binary, the scratch each kernel needs, and the launch contract shared with
 //! `kernels/prepare_abi.cuh`.
 
-use crate::ladder::{Algorithm, Dtype, Ladder, Profile, Schedule, Transfer};
+use crate::ladder::{Algorithm, Dtype, Ladder, Profile, Protocol, Schedule, Transfer};
 
 /// Mirror of `struct AllReduceParams` in `kernels/prepare_abi.cuh`; passed by value as the
 /// kernel's only argument.
@@ -33,14 +33,15 @@ pub struct AllReduceParams {
 pub const MAX_RANKS: usize = 8;
 /// Blocks a kernel may launch.
 pub const MAX_BLOCKS: usize = 1024;
-/// Barrier flag sets per rank.
-pub const SIGNAL_SETS: usize = 4;
+/// Flag sets per rank: the barriers' and the double-buffered kernels' step flags.
+pub const SIGNAL_SETS: usize = 5;
 /// 64-bit signal words per rank.
 pub const SIGNAL_WORDS: usize = SIGNAL_SETS * MAX_RANKS * MAX_BLOCKS;
 /// Bytes of signal flags per rank (peer-mapped, like the buffer).
 pub const SIGNAL_BYTES: u64 = SIGNAL_WORDS as u64 * 8;
-/// 64-bit state words per rank.
-pub const STATE_WORDS: usize = 1 + MAX_BLOCKS;
+/// 64-bit state words per rank: the abort word, the blocks' epochs, the double-buffered
+/// kernels' launch counter and their count of finished blocks.
+pub const STATE_WORDS: usize = 3 + MAX_BLOCKS;
 /// Set in the abort word when a kernel gave up.
 pub const ABORT_FLAG: u64 = 1 << 63;
 /// Abort reason: a peer did not arrive before the deadline (the low 32 bits name the peer).
@@ -75,6 +76,21 @@ enum Scratch {
     MessageSlots,
     /// One slice-sized slot per rank, then one message-sized region.
     SliceSlotsThenMessage,
+    /// Double-buffered (kernels/prepare_double_buffer.cuh): two halves of one slot per rank of
+    /// 16-byte lines, two per vector and one per tail element; a region of its own.
+    DoubleBufferedLines,
+    /// Double-buffered: two halves of one message-sized slot per rank; a region of its own.
+    DoubleBufferedMessageSlots,
+}
+
+impl Scratch {
+    /// Whether the kernel has no barrier and so needs a region no other kernel touches.
+    fn is_double_buffered(self) -> bool {
+        matches!(
+            self,
+            Scratch::DoubleBufferedLines | Scratch::DoubleBufferedMessageSlots
+        )
+    }
 }
 
 /// Everything this module knows about one kernel.
@@ -87,7 +103,7 @@ struct Kernel {
 }
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 6] = [
+const KERNELS: [Kernel; 8] = [
     Kernel {
         name: "all_reduce_full_phased_bf16",
         source: "all_reduce_full_phased.cu",
@@ -105,6 +121,18 @@ const KERNELS: [Kernel; 6] = [
         source: "all_reduce_one_shot.cu",
         cluster: false,
         scratch: Scratch::MessageSlots,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_push_ll_bf16",
+        source: "all_reduce_one_shot_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedLines,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_push_simple_bf16",
+        source: "all_reduce_one_shot_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedMessageSlots,
     },
     Kernel {
         name: "all_reduce_rsag_phased_bf16",
@@ -127,7 +155,7 @@ const KERNELS: [Kernel; 6] = [
 ];
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 4] = [
+const SOURCES: [(&str, &str); 5] = [
     (
         "all_reduce_full_phased.cu",
         include_str!("../kernels/all_reduce_full_phased.cu"),
@@ -135,6 +163,10 @@ const SOURCES: [(&str, &str); 4] = [
     (
         "all_reduce_one_shot.cu",
         include_str!("../kernels/all_reduce_one_shot.cu"),
+    ),
+    (
+        "all_reduce_one_shot_double_buffered.cu",
+        include_str!("../kernels/all_reduce_one_shot_double_buffered.cu"),
     ),
     (
         "all_reduce_rsag.cu",
@@ -147,7 +179,7 @@ const SOURCES: [(&str, &str); 4] = [
 ];
 
 /// The headers the sources include, by the name they are included as.
-const HEADERS: [(&str, &str); 5] = [
+const HEADERS: [(&str, &str); 6] = [
     (
         "prepare_abi.cuh",
         include_str!("../kernels/prepare_abi.cuh"),
@@ -159,6 +191,10 @@ const HEADERS: [(&str, &str); 5] = [
     (
         "prepare_cluster.cuh",
         include_str!("../kernels/prepare_cluster.cuh"),
+    ),
+    (
+        "prepare_double_buffer.cuh",
+        include_str!("../kernels/prepare_double_buffer.cuh"),
     ),
     (
         "prepare_layout.cuh",
@@ -191,9 +227,13 @@ fn kernel_named(name: &str) -> &'static Kernel {
 /// validation refuses, such as a phased one-shot or an unphased full all-reduce).
 pub fn kernel_for(profile: &Profile, dtype: Dtype) -> Option<KernelSpec> {
     let name = match (profile.algorithm, profile.schedule) {
-        (Algorithm::OneShot, None) => match profile.transfer_or_default() {
-            Transfer::Pull => "all_reduce_one_shot_pull",
-            Transfer::Push => "all_reduce_one_shot_push",
+        (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
+            (Transfer::Pull, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_pull",
+            (Transfer::Push, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_push",
+            (Transfer::Push, Some(Protocol::Ll)) => "all_reduce_one_shot_push_ll",
+            (Transfer::Push, Some(Protocol::Simple)) => "all_reduce_one_shot_push_simple",
+            // Validation refuses a double-buffered pull.
+            (Transfer::Pull, Some(Protocol::Ll | Protocol::Simple)) => return None,
         },
         (Algorithm::Rsag, None) => match profile.transfer_or_default() {
             Transfer::Pull => "all_reduce_rsag_pull",
@@ -249,6 +289,22 @@ fn message_bytes(elements: u64) -> u64 {
     round_up(elements * 2, ALIGNMENT_BYTES)
 }
 
+/// The chunk in which the two halves of a double-buffered region interleave
+/// (kernels/prepare_double_buffer.cuh).
+pub const DOUBLE_BUFFER_CHUNK_BYTES: u64 = 8192;
+
+/// Bytes of a double-buffered region for slots of `slot_bytes`: both halves of every rank's
+/// slot, each cut into whole chunks.
+fn double_buffered_bytes(slot_bytes: u64, world: u64) -> u64 {
+    2 * world * round_up(slot_bytes, DOUBLE_BUFFER_CHUNK_BYTES)
+}
+
+/// Lines of the flags-in-data kernel: two per whole vector, one per tail element, and one for
+/// an empty message.
+fn line_count(elements: u64) -> u64 {
+    (2 * (elements / 8) + elements % 8).max(1)
+}
+
 /// Bytes of one rank's slot of a slice, tail included (`slot_bytes`).
 fn slice_slot_bytes(elements: u64, world: u64) -> u64 {
     ((elements / 8).div_ceil(world) + 1) * ALIGNMENT_BYTES
@@ -266,7 +322,64 @@ pub fn scratch_bytes(spec: &KernelSpec, world: u32, max_bytes: u64) -> u64 {
         Scratch::SliceSlotsThenMessage => {
             world * slice_slot_bytes(elements, world) + message_bytes(elements)
         }
+        Scratch::DoubleBufferedLines => {
+            double_buffered_bytes(line_count(elements) * ALIGNMENT_BYTES, world)
+        }
+        Scratch::DoubleBufferedMessageSlots => {
+            double_buffered_bytes(message_bytes(elements), world)
+        }
     }
+}
+
+/// Whether a kernel has no barrier and so a scratch region of its own (a peer may still be in
+/// its previous launch, of any kernel, when this one writes).
+pub fn is_double_buffered(spec: &KernelSpec) -> bool {
+    kernel_named(&spec.name).scratch.is_double_buffered()
+}
+
+/// Where the kernels' scratch lies after the input region: the region the barrier kernels
+/// share, then one region per double-buffered kernel, in name order.
+fn scratch_regions(ladder: &Ladder) -> (u64, Vec<(String, u64)>) {
+    let mut shared = 0;
+    let mut own: Vec<(String, u64)> = Vec::new();
+    for (max_bytes, spec) in custom_bucket_kernels(ladder) {
+        // Every size is a multiple of 16 bytes; a double-buffered region, of its chunk.
+        let bytes = scratch_bytes(&spec, ladder.world_size, max_bytes);
+        if is_double_buffered(&spec) {
+            match own.iter_mut().find(|(name, _)| *name == spec.name) {
+                Some((_, largest)) => *largest = (*largest).max(bytes),
+                None => own.push((spec.name, bytes)),
+            }
+        } else {
+            shared = shared.max(bytes);
+        }
+    }
+    own.sort();
+    (shared, own)
+}
+
+/// Bytes of scratch the ladder's custom candidates need after the input region: the shared
+/// region plus every double-buffered kernel's own.
+pub fn scratch_region_bytes(ladder: &Ladder) -> u64 {
+    let (shared, own) = scratch_regions(ladder);
+    shared + own.iter().map(|(_, bytes)| bytes).sum::<u64>()
+}
+
+/// Where `spec`'s scratch starts, in bytes after the end of the input region: 0 for the
+/// barrier kernels, which share one region; after it, each double-buffered kernel's own.
+pub fn scratch_offset_after_input(ladder: &Ladder, spec: &KernelSpec) -> u64 {
+    let (shared, own) = scratch_regions(ladder);
+    if !is_double_buffered(spec) {
+        return 0;
+    }
+    let mut offset = shared;
+    for (name, bytes) in &own {
+        if *name == spec.name {
+            return offset;
+        }
+        offset += bytes;
+    }
+    panic!("{} is not a kernel of ladder {}", spec.name, ladder.name)
 }
 
 /// The largest message any custom candidate of the ladder takes, rounded up to
@@ -279,15 +392,14 @@ pub fn input_region_bytes(ladder: &Ladder) -> u64 {
         .unwrap_or(0)
 }
 
-/// Bytes of the registered buffer each GPU needs for the ladder: the input region plus the
-/// largest scratch any custom candidate needs in any bucket, rounded up to
-/// [`BUFFER_ALIGNMENT_BYTES`]. The signal flags ([`SIGNAL_BYTES`]) come on top.
+/// Bytes of the registered buffer each GPU needs for the ladder: the input region plus
+/// [`scratch_region_bytes`], rounded up to [`BUFFER_ALIGNMENT_BYTES`]. The signal flags
+/// ([`SIGNAL_BYTES`]) come on top.
 pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
-    let scratch = custom_bucket_kernels(ladder)
-        .map(|(max_bytes, spec)| scratch_bytes(&spec, ladder.world_size, max_bytes))
-        .max()
-        .unwrap_or(0);
-    round_up(input_region_bytes(ladder) + scratch, BUFFER_ALIGNMENT_BYTES)
+    round_up(
+        input_region_bytes(ladder) + scratch_region_bytes(ladder),
+        BUFFER_ALIGNMENT_BYTES,
+    )
 }
 
 /// Every (bucket `max_bytes`, kernel) pair where a bucket has a custom candidate.
@@ -364,7 +476,7 @@ mod tests {
             defines["PREPARE_SIGNAL_WORDS"],
             "(PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)"
         );
-        assert_eq!(defines["PREPARE_STATE_WORDS"], "(1 + PREPARE_MAX_BLOCKS)");
+        assert_eq!(defines["PREPARE_STATE_WORDS"], "(3 + PREPARE_MAX_BLOCKS)");
     }
 
     #[test]
@@ -541,6 +653,84 @@ mod tests {
         assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 3 * 48 + 96);
         // A message that is not whole vectors still gets whole-vector regions.
         assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 2 * 32);
+    }
+
+    #[test]
+    fn double_buffered_scratch_holds_both_halves_in_whole_chunks() {
+        // 16 KiB at 4 ranks: 1024 vectors, 2048 lines of 16 bytes: 32 KiB a slot, 4 chunks.
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_ll_bf16", 4, 16384),
+            2 * 4 * 32768
+        );
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_simple_bf16", 4, 16384),
+            2 * 4 * 16384
+        );
+        // 9 elements: one vector (2 lines) and one tail line; any slot takes a whole chunk.
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_ll_bf16", 2, 18),
+            2 * 2 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_simple_bf16", 3, 18),
+            2 * 3 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        // An empty message still has its one line.
+        assert_eq!(line_count(0), 1);
+        assert_eq!(line_count(8), 2);
+        assert_eq!(line_count(15), 9);
+    }
+
+    /// Two buckets where barrier and double-buffered kernels meet.
+    const MIXED: &str = r#"{
+        "format_version": 1, "name": "mixed", "collective": "all_reduce", "dtype": "bf16",
+        "world_size": 2, "targets": ["sm_90"],
+        "profiles": [
+            { "id": "push", "algorithm": "one_shot", "transfer": "push" },
+            { "id": "ll", "algorithm": "one_shot", "transfer": "push", "protocol": "ll" },
+            { "id": "simple", "algorithm": "one_shot", "transfer": "push", "protocol": "simple" },
+            { "id": "barrier", "algorithm": "one_shot", "transfer": "push", "protocol": "barrier" },
+            { "id": "nccl", "algorithm": "nccl" }
+        ],
+        "buckets": [
+            { "max_bytes": 16384, "threads": 256, "blocks": 4,
+              "candidates": ["push", "ll", "simple", "nccl"], "default": "ll" },
+            { "max_bytes": 65536, "threads": 256, "blocks": 4,
+              "candidates": ["barrier", "simple", "nccl"], "default": "simple" }
+        ]
+    }"#;
+
+    #[test]
+    fn each_double_buffered_kernel_has_a_region_of_its_own_after_the_shared_one() {
+        let mixed = ladder(MIXED);
+        let spec = |name: &str| kernel_named(name).spec();
+        let push = spec("all_reduce_one_shot_push_bf16");
+        let ll = spec("all_reduce_one_shot_push_ll_bf16");
+        let simple = spec("all_reduce_one_shot_push_simple_bf16");
+        assert!(!is_double_buffered(&push));
+        assert!(is_double_buffered(&ll) && is_double_buffered(&simple));
+        // `protocol: barrier` is the ordinary push kernel.
+        let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16).unwrap();
+        assert_eq!(barrier, push);
+        // Shared: one-shot push at 64 KiB, 2 slots. Then ll (16 KiB: 32 KiB of lines a slot)
+        // and simple (64 KiB).
+        let shared = 2 * 65536;
+        let ll_region = 2 * 2 * 32768;
+        let simple_region = 2 * 2 * 65536;
+        assert_eq!(scratch_offset_after_input(&mixed, &push), 0);
+        assert_eq!(scratch_offset_after_input(&mixed, &ll), shared);
+        assert_eq!(
+            scratch_offset_after_input(&mixed, &simple),
+            shared + ll_region
+        );
+        assert_eq!(
+            scratch_region_bytes(&mixed),
+            shared + ll_region + simple_region
+        );
+        assert_eq!(
+            peer_buffer_bytes(&mixed),
+            65536 + shared + ll_region + simple_region
+        );
     }
 
     #[test]

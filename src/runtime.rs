@@ -541,14 +541,10 @@ impl Runtime {
         waited
     }
 
-    /// Allocates this rank's peer memory (`buffer_bytes` of buffer with the scratch at
-    /// `scratch_offset`, the signal flags and the state words), zeroes the flags and state,
-    /// and maps every peer's by CUDA IPC. Needs the peer-kernel topology.
-    pub fn map_peer_memory(
-        &self,
-        buffer_bytes: usize,
-        scratch_offset: usize,
-    ) -> Result<PeerMemory, RuntimeError> {
+    /// Allocates this rank's peer memory (`buffer_bytes` of buffer, the signal flags and the
+    /// state words), zeroes all three (the flags-in-data kernels need zeroed scratch), and maps
+    /// every peer's by CUDA IPC. Needs the peer-kernel topology.
+    pub fn map_peer_memory(&self, buffer_bytes: usize) -> Result<PeerMemory, RuntimeError> {
         if let Topology::NcclOnly { reason } = &self.topology {
             return Err(RuntimeError::Setup {
                 rank: self.rank,
@@ -565,7 +561,7 @@ impl Runtime {
             .device
             .allocate(STATE_WORDS * 8)
             .map_err(RuntimeError::driver(self.rank))?;
-        for memory in [&signals, &state] {
+        for memory in [&buffer, &signals, &state] {
             self.stream
                 .fill_u8(memory, 0..memory.len_bytes(), 0)
                 .map_err(RuntimeError::driver(self.rank))?;
@@ -608,7 +604,6 @@ impl Runtime {
         Ok(PeerMemory {
             rank: self.rank,
             world: self.world,
-            scratch_offset,
             buffer,
             signals,
             state,
@@ -639,7 +634,6 @@ fn timeout_names_peer(error: NcclError, world: u32) -> RuntimeError {
 pub struct PeerMemory {
     rank: u32,
     world: u32,
-    scratch_offset: usize,
     buffer: DeviceBuffer,
     signals: DeviceBuffer,
     state: DeviceBuffer,
@@ -658,11 +652,13 @@ impl PeerMemory {
         &self.state
     }
 
-    /// The kernel parameters for a message of `elements`, summed into `output`.
+    /// The kernel parameters for a message of `elements`, summed into `output`, for a kernel
+    /// whose scratch starts at `scratch_offset` in every rank's buffer.
     pub fn params(
         &self,
         output: &dyn DeviceMemory,
         elements: u64,
+        scratch_offset: u64,
         timeout: Duration,
     ) -> AllReduceParams {
         let mut buffers = [0_u64; MAX_RANKS];
@@ -689,7 +685,7 @@ impl PeerMemory {
             state: self.state.address(),
             output: output.address(),
             elements,
-            scratch_offset: self.scratch_offset as u64,
+            scratch_offset,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             rank: self.rank,
             world: self.world,

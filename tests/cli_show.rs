@@ -280,7 +280,7 @@ fn show_prints_a_choice_after_the_package() {
     });
 }
 
-/// The shipped H200 TP2 ladder's 17 buckets of 4 to 6 candidates, with every kind of reason:
+/// The shipped H200 TP2 ladder's 17 buckets of 7 to 10 candidates, with every kind of reason:
 /// one table of decisions, one of timings with the bucket index on each bucket's first row.
 #[test]
 fn show_prints_a_choice_for_seventeen_buckets_readably() {
@@ -303,6 +303,12 @@ fn show_prints_a_choice_for_seventeen_buckets_readably() {
             // Faster by more than the margin, but too noisy to be significant.
             "one_shot_push" if max_bytes == 131_072 => (4.6, 300_000.0, 0.35),
             "one_shot_pull" => (5.3, 280_000.0, 0.02),
+            "one_shot_ll" => (3.8, 45_000.0, 0.02),
+            "one_shot_ll_64" => (3.7, 50_000.0, 0.02),
+            "one_shot_ll_128" => (3.75, 52_000.0, 0.02),
+            "one_shot_simple" => (5.6, 330_000.0, 0.02),
+            "one_shot_simple_wide" => (6.0, 340_000.0, 0.02),
+            "one_shot_simple_256" => (6.5, 350_000.0, 0.02),
             "one_shot_push" => (5.1, 270_000.0, 0.25),
             "one_shot_pull_32" if max_bytes == 65_536 => {
                 return Fate::Dropped("capture failed: CUDA_ERROR_OUT_OF_MEMORY")

@@ -67,6 +67,9 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
         let names: Vec<&str> = files.iter().map(|(file, _)| file.as_str()).collect();
         let expected: &[&str] = match mutation {
             Mutation::NoStartBarrier => &["all_reduce_one_shot.cu"],
+            Mutation::NoLineWait | Mutation::NoStepWait => {
+                &["all_reduce_one_shot_double_buffered.cu"]
+            }
             Mutation::DropTail => &["prepare_layout.cuh"],
             _ => &["prepare_bf16.cuh"],
         };
@@ -88,7 +91,9 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             "truncate",
             "drop_tail",
             "no_start_barrier",
-            "double_count"
+            "double_count",
+            "no_line_wait",
+            "no_step_wait"
         ]
     );
 }

@@ -48,6 +48,9 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "load_acquire_system",
                 "load_relaxed_device",
                 "record_abort",
+                "store_line_volatile",
+                "load_line_volatile",
+                "fetch_add_acq_rel_device",
             ],
             "host_sync_prims.h",
         ),
@@ -97,6 +100,10 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
             .replace(
                 "__shared__ prepare::BlockFlags flags;",
                 "prepare::BlockFlags& flags = emu_shared<prepare::BlockFlags>(0);",
+            )
+            .replace(
+                "__shared__ prepare::LaunchFlags flags;",
+                "prepare::LaunchFlags& flags = emu_shared<prepare::LaunchFlags>(0);",
             )
             .replace(
                 "__shared__ prepare::ClusterFlags flags;",

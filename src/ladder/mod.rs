@@ -177,6 +177,12 @@ pub struct Profile {
     /// Defaults to `pull`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<Transfer>,
+    /// How a one-shot push orders its peer traffic: `barrier` (the default) starts with a barrier
+    /// and uses the shared scratch; `ll` carries flags in the data (16-byte lines of 8 data bytes
+    /// and two flags), `simple` raises a flag after each step of data. Both `ll` and `simple` are
+    /// double-buffered and have no barrier at all (one-shot push only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
     /// `phased` (RSAG and full only): in phase k rank r talks only to peer (r+k) mod n; a cluster
     /// kernel, allowed only in clustered buckets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -260,6 +266,31 @@ impl Transfer {
         match self {
             Transfer::Pull => "pull",
             Transfer::Push => "push",
+        }
+    }
+}
+
+/// How a kernel synchronises with its peers.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Flag barriers between phases, the start one included; scratch shared with other kernels.
+    Barrier,
+    /// Flags in the data, double-buffered, no barrier; twice the bytes on the wire.
+    Ll,
+    /// A flag after each step of data, double-buffered, no barrier.
+    Simple,
+}
+
+impl Protocol {
+    /// The name used in ladders and kernel symbols.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Barrier => "barrier",
+            Protocol::Ll => "ll",
+            Protocol::Simple => "simple",
         }
     }
 }

@@ -12,7 +12,7 @@
 //                that never launches (peers time out naming it, then return at once);
 //                an invalid launch (refused with its code)
 //   full         the same for every world 2..8 and two geometries per kernel
-//   streams N    N rounds per world of 66 launches back to back: random kernels, sizes and
+//   streams N    N rounds per world of launches back to back: random kernels, sizes and
 //                geometries, every kernel repeated, and every ordered pair of kernels
 //   exactness    per kernel, a few sizes with tails at worlds 2 and 3, then one launch whose
 //                last rank starts late; prints one line per kernel, `<entry>: exact` or
@@ -29,6 +29,7 @@
 
 #include "all_reduce_full_phased.cu"
 #include "all_reduce_one_shot.cu"
+#include "all_reduce_one_shot_double_buffered.cu"
 #include "all_reduce_rsag.cu"
 #include "all_reduce_rsag_phased.cu"
 
@@ -36,7 +37,20 @@ namespace {
 
 using u64 = unsigned long long;
 
-enum class Scratch { None, Message, MessageSlots, SliceSlotsThenMessage };
+enum class Scratch {
+    None,
+    Message,
+    MessageSlots,
+    SliceSlotsThenMessage,
+    // Double-buffered: a region of its own, after the shared one.
+    DoubleBufferedLines,
+    DoubleBufferedMessageSlots,
+};
+
+bool double_buffered(Scratch scratch) {
+    return scratch == Scratch::DoubleBufferedLines ||
+           scratch == Scratch::DoubleBufferedMessageSlots;
+}
 
 struct Kernel {
     const char* name;
@@ -48,6 +62,9 @@ struct Kernel {
 const Kernel kKernels[] = {
     {"one_shot_pull", all_reduce_one_shot_pull_bf16, Scratch::None, false},
     {"one_shot_push", all_reduce_one_shot_push_bf16, Scratch::MessageSlots, false},
+    {"one_shot_push_ll", all_reduce_one_shot_push_ll_bf16, Scratch::DoubleBufferedLines, false},
+    {"one_shot_push_simple", all_reduce_one_shot_push_simple_bf16,
+     Scratch::DoubleBufferedMessageSlots, false},
     {"rsag_pull", all_reduce_rsag_pull_bf16, Scratch::Message, false},
     {"rsag_push", all_reduce_rsag_push_bf16, Scratch::SliceSlotsThenMessage, false},
     {"rsag_phased", all_reduce_rsag_phased_bf16, Scratch::SliceSlotsThenMessage, true},
@@ -62,11 +79,15 @@ u64 round_up(u64 value, u64 multiple) {
 u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
     const u64 message = round_up(elements * 2, 16);
     const u64 slot = ((elements / 8 + world - 1) / world + 1) * 16;
+    const u64 lines = std::max(2 * (elements / 8) + elements % 8, 1ull);
+    const u64 chunk = PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
     switch (scratch) {
         case Scratch::None: return 0;
         case Scratch::Message: return message;
         case Scratch::MessageSlots: return world * message;
         case Scratch::SliceSlotsThenMessage: return world * slot + message;
+        case Scratch::DoubleBufferedLines: return 2 * world * round_up(lines * 16, chunk);
+        case Scratch::DoubleBufferedMessageSlots: return 2 * world * round_up(message, chunk);
     }
     return 0;
 }
@@ -199,18 +220,33 @@ void launch_rank(const Launch& launch, const AllReduceParams& params) {
 std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequence,
                      const Options& options, u64 seed) {
     const unsigned world = static_cast<unsigned>(ranks.size());
-    u64 max_elements = 0, max_scratch = 0;
+    // As the host lays it out: the input region, the barrier kernels' shared scratch, then one
+    // zeroed region per double-buffered kernel.
+    u64 max_elements = 0, max_shared = 0;
+    std::vector<u64> own_bytes(std::size(kKernels), 0);
     for (const Launch& launch : sequence) {
         max_elements = std::max(max_elements, launch.elements);
-        max_scratch =
-            std::max(max_scratch, scratch_bytes(launch.kernel->scratch, world, launch.elements));
+        const u64 bytes = scratch_bytes(launch.kernel->scratch, world, launch.elements);
+        if (double_buffered(launch.kernel->scratch)) {
+            u64& own = own_bytes[launch.kernel - kKernels];
+            own = std::max(own, bytes);
+        } else {
+            max_shared = std::max(max_shared, bytes);
+        }
     }
-    const u64 scratch_offset = round_up(max_elements * 2, 16) + options.extra_offset;
-    const u64 buffer_bytes = scratch_offset + max_scratch;
+    const u64 shared_offset = round_up(max_elements * 2, 16) + options.extra_offset;
+    std::vector<u64> own_offsets(std::size(kKernels), 0);
+    u64 buffer_bytes = shared_offset + max_shared;
+    for (std::size_t k = 0; k < std::size(kKernels); ++k) {
+        own_offsets[k] = buffer_bytes;
+        buffer_bytes += own_bytes[k];
+    }
     std::vector<std::unique_ptr<unsigned char[]>> buffers(world);
     for (auto& buffer : buffers) {
         buffer.reset(new (std::align_val_t(16)) unsigned char[buffer_bytes + kGuard]);
         std::memset(buffer.get(), kBufferFill, buffer_bytes + kGuard);
+        for (std::size_t k = 0; k < std::size(kKernels); ++k)
+            std::memset(buffer.get() + own_offsets[k], 0, own_bytes[k]);
     }
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
@@ -238,7 +274,9 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 params.state = ranks[rank].state.data();
                 params.output = output.get();
                 params.elements = launch.elements;
-                params.scratch_offset = scratch_offset;
+                params.scratch_offset = double_buffered(launch.kernel->scratch)
+                                            ? own_offsets[launch.kernel - kKernels]
+                                            : shared_offset;
                 params.timeout_ns = options.timeout_ns;
                 params.rank = rank;
                 params.world = world;
@@ -364,7 +402,7 @@ void streams(unsigned rounds) {
         for (unsigned round = 0; round < rounds; ++round) {
             std::vector<Launch> sequence;
             for (int i = 0; i < 24; ++i) {
-                const Kernel& kernel = kKernels[random_source() % 6];
+                const Kernel& kernel = kKernels[random_source() % std::size(kKernels)];
                 sequence.push_back(
                     geometry(kernel, 2 + random_source() % 6, random_source() % 600));
             }

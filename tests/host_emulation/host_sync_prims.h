@@ -21,3 +21,26 @@ __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int
     std::atomic_ref<u64>(*state).compare_exchange_strong(previous, code, std::memory_order_relaxed);
     return previous;
 }
+// Each 8-byte half of a line is one atomic, as on the GPU; nothing orders the two halves.
+__device__ __forceinline__ void store_line_volatile(unsigned int* address,
+                                                    const unsigned int (&words)[4]) {
+    for (int half = 0; half < 2; ++half) {
+        const u64 value = u64(words[2 * half]) | (u64(words[2 * half + 1]) << 32);
+        std::atomic_ref<u64>(*reinterpret_cast<u64*>(address + 2 * half))
+            .store(value, std::memory_order_relaxed);
+    }
+}
+__device__ __forceinline__ void load_line_volatile(const unsigned int* address,
+                                                   unsigned int (&words)[4]) {
+    std::this_thread::yield();
+    for (int half = 0; half < 2; ++half) {
+        const u64 value =
+            std::atomic_ref<u64>(*reinterpret_cast<u64*>(const_cast<unsigned int*>(address) + 2 * half))
+                .load(std::memory_order_relaxed);
+        words[2 * half] = static_cast<unsigned int>(value);
+        words[2 * half + 1] = static_cast<unsigned int>(value >> 32);
+    }
+}
+__device__ __forceinline__ u64 fetch_add_acq_rel_device(u64* address, u64 value) {
+    return std::atomic_ref<u64>(*address).fetch_add(value, std::memory_order_acq_rel);
+}

@@ -28,6 +28,12 @@ pub enum Mutation {
     NoStartBarrier,
     /// Rank 0's contribution is added twice.
     DoubleCount,
+    /// `all_reduce_one_shot_push_ll_bf16` takes each line as it finds it, without waiting for
+    /// the launch's flag: a race that shows only when a peer is late.
+    NoLineWait,
+    /// `all_reduce_one_shot_push_simple_bf16` sums a step without waiting for the peers' step
+    /// flags: a race that shows only when a peer is late.
+    NoStepWait,
 }
 
 /// One exact text replacement in one kernel source or header.
@@ -96,6 +102,20 @@ const NO_START_BARRIER: &[Patch] = &[Patch {
     replace: "    const unsigned char* inputs[N];",
 }];
 
+/// `receive_line` never waits for the flag.
+const NO_LINE_WAIT: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot_double_buffered.cu",
+    find: "    while (words[1] != flag || words[3] != flag) {",
+    replace: "    while (false) {",
+}];
+
+/// `wait_step_flags` never waits for the flags.
+const NO_STEP_WAIT: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot_double_buffered.cu",
+    find: "        while (load_acquire_system(word) < flag) {",
+    replace: "        while (false) {",
+}];
+
 /// Both rank loops start from rank 0, which the sum already starts from.
 const DOUBLE_COUNT: &[Patch] = &[
     Patch {
@@ -118,12 +138,14 @@ const DOUBLE_COUNT: &[Patch] = &[
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 5] = [
+    pub const ALL: [Mutation; 7] = [
         Mutation::SkipPeer,
         Mutation::Truncate,
         Mutation::DropTail,
         Mutation::NoStartBarrier,
         Mutation::DoubleCount,
+        Mutation::NoLineWait,
+        Mutation::NoStepWait,
     ];
 
     /// Its name, as tests report it.
@@ -134,13 +156,18 @@ impl Mutation {
             Mutation::DropTail => "drop_tail",
             Mutation::NoStartBarrier => "no_start_barrier",
             Mutation::DoubleCount => "double_count",
+            Mutation::NoLineWait => "no_line_wait",
+            Mutation::NoStepWait => "no_step_wait",
         }
     }
 
-    /// Whether every run with random data shows it; a missing barrier shows only when a peer
-    /// happens to be late.
+    /// Whether every run with random data shows it; a missing barrier or wait shows only when
+    /// a peer happens to be late.
     pub fn is_deterministic(self) -> bool {
-        self != Mutation::NoStartBarrier
+        !matches!(
+            self,
+            Mutation::NoStartBarrier | Mutation::NoLineWait | Mutation::NoStepWait
+        )
     }
 
     /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
@@ -148,6 +175,8 @@ impl Mutation {
     pub fn kernels(self) -> Vec<String> {
         match self {
             Mutation::NoStartBarrier => vec!["all_reduce_one_shot_pull_bf16".to_owned()],
+            Mutation::NoLineWait => vec!["all_reduce_one_shot_push_ll_bf16".to_owned()],
+            Mutation::NoStepWait => vec!["all_reduce_one_shot_push_simple_bf16".to_owned()],
             _ => all_kernels().into_iter().map(|spec| spec.name).collect(),
         }
     }
@@ -159,6 +188,8 @@ impl Mutation {
             Mutation::DropTail => DROP_TAIL,
             Mutation::NoStartBarrier => NO_START_BARRIER,
             Mutation::DoubleCount => DOUBLE_COUNT,
+            Mutation::NoLineWait => NO_LINE_WAIT,
+            Mutation::NoStepWait => NO_STEP_WAIT,
         }
     }
 }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use super::{closest, json_string, Diagnostic, Rule};
 use crate::ladder::{
-    Algorithm, Arch, Bucket, Ladder, Profile, Schedule, CLUSTER_BLOCKS, CLUSTER_SIZE,
-    CLUSTER_THREADS, VECTOR_BYTES,
+    Algorithm, Arch, Bucket, Ladder, Profile, Protocol, Schedule, Transfer, CLUSTER_BLOCKS,
+    CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,
 };
 
 /// Ranks a ladder may have: peer kernels run within one host.
@@ -173,6 +173,19 @@ impl Checker<'_> {
                         "no transfer field: only one_shot and rsag profiles without a schedule \
                          choose pull or push ({why})"
                     ),
+                );
+            }
+        }
+        if let Some(protocol) = profile.protocol {
+            let double_buffered = protocol != Protocol::Barrier;
+            let push = profile.transfer == Some(Transfer::Push);
+            if algorithm != Algorithm::OneShot || phased || (double_buffered && !push) {
+                self.report(
+                    Rule::ProtocolNotApplicable,
+                    at("protocol"),
+                    json_string(protocol.name()),
+                    "no protocol field, or a one_shot profile with \"transfer\": \"push\" and no \
+                     schedule (only one-shot push has the ll and simple protocols)",
                 );
             }
         }
