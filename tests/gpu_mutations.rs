@@ -1,6 +1,6 @@
 //! Planted mutations (tests/mutations) on real GPUs: `prepare check` must refuse a package of
-//! `ladders/h200_nvlink_tp2.json` (for the missing start barrier, its buckets that have the
-//! one-shot pull) whose kernels carry one, exiting 3 and saying which candidate `is not exact`,
+//! `ladders/h200_nvlink_tp2.json` (for a race, the buckets that have the mutated kernel's
+//! profile) whose kernels carry one, exiting 3 and saying which candidate `is not exact`,
 //! while the same package built from the unmutated sources passes. What each run saw is
 //! printed, for the GPU run's log.
 
@@ -139,11 +139,11 @@ fn a_double_counted_rank_is_caught() {
     caught_in_one_pass(Mutation::DoubleCount);
 }
 
-/// `h200_nvlink_tp2.json` cut to the buckets where `one_shot_pull` is a candidate, written into
-/// `dir`. The mutation changes that kernel alone (tests/mutations_compile.rs checks that every
-/// other cubin stays the same), so the larger buckets, up to 64 MiB, would only spend GPU time
-/// in each of the 10 x 20 passes.
-fn one_shot_pull_ladder(dir: &Path) -> PathBuf {
+/// `h200_nvlink_tp2.json` cut to the buckets where `profile` is a candidate, written into
+/// `dir`. A race mutation changes one kernel alone (tests/mutations_compile.rs
+/// checks that every other cubin stays the same), so other buckets would only spend GPU time in
+/// each of the 10 x 20 passes.
+fn cut_ladder(dir: &Path, profile: &str) -> PathBuf {
     let text = std::fs::read_to_string(ladder(LADDER)).expect("the shipped ladder is readable");
     let mut value: serde_json::Value = serde_json::from_str(&text).expect("the ladder is JSON");
     let buckets = value["buckets"]
@@ -152,31 +152,28 @@ fn one_shot_pull_ladder(dir: &Path) -> PathBuf {
     buckets.retain(|bucket| {
         bucket["candidates"]
             .as_array()
-            .is_some_and(|candidates| candidates.iter().any(|id| id == "one_shot_pull"))
+            .is_some_and(|candidates| candidates.iter().any(|id| id == profile))
     });
-    assert!(
-        !buckets.is_empty(),
-        "no bucket of {LADDER} has one_shot_pull"
-    );
-    value["name"] = serde_json::Value::from("h200_nvlink_tp2_one_shot_pull_buckets");
+    assert!(!buckets.is_empty(), "no bucket of {LADDER} has {profile}");
+    value["name"] = serde_json::Value::from(format!("h200_nvlink_tp2_{profile}_buckets"));
     let path = dir.join("ladder.json");
     std::fs::write(&path, serde_json::to_string_pretty(&value).unwrap()).unwrap();
     path
 }
 
-/// The missing start barrier is a race: a run catches it only when a peer happens to write its
-/// input after this rank read it. Each run repeats the suite on fresh random data; at least one
-/// of the runs must catch it, and none may fail any other way.
-#[test]
-#[ignore = "needs GPUs"]
-fn a_missing_start_barrier_is_caught_in_some_runs() {
-    let mutation = Mutation::NoStartBarrier;
+/// A race shows only when a peer happens to be late. Each run repeats the suite on fresh random
+/// data over the buckets where `profile` (the mutated kernel's) is a candidate; at least one of
+/// the runs must catch it, and none may fail any other way.
+/// (`Mutation::NoStepWait` has no such test: a block sums a step only after its own next step's
+/// writes have landed, so with the ranks started together the race window is small and 10 x 20
+/// passes over every bucket are long; the host emulation, which starts a rank late, catches it.)
+fn caught_in_some_runs(mutation: Mutation, profile: &str) {
     assert!(!mutation.is_deterministic());
     if gpu_support::gpus(2).is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cut = one_shot_pull_ladder(dir.path());
+    let cut = cut_ladder(dir.path(), profile);
     let package = mutated_package(mutation, &cut, Arch::Sm90, dir.path());
     let mut caught = 0;
     let mut other_failures = Vec::new();
@@ -199,8 +196,20 @@ fn a_missing_start_barrier_is_caught_in_some_runs() {
         other_failures.len(),
         other_failures.join("\n----\n")
     );
-    assert!(
-        caught >= 1,
-        "{mutation}: no run of {RACE_RUNS} caught the missing start barrier"
-    );
+    assert!(caught >= 1, "{mutation}: no run of {RACE_RUNS} caught it");
+}
+
+/// The missing start barrier: a run catches it only when a peer writes its input after this
+/// rank read it.
+#[test]
+#[ignore = "needs GPUs"]
+fn a_missing_start_barrier_is_caught_in_some_runs() {
+    caught_in_some_runs(Mutation::NoStartBarrier, "one_shot_pull");
+}
+
+/// Lines taken without their flag: a run catches it when a line has not landed yet.
+#[test]
+#[ignore = "needs GPUs"]
+fn lines_taken_without_their_flag_are_caught_in_some_runs() {
+    caught_in_some_runs(Mutation::NoLineWait, "one_shot_ll");
 }
