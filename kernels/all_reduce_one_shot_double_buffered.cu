@@ -10,15 +10,16 @@
 //       data and the launch's flag twice, {low word, flag, high word, flag}, and is read until
 //       both flags match, so no fence or separate flag is needed; a vector takes two lines and
 //       each tail element one. Each block takes an equal share of the vectors (the last also
-//       the tail), so even a small message spreads over every block. A reader zeroes each line it consumed, so a line unwritten for
-//       2^32 launches cannot match a later flag. Scratch: 2 * world * round_up(16 * lines, 8 KiB)
-//       with lines = 2 * (elements / 8) + elements % 8 (one line for an empty message).
+//       the tail), so even a small message spreads over every block. A reader zeroes each line
+//       it consumed, so a line unwritten for 2^32 launches cannot match a later flag. A message
+//       of E elements takes 2 * (E / 8) + E % 8 lines (one if empty), so a region for messages
+//       up to E is sized for 2 * (E / 8) + 7: 2 * world * round_up(16 * that, 8 KiB) bytes.
 //   all_reduce_one_shot_push_simple_bf16  data then a flag: block b moves its share of the
-//       message in steps of 4 vectors per thread;
-//       after each step one thread per peer raises that peer's step flag for (this rank,
-//       block b) to (launch << 24) | step + 1 with st.release.sys, and the peer's block b waits
-//       until the flag reaches that value. A block sends step s, then sums step s - 1, so its
-//       local sums overlap its transfers. Scratch: 2 * world * round_up(round_up(2 * elements, 16), 8 KiB).
+//       message in steps of 4 vectors per thread; after each step one thread per peer raises
+//       that peer's step flag for (this rank, block b) to (launch << 24) | step + 1 with
+//       st.release.sys, and the peer's block b waits until the flag reaches that value. A block
+//       sends step s, then sums step s - 1, so its local sums overlap its transfers. Scratch:
+//       2 * world * round_up(round_up(2 * elements, 16), 8 KiB).
 // Requirements: world 2..8; any element count; 1..1024 blocks of a multiple of 32 threads, all
 // resident at once; no cluster instructions, so a launch with cluster dimensions is fine; the
 // pointers and scratch_offset 16-byte aligned; the output outside every registered buffer; the
@@ -86,7 +87,8 @@ __device__ __forceinline__ unsigned int line_flag(u64 launch) {
 template <int N>
 __device__ __forceinline__ unsigned int* line_address(unsigned char* region, u64 line, u64 parity,
                                                       unsigned int slot) {
-    return reinterpret_cast<unsigned int*>(region + double_buffer_offset<N>(line * 16, parity, slot));
+    return reinterpret_cast<unsigned int*>(region +
+                                           double_buffer_offset<N>(line * 16, parity, slot));
 }
 
 // Waits for line `line` of `source`'s slot to carry `flag`, then takes its two data words and
@@ -169,10 +171,10 @@ __device__ void one_shot_push_ll(const AllReduceParams& params, LaunchFlags& fla
                 if (static_cast<unsigned int>(q) == rank) {
                     x[q] = load_vector(input, v);
                 } else {
-                    received = received &&
-                               receive_line<N>(params, flags, 2 * v, parity, q, flag, x[q].word) &&
-                               receive_line<N>(params, flags, 2 * v + 1, parity, q, flag,
-                                               x[q].word + 2);
+                    received =
+                        received &&
+                        receive_line<N>(params, flags, 2 * v, parity, q, flag, x[q].word) &&
+                        receive_line<N>(params, flags, 2 * v + 1, parity, q, flag, x[q].word + 2);
                 }
             }
             if (received) {
@@ -295,9 +297,10 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
             Vec16 x[N];
 #pragma unroll
             for (int q = 0; q < N; ++q) {
-                x[q] = static_cast<unsigned int>(q) == rank
-                           ? load_vector(input, v)
-                           : load_vector(own_region + double_buffer_offset<N>(v * 16, parity, q), 0);
+                x[q] =
+                    static_cast<unsigned int>(q) == rank
+                        ? load_vector(input, v)
+                        : load_vector(own_region + double_buffer_offset<N>(v * 16, parity, q), 0);
             }
             store_vector(output, v, sum_vectors<N>(x));
         }
@@ -311,8 +314,8 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
                 for (int q = 0; q < N; ++q) {
                     x[q] = static_cast<unsigned int>(q) == rank
                                ? load_element(input, e)
-                               : load_element(own_region + double_buffer_offset<N>(e * 2, parity, q),
-                                              0);
+                               : load_element(
+                                     own_region + double_buffer_offset<N>(e * 2, parity, q), 0);
                 }
                 store_element(output, e, sum_elements<N>(x));
             });

@@ -50,22 +50,30 @@ __device__ __forceinline__ u64 load_relaxed_device(const u64* address) {
     return value;
 }
 
-// 16 bytes as four words, read or written whole by one instruction. Each aligned 8-byte half
-// is single-copy atomic (the flags-in-data kernels rely on no more); volatile, so every read
-// goes to memory and every write is issued in order.
+// 16 bytes as four words, moved by one instruction as two 64-bit halves {words[0], words[1]}
+// and {words[2], words[3]} (low word first). Each aligned half is one 64-bit access, so
+// single-copy atomic: the flags-in-data kernels rely on no more. Volatile, so every read goes
+// to memory and every write is issued in order.
 __device__ __forceinline__ void store_line_volatile(unsigned int* address,
                                                     const unsigned int (&words)[4]) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address),
-                 "r"(words[0]), "r"(words[1]), "r"(words[2]), "r"(words[3])
+    const u64 low = words[0] | (static_cast<u64>(words[1]) << 32);
+    const u64 high = words[2] | (static_cast<u64>(words[3]) << 32);
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(address), "l"(low), "l"(high)
                  : "memory");
 }
 
 __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
                                                    unsigned int (&words)[4]) {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+    u64 low;
+    u64 high;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(low), "=l"(high)
                  : "l"(address)
                  : "memory");
+    words[0] = static_cast<unsigned int>(low);
+    words[1] = static_cast<unsigned int>(low >> 32);
+    words[2] = static_cast<unsigned int>(high);
+    words[3] = static_cast<unsigned int>(high >> 32);
 }
 
 // Adds to a local word; returns what it held.

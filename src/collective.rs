@@ -69,6 +69,8 @@ pub struct Collectives {
     input: Input,
     output: DeviceBuffer,
     capacity: usize,
+    // Each bucket's largest message, in elements: the most its candidates' scratch holds.
+    bucket_capacity: Vec<usize>,
     timeout: Duration,
     rank: u32,
 }
@@ -255,6 +257,11 @@ impl Collectives {
             input,
             output,
             capacity,
+            bucket_capacity: ladder
+                .buckets
+                .iter()
+                .map(|bucket| bucket.max_bytes.div_ceil(ladder.dtype.size_bytes()) as usize)
+                .collect(),
             splits,
             timeout: runtime.timeout(),
             rank,
@@ -335,12 +342,15 @@ impl Collectives {
         elements: usize,
     ) -> Result<(), RuntimeError> {
         let entry = &self.entries[id];
-        if elements == 0 || elements > self.capacity {
+        // Scratch is sized by each bucket's largest message; a larger one would overrun it.
+        let largest = self.bucket_capacity[entry.bucket];
+        if elements == 0 || elements > largest {
             return Err(RuntimeError::Setup {
                 rank: self.rank,
                 message: format!(
-                    "{} in bucket {}: a message of {elements} elements is outside 1..={}",
-                    entry.profile, entry.bucket, self.capacity
+                    "{} in bucket {}: a message of {elements} elements is outside the bucket's \
+                     1..={largest}",
+                    entry.profile, entry.bucket
                 ),
             });
         }

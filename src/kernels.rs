@@ -299,10 +299,12 @@ fn double_buffered_bytes(slot_bytes: u64, world: u64) -> u64 {
     2 * world * round_up(slot_bytes, DOUBLE_BUFFER_CHUNK_BYTES)
 }
 
-/// Lines of the flags-in-data kernel: two per whole vector, one per tail element, and one for
-/// an empty message.
-fn line_count(elements: u64) -> u64 {
-    (2 * (elements / 8) + elements % 8).max(1)
+/// Lines to reserve for every message up to `elements` in the flags-in-data kernel. A message
+/// takes two lines per whole vector and one per tail element (one if empty), which does not
+/// grow with the message (15 elements take 9 lines, 16 take 4); one vector fewer and a tail of
+/// 7 is the most any smaller message takes.
+fn line_capacity(elements: u64) -> u64 {
+    2 * (elements / 8) + 7
 }
 
 /// Bytes of one rank's slot of a slice, tail included (`slot_bytes`).
@@ -323,7 +325,7 @@ pub fn scratch_bytes(spec: &KernelSpec, world: u32, max_bytes: u64) -> u64 {
             world * slice_slot_bytes(elements, world) + message_bytes(elements)
         }
         Scratch::DoubleBufferedLines => {
-            double_buffered_bytes(line_count(elements) * ALIGNMENT_BYTES, world)
+            double_buffered_bytes(line_capacity(elements) * ALIGNMENT_BYTES, world)
         }
         Scratch::DoubleBufferedMessageSlots => {
             double_buffered_bytes(message_bytes(elements), world)
@@ -655,12 +657,17 @@ mod tests {
         assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 2 * 32);
     }
 
+    /// Lines the flags-in-data kernel uses for a message (all_reduce_one_shot_double_buffered.cu).
+    fn line_count(elements: u64) -> u64 {
+        (2 * (elements / 8) + elements % 8).max(1)
+    }
+
     #[test]
     fn double_buffered_scratch_holds_both_halves_in_whole_chunks() {
-        // 16 KiB at 4 ranks: 1024 vectors, 2048 lines of 16 bytes: 32 KiB a slot, 4 chunks.
+        // 16 KiB at 4 ranks: 1024 vectors, room for 2048 + 7 lines of 16 bytes: 5 chunks.
         assert_eq!(
             scratch("all_reduce_one_shot_push_ll_bf16", 4, 16384),
-            2 * 4 * 32768
+            2 * 4 * 5 * DOUBLE_BUFFER_CHUNK_BYTES
         );
         assert_eq!(
             scratch("all_reduce_one_shot_push_simple_bf16", 4, 16384),
@@ -679,6 +686,21 @@ mod tests {
         assert_eq!(line_count(0), 1);
         assert_eq!(line_count(8), 2);
         assert_eq!(line_count(15), 9);
+    }
+
+    #[test]
+    fn lines_reserved_for_a_bucket_hold_every_smaller_message() {
+        // The largest message of a bucket need not take the most lines: near a chunk boundary
+        // (4096 elements fill two chunks exactly) a few elements less take more.
+        for largest in (0..40_000u64).chain((1..64).map(|k| (k << 20) / 2)) {
+            for elements in largest.saturating_sub(16)..=largest {
+                assert!(
+                    line_count(elements) <= line_capacity(largest),
+                    "{elements} of at most {largest}"
+                );
+            }
+        }
+        assert!(line_count(524_285) > line_count(524_288));
     }
 
     /// Two buckets where barrier and double-buffered kernels meet.
@@ -712,10 +734,10 @@ mod tests {
         // `protocol: barrier` is the ordinary push kernel.
         let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16).unwrap();
         assert_eq!(barrier, push);
-        // Shared: one-shot push at 64 KiB, 2 slots. Then ll (16 KiB: 32 KiB of lines a slot)
-        // and simple (64 KiB).
+        // Shared: one-shot push at 64 KiB, 2 slots. Then ll (16 KiB: room for 2048 + 7 lines,
+        // 5 chunks a slot) and simple (64 KiB).
         let shared = 2 * 65536;
-        let ll_region = 2 * 2 * 32768;
+        let ll_region = 2 * 2 * 5 * DOUBLE_BUFFER_CHUNK_BYTES;
         let simple_region = 2 * 2 * 65536;
         assert_eq!(scratch_offset_after_input(&mixed, &push), 0);
         assert_eq!(scratch_offset_after_input(&mixed, &ll), shared);

@@ -79,7 +79,8 @@ u64 round_up(u64 value, u64 multiple) {
 u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
     const u64 message = round_up(elements * 2, 16);
     const u64 slot = ((elements / 8 + world - 1) / world + 1) * 16;
-    const u64 lines = std::max(2 * (elements / 8) + elements % 8, 1ull);
+    // Room for every message up to `elements` (a smaller one can take more lines).
+    const u64 lines = 2 * (elements / 8) + 7;
     const u64 chunk = PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
     switch (scratch) {
         case Scratch::None: return 0;
@@ -170,13 +171,19 @@ struct Rank {
 struct Options {
     std::vector<bool> present;  // ranks that launch at all
     u64 timeout_ns = 10'000'000'000ull;
-    u64 extra_offset = 0;        // input region beyond the largest message
+    u64 extra_offset = 0;  // input region beyond the largest message
+    // When not 0, double-buffered regions are sized for messages up to this many elements alone,
+    // as the host sizes them for a bucket's largest message (every launch must be smaller).
+    u64 region_elements = 0;
     bool expect_success = true;  // check outputs (else only report abort words)
     // The last rank writes each input and launches this long after its previous launch ended.
     std::chrono::milliseconds last_rank_late{0};
 };
 
 constexpr int kGuard = 64;
+// After the buffer: wide enough to hold any double-buffered write one chunk past its region
+// (chunks of both parities and every slot lie between), so an overrun lands here.
+constexpr int kBufferGuard = 2 * PREPARE_MAX_RANKS * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES * 2;
 constexpr unsigned char kBufferFill = 0xEE;
 
 // Runs one launch of one rank: every block's threads, joined (the launch ends).
@@ -229,7 +236,9 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
         const u64 bytes = scratch_bytes(launch.kernel->scratch, world, launch.elements);
         if (double_buffered(launch.kernel->scratch)) {
             u64& own = own_bytes[launch.kernel - kKernels];
-            own = std::max(own, bytes);
+            own = options.region_elements != 0
+                      ? scratch_bytes(launch.kernel->scratch, world, options.region_elements)
+                      : std::max(own, bytes);
         } else {
             max_shared = std::max(max_shared, bytes);
         }
@@ -243,8 +252,8 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
     }
     std::vector<std::unique_ptr<unsigned char[]>> buffers(world);
     for (auto& buffer : buffers) {
-        buffer.reset(new (std::align_val_t(16)) unsigned char[buffer_bytes + kGuard]);
-        std::memset(buffer.get(), kBufferFill, buffer_bytes + kGuard);
+        buffer.reset(new (std::align_val_t(16)) unsigned char[buffer_bytes + kBufferGuard]);
+        std::memset(buffer.get(), kBufferFill, buffer_bytes + kBufferGuard);
         for (std::size_t k = 0; k < std::size(kKernels); ++k)
             std::memset(buffer.get() + own_offsets[k], 0, own_bytes[k]);
     }
@@ -321,7 +330,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
     std::vector<u64> aborts(world);
     for (unsigned rank = 0; rank < world; ++rank) {
         aborts[rank] = ranks[rank].state[0];
-        for (int g = 0; g < kGuard; ++g) {
+        for (int g = 0; g < kBufferGuard; ++g) {
             CHECK(buffers[rank][buffer_bytes + g] == kBufferFill,
                   "rank %u: wrote past the scratch region", rank);
         }
@@ -345,6 +354,28 @@ void single_launches(const std::vector<unsigned>& worlds, unsigned variants) {
                     options.extra_offset = variant * 256;
                     run(ranks, {geometry(kernel, variant, elements)}, options, random_source());
                 }
+            }
+        }
+    }
+}
+
+// The double-buffered kernels around their 8 KiB chunk boundaries (2048 elements of lines,
+// 4096 of slots), with regions sized for the largest size as a bucket's are: a few elements
+// less can take more lines, and the guard bytes after the region catch an overrun.
+void chunk_edges() {
+    for (const Kernel& kernel : kKernels) {
+        if (!double_buffered(kernel.scratch))
+            continue;
+        for (unsigned world : {2u, 3u}) {
+            std::vector<Rank> ranks(world);
+            for (u64 largest : {2048ull, 4096ull, 8192ull}) {
+                std::vector<Launch> sequence;
+                for (u64 less = 0; less <= 9; ++less)
+                    sequence.push_back(geometry(kernel, 1 + less % 3, largest - less));
+                Options options;
+                options.present.assign(world, true);
+                options.region_elements = largest;
+                run(ranks, sequence, options, random_source());
             }
         }
     }
@@ -462,10 +493,12 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "quick";
     if (mode == "quick") {
         single_launches({2, 3, 8}, 1);
+        chunk_edges();
         timeouts();
         invalid_launches();
     } else if (mode == "full") {
         single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
+        chunk_edges();
         timeouts();
         invalid_launches();
     } else if (mode == "streams") {

@@ -34,9 +34,9 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
                                                    unsigned int (&words)[4]) {
     std::this_thread::yield();
     for (int half = 0; half < 2; ++half) {
-        const u64 value =
-            std::atomic_ref<u64>(*reinterpret_cast<u64*>(const_cast<unsigned int*>(address) + 2 * half))
-                .load(std::memory_order_relaxed);
+        const u64 value = std::atomic_ref<u64>(*reinterpret_cast<u64*>(
+                                                   const_cast<unsigned int*>(address) + 2 * half))
+                              .load(std::memory_order_relaxed);
         words[2 * half] = static_cast<unsigned int>(value);
         words[2 * half + 1] = static_cast<unsigned int>(value >> 32);
     }
