@@ -329,6 +329,8 @@ __device__ void one_shot_push_simple(const AllReduceParams& params, LaunchFlags&
     }
     const SimpleShare share = simple_share(params.elements);
     const u64 parity = flags.launch & 1;
+    // Steps fit the low 24 bits: a bucket holds at most 4 GiB, 2^28 vectors, and a step at least
+    // 32 threads x 4 vectors, so a block never has more than 2^21 steps.
     const u64 flag_base = flags.launch << 24;
     // Step s is sent, then step s - 1 summed, so the local sum of one step overlaps the
     // transfer of the next.
