@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The benchmarks behind the README's results, on the GPU machine, in one lease: for each ladder,
-# `prepare export` for the local GPUs (which qualifies every candidate in CUDA graphs), then
+# The benchmarks behind the README's results, on the GPU machine, one after the other: for each
+# ladder, `prepare export` for the local GPUs (which qualifies every candidate in CUDA graphs), then
 # `prepare bench` (every candidate, NCCL and the tuned choice, plus the decode emulation); then
 # benches/pytorch_allreduce.py (PyTorch's NCCL and symmetric-memory all-reduces). Run from the
 # repository root after scripts/build-gpu-tests.sh:
