@@ -94,7 +94,7 @@ __device__ __forceinline__ unsigned int* line_address(unsigned char* region, u64
 // Waits for line `line` of `source`'s slot to carry `flag`, then takes its two data words and
 // zeroes it. False (abort recorded) when the deadline passed first.
 template <int N>
-__device__ __forceinline__ bool receive_line(const AllReduceParams& params, LaunchFlags& flags,
+__device__ __forceinline__ bool receive_line(const AllReduceParams& params, BlockFlags& flags,
                                              u64 line, u64 parity, unsigned int source,
                                              unsigned int flag, unsigned int* data) {
     unsigned int* address =
@@ -122,13 +122,13 @@ __device__ __forceinline__ bool receive_line(const AllReduceParams& params, Laun
 }
 
 template <int N>
-__device__ void one_shot_push_ll(const AllReduceParams& params, LaunchFlags& flags) {
+__device__ void one_shot_push_ll(const AllReduceParams& params, BlockFlags& flags) {
     if (!launch_begin(params, flags)) {
         return;
     }
     const unsigned int rank = params.rank;
-    const u64 parity = flags.launch & 1;
-    const unsigned int flag = line_flag(flags.launch);
+    const u64 parity = flags.epoch & 1;
+    const unsigned int flag = line_flag(flags.epoch);
     const u64 elements = params.elements;
     // An empty message still sends one (empty) tail line, so this launch hears from every peer.
     const Range message = block_share(elements == 0 ? 1 : elements);
@@ -216,7 +216,7 @@ __device__ __forceinline__ void raise_step_flags(const AllReduceParams& params, 
 // Waits until every peer's step flag for this block reached `flag`. Every thread calls it;
 // false (the same in every thread) means a peer timed out.
 template <int N>
-__device__ __forceinline__ bool wait_step_flags(const AllReduceParams& params, LaunchFlags& flags,
+__device__ __forceinline__ bool wait_step_flags(const AllReduceParams& params, BlockFlags& flags,
                                                 u64 flag) {
     // Every thread has read the previous outcome before anyone may change it.
     __syncthreads();
@@ -323,15 +323,15 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
 }
 
 template <int N>
-__device__ void one_shot_push_simple(const AllReduceParams& params, LaunchFlags& flags) {
+__device__ void one_shot_push_simple(const AllReduceParams& params, BlockFlags& flags) {
     if (!launch_begin(params, flags)) {
         return;
     }
     const SimpleShare share = simple_share(params.elements);
-    const u64 parity = flags.launch & 1;
+    const u64 parity = flags.epoch & 1;
     // Steps fit the low 24 bits: a bucket holds at most 4 GiB, 2^28 vectors, and a step at least
     // 32 threads x 4 vectors, so a block never has more than 2^21 steps.
-    const u64 flag_base = flags.launch << 24;
+    const u64 flag_base = flags.epoch << 24;
     // Step s is sent, then step s - 1 summed, so the local sum of one step overlaps the
     // transfer of the next.
 #pragma unroll 1
@@ -357,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }
-    __shared__ prepare::LaunchFlags flags;
+    __shared__ prepare::BlockFlags flags;
     PREPARE_DISPATCH_WORLD(prepare::one_shot_push_ll, params, flags)
 }
 
@@ -367,6 +367,6 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (!prepare::block_launch_is_valid(params)) {
         return;
     }
-    __shared__ prepare::LaunchFlags flags;
+    __shared__ prepare::BlockFlags flags;
     PREPARE_DISPATCH_WORLD(prepare::one_shot_push_simple, params, flags)
 }

@@ -31,40 +31,22 @@
 
 namespace prepare {
 
-// Per-block state of a double-buffered launch, in shared memory.
-struct LaunchFlags {
-    // This launch's number, from 1; its parity picks the scratch half.
-    u64 launch;
-    u64 deadline;
-    // The abort word was set before this launch: return without touching anything.
-    int stopped;
-    // A wait in this launch passed the deadline.
-    int timed_out;
-};
-
-// Every thread of the block calls it first; false means return at once.
-__device__ __forceinline__ bool launch_begin(const AllReduceParams& params, LaunchFlags& flags) {
-    if (threadIdx.x == 0) {
-        flags.stopped = load_relaxed_device(params.state) != 0;
-        flags.timed_out = 0;
-        flags.launch = params.state[PREPARE_STATE_LAUNCH_WORD] + 1;
-        flags.deadline = deadline_after(global_timer_ns(), params.timeout_ns);
-    }
-    __syncthreads();
-    return !flags.stopped;
+// Every thread of the block calls it first; false means return at once. `flags.epoch` is then
+// this launch's number, whose parity picks the scratch half.
+__device__ __forceinline__ bool launch_begin(const AllReduceParams& params, BlockFlags& flags) {
+    return begin_counted(params, flags, params.state + PREPARE_STATE_LAUNCH_WORD);
 }
 
 // Every thread of the block calls it last. The last block of the launch to get here (each read
 // the counter before) advances the counter; a block that timed out leaves it, since the abort
 // word already stops every later launch.
-__device__ __forceinline__ void launch_end(const AllReduceParams& params,
-                                           const LaunchFlags& flags) {
+__device__ __forceinline__ void launch_end(const AllReduceParams& params, const BlockFlags& flags) {
     __syncthreads();
     if (threadIdx.x == 0 && !flags.timed_out) {
         const u64 finished = fetch_add_acq_rel_device(params.state + PREPARE_STATE_DONE_WORD, 1);
         if (finished + 1 == gridDim.x) {
             params.state[PREPARE_STATE_DONE_WORD] = 0;
-            params.state[PREPARE_STATE_LAUNCH_WORD] = flags.launch;
+            params.state[PREPARE_STATE_LAUNCH_WORD] = flags.epoch;
         }
     }
 }

@@ -146,6 +146,8 @@ __device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
 
 // Per-block flag state, in shared memory.
 struct BlockFlags {
+    // This launch's number for the block: its epoch (barrier kernels) or the double-buffered
+    // kernels' launch count, from 1.
     u64 epoch;
     u64 deadline;
     // The abort word was set before this launch: return without touching anything.
@@ -154,16 +156,23 @@ struct BlockFlags {
     int timed_out;
 };
 
-// Every thread of the block calls it first; false means return at once.
-__device__ __forceinline__ bool block_begin(const AllReduceParams& params, BlockFlags& flags) {
+// Every thread of the block calls it first, with the state word that counts the launches this
+// one follows; false means return at once.
+__device__ __forceinline__ bool begin_counted(const AllReduceParams& params, BlockFlags& flags,
+                                              const u64* counter) {
     if (threadIdx.x == 0) {
         flags.stopped = load_relaxed_device(params.state) != 0;
         flags.timed_out = 0;
-        flags.epoch = params.state[1 + blockIdx.x] + 1;
+        flags.epoch = *counter + 1;
         flags.deadline = deadline_after(global_timer_ns(), params.timeout_ns);
     }
     __syncthreads();
     return !flags.stopped;
+}
+
+// A barrier kernel's begin: the block's own epoch counts.
+__device__ __forceinline__ bool block_begin(const AllReduceParams& params, BlockFlags& flags) {
+    return begin_counted(params, flags, params.state + 1 + blockIdx.x);
 }
 
 // A barrier between this block and the same-numbered block of every peer. Every thread of the

@@ -102,10 +102,6 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "prepare::BlockFlags& flags = emu_shared<prepare::BlockFlags>(0);",
             )
             .replace(
-                "__shared__ prepare::LaunchFlags flags;",
-                "prepare::LaunchFlags& flags = emu_shared<prepare::LaunchFlags>(0);",
-            )
-            .replace(
                 "__shared__ prepare::ClusterFlags flags;",
                 "prepare::ClusterFlags& flags = emu_shared<prepare::ClusterFlags>(0);",
             )
