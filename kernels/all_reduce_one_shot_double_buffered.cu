@@ -91,64 +91,81 @@ __device__ __forceinline__ unsigned int* line_address(unsigned char* region, u64
                                            double_buffer_offset<N>(line * 16, parity, slot));
 }
 
+// Waits for line `line` of `source`'s slot to carry `flag`, then takes its two data words and
+// zeroes it. False (abort recorded) when the deadline passed first.
+template <int N>
+__device__ __forceinline__ bool receive_line(const AllReduceParams& params, BlockFlags& flags,
+                                             u64 line, u64 parity, unsigned int source,
+                                             unsigned int flag, unsigned int* data) {
+    unsigned int* address =
+        line_address<N>(params.buffers[params.rank] + params.scratch_offset, line, parity, source);
+    unsigned int words[4];
+    load_line_volatile(address, words);
+    while (words[1] != flag || words[3] != flag) {
+        if (global_timer_ns() > flags.deadline) {
+            // One last look, so a line that landed with the deadline is not called late.
+            load_line_volatile(address, words);
+            if (words[1] == flag && words[3] == flag) {
+                break;
+            }
+            record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, source);
+            flags.timed_out = 1;
+            return false;
+        }
+        load_line_volatile(address, words);
+    }
+    data[0] = words[0];
+    data[1] = words[2];
+    const unsigned int consumed[4] = {0, 0, 0, 0};
+    store_line_volatile(address, consumed);
+    return true;
+}
+
 // Whether a line carries `flag` in both its flag words.
 __device__ __forceinline__ bool line_arrived(const unsigned int (&words)[4], unsigned int flag) {
     return words[1] == flag && words[3] == flag;
 }
 
-// Waits for lines `first` .. `first + L - 1` of `source`'s slot to carry `flag`, then takes
-// their data words (two per line, into `data`) and zeroes them. The lines are loaded together,
-// so a vector's two lines cost one round trip, not two. False (abort recorded) when the
-// deadline passed first.
-template <int N, int L>
-__device__ __forceinline__ bool receive_lines(const AllReduceParams& params, BlockFlags& flags,
-                                              u64 first, u64 parity, unsigned int source,
-                                              unsigned int flag, unsigned int* data) {
+// receive_line for vector v's two lines (2v and 2v + 1), loaded together so they cost one
+// round trip, not two: its four data words go to `data`.
+template <int N>
+__device__ __forceinline__ bool receive_vector(const AllReduceParams& params, BlockFlags& flags,
+                                               u64 v, u64 parity, unsigned int source,
+                                               unsigned int flag, unsigned int* data) {
     unsigned char* region = params.buffers[params.rank] + params.scratch_offset;
-    unsigned int* address[L];
-    unsigned int words[L][4];
-#pragma unroll
-    for (int l = 0; l < L; ++l) {
-        address[l] = line_address<N>(region, first + l, parity, source);
-        load_line_volatile(address[l], words[l]);
-    }
-    for (;;) {
-        bool arrived = true;
-#pragma unroll
-        for (int l = 0; l < L; ++l) {
-            arrived = arrived && line_arrived(words[l], flag);
-        }
-        if (arrived) {
-            break;
-        }
-        const bool late = global_timer_ns() > flags.deadline;
-#pragma unroll
-        for (int l = 0; l < L; ++l) {
-            // Only lines still missing are loaded again; past the deadline this is the last look,
-            // so a line that landed with the deadline is not called late.
-            if (!line_arrived(words[l], flag)) {
-                load_line_volatile(address[l], words[l]);
+    unsigned int* low_address = line_address<N>(region, 2 * v, parity, source);
+    unsigned int* high_address = line_address<N>(region, 2 * v + 1, parity, source);
+    unsigned int low[4];
+    unsigned int high[4];
+    load_line_volatile(low_address, low);
+    load_line_volatile(high_address, high);
+    while (!line_arrived(low, flag) || !line_arrived(high, flag)) {
+        if (global_timer_ns() > flags.deadline) {
+            // One last look, so lines that landed with the deadline are not called late.
+            load_line_volatile(low_address, low);
+            load_line_volatile(high_address, high);
+            if (line_arrived(low, flag) && line_arrived(high, flag)) {
+                break;
             }
+            record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, source);
+            flags.timed_out = 1;
+            return false;
         }
-        if (late) {
-#pragma unroll
-            for (int l = 0; l < L; ++l) {
-                if (!line_arrived(words[l], flag)) {
-                    record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, source);
-                    flags.timed_out = 1;
-                    return false;
-                }
-            }
-            break;
+        // Only a line still missing is loaded again.
+        if (!line_arrived(low, flag)) {
+            load_line_volatile(low_address, low);
+        }
+        if (!line_arrived(high, flag)) {
+            load_line_volatile(high_address, high);
         }
     }
+    data[0] = low[0];
+    data[1] = low[2];
+    data[2] = high[0];
+    data[3] = high[2];
     const unsigned int consumed[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int l = 0; l < L; ++l) {
-        data[2 * l] = words[l][0];
-        data[2 * l + 1] = words[l][2];
-        store_line_volatile(address[l], consumed);
-    }
+    store_line_volatile(low_address, consumed);
+    store_line_volatile(high_address, consumed);
     return true;
 }
 
@@ -202,8 +219,18 @@ __device__ void one_shot_push_ll(const AllReduceParams& params, BlockFlags& flag
                 if (static_cast<unsigned int>(q) == rank) {
                     x[q] = load_vector(input, v);
                 } else {
-                    received = received && receive_lines<N, 2>(params, flags, 2 * v, parity, q,
-                                                               flag, x[q].word);
+                    // Up to four ranks a vector's two lines are awaited together; beyond,
+                    // one after the other, which keeps every rank's vector in registers.
+                    if (N <= 4) {
+                        received = received &&
+                                   receive_vector<N>(params, flags, v, parity, q, flag, x[q].word);
+                    } else {
+                        received =
+                            received &&
+                            receive_line<N>(params, flags, 2 * v, parity, q, flag, x[q].word) &&
+                            receive_line<N>(params, flags, 2 * v + 1, parity, q, flag,
+                                            x[q].word + 2);
+                    }
                 }
             }
             if (received) {
@@ -218,8 +245,8 @@ __device__ void one_shot_push_ll(const AllReduceParams& params, BlockFlags& flag
                     x[q] = e < elements ? load_element(input, e) : 0;
                 } else {
                     unsigned int data[2] = {0, 0};
-                    received = received && receive_lines<N, 1>(params, flags, tail_line + e, parity,
-                                                               q, flag, data);
+                    received = received &&
+                               receive_line<N>(params, flags, tail_line + e, parity, q, flag, data);
                     x[q] = static_cast<unsigned short>(data[0]);
                 }
             }

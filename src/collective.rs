@@ -12,7 +12,9 @@ use std::time::Duration;
 use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
-use crate::gpu::driver::{DeviceBuffer, Geometry, Graph, LoadedKernel, ModuleImage, Stream};
+use crate::gpu::driver::{
+    DeviceBuffer, DeviceMemory, Event, Geometry, Graph, LoadedKernel, ModuleImage, Stream,
+};
 use crate::gpu::nccl::Communicator;
 use crate::kernels;
 use crate::ladder::{Bucket, Ladder, Profile};
@@ -21,6 +23,14 @@ use crate::runtime::{PeerMemory, Runtime, RuntimeError};
 
 /// Bytes of one gathered drop reason (JSON, cut to fit).
 const REASON_SLOT_BYTES: usize = 1024;
+
+/// A copy-engine launch moves the message in chunks of at least this many bytes, so the sum
+/// of one chunk runs while the next is copied. On 2x H200 a 64 MiB message took 243 us in
+/// chunks of 16 MiB, 265 us in chunks of 4 MiB (docs/kernel-notes.md).
+pub const COPY_ENGINE_CHUNK_BYTES: u64 = 16 << 20;
+
+/// At most this many chunks per copy-engine launch (larger messages take larger chunks).
+const COPY_ENGINE_MAX_CHUNKS: u64 = 64;
 
 /// How an entry launches.
 #[derive(Debug)]
@@ -32,8 +42,42 @@ enum Launch {
         /// Where the kernel's scratch starts in every rank's buffer.
         scratch_offset: u64,
     },
+    /// Copies by the copy engines between two barrier kernels, summed chunk by chunk
+    /// (kernels/all_reduce_one_shot_copy_engine.cu says what runs where).
+    CopyEngine {
+        /// The chunk sum, with the candidate's geometry.
+        sum: LoadedKernel,
+        geometry: Geometry,
+        /// The start and end barriers, one block each.
+        start: LoadedKernel,
+        end: LoadedKernel,
+    },
     /// NCCL on the runtime's communicator (`None`) or on a profile's own split.
     Nccl { split: Option<usize> },
+}
+
+/// What the copy-engine candidates share on one rank: the stream their copies go on, the events
+/// that order each chunk's sum after its copies, and the scratch the peers' messages are copied
+/// into (one slot of the ladder's largest message per peer, private to this rank).
+#[derive(Debug)]
+struct CopyEngine {
+    stream: Stream,
+    fork: Event,
+    chunks: Vec<Event>,
+    scratch: DeviceBuffer,
+    slot_bytes: usize,
+}
+
+/// The chunks of a copy-engine launch for a message of `bytes`: byte ranges, each a whole
+/// number of 16-byte vectors except the last, which ends at `bytes`.
+pub fn copy_engine_chunks(bytes: u64) -> Vec<std::ops::Range<u64>> {
+    let per_chunk = bytes
+        .div_ceil(COPY_ENGINE_MAX_CHUNKS)
+        .max(COPY_ENGINE_CHUNK_BYTES)
+        .next_multiple_of(kernels::ALIGNMENT_BYTES);
+    (0..bytes.div_ceil(per_chunk).max(1))
+        .map(|chunk| chunk * per_chunk..((chunk + 1) * per_chunk).min(bytes))
+        .collect()
 }
 
 /// One candidate of one bucket on this rank.
@@ -68,6 +112,7 @@ pub struct Collectives {
     // the caller keeps `Collectives` alive while replaying them.
     input: Input,
     output: DeviceBuffer,
+    copy_engine: Option<CopyEngine>,
     capacity: usize,
     // Each bucket's largest message, in elements: the most its candidates' scratch holds.
     bucket_capacity: Vec<usize>,
@@ -239,11 +284,19 @@ impl Collectives {
                     let resident = kernel.resident_capacity(geometry).map_err(driver(rank))?;
                     match check_candidate_residency(bucket, profile, resident) {
                         Ok(()) => {
-                            entry.launch = Some(Launch::Custom {
-                                kernel,
-                                geometry,
-                                scratch_offset: input_region
-                                    + kernels::scratch_offset_after_input(ladder, &spec),
+                            entry.launch = Some(match kernels::copy_engine_barriers(&spec) {
+                                Some([start, end]) => Launch::CopyEngine {
+                                    sum: kernel,
+                                    geometry,
+                                    start: module.load(start, false).map_err(driver(rank))?,
+                                    end: module.load(end, false).map_err(driver(rank))?,
+                                },
+                                None => Launch::Custom {
+                                    kernel,
+                                    geometry,
+                                    scratch_offset: input_region
+                                        + kernels::scratch_offset_after_input(ladder, &spec),
+                                },
                             });
                         }
                         Err(reason) => entry.dropped = Some(reason),
@@ -252,10 +305,32 @@ impl Collectives {
                 entries.push(entry);
             }
         }
+        let copy_engine = if entries
+            .iter()
+            .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine { .. })))
+        {
+            let device = runtime.device();
+            let slot_bytes = message_bytes.next_multiple_of(kernels::ALIGNMENT_BYTES as usize);
+            let peers = runtime.world() as usize - 1;
+            let chunks = copy_engine_chunks(message_bytes as u64).len();
+            Some(CopyEngine {
+                stream: device.new_stream().map_err(driver(rank))?,
+                fork: device.new_event(false).map_err(driver(rank))?,
+                chunks: (0..chunks)
+                    .map(|_| device.new_event(false))
+                    .collect::<Result<_, _>>()
+                    .map_err(driver(rank))?,
+                scratch: device.allocate(slot_bytes * peers).map_err(driver(rank))?,
+                slot_bytes,
+            })
+        } else {
+            None
+        };
         let mut collectives = Collectives {
             entries,
             input,
             output,
+            copy_engine,
             capacity,
             bucket_capacity: ladder
                 .buckets
@@ -381,11 +456,81 @@ impl Collectives {
                     .launch_loaded(kernel, *geometry, &params)
                     .map_err(driver(self.rank))
             }
+            Some(Launch::CopyEngine {
+                sum,
+                geometry,
+                start,
+                end,
+            }) => self.enqueue_copy_engine(stream, elements, sum, *geometry, [start, end]),
             Some(Launch::Nccl { .. }) => self
                 .communicator(runtime, id)
                 .all_reduce_bf16(stream, self.input(), &self.output, elements)
                 .map_err(RuntimeError::from),
         }
+    }
+
+    /// Enqueues a copy-engine all-reduce on `stream`: the start barrier; on the copy stream,
+    /// per chunk, every peer's chunk copied into this rank's scratch; per chunk, once its copies
+    /// are done, the chunk's sum on `stream`; the end barrier. The copy stream forks from
+    /// `stream` after the start barrier and joins it at every chunk's sum, so a capture on
+    /// `stream` takes the copies into its graph.
+    fn enqueue_copy_engine(
+        &self,
+        stream: &Stream,
+        elements: usize,
+        sum: &LoadedKernel,
+        geometry: Geometry,
+        [start, end]: [&LoadedKernel; 2],
+    ) -> Result<(), RuntimeError> {
+        let rank = self.rank;
+        let Input::Peer(peer) = &self.input else {
+            unreachable!("custom entries exist only with peer memory")
+        };
+        let copy = self
+            .copy_engine
+            .as_ref()
+            .expect("a copy-engine entry comes with the copy engine's stream");
+        let bytes = elements as u64 * 2;
+        // The barriers read no data; the scratch offset only has to cover the message.
+        let covered = bytes.next_multiple_of(kernels::ALIGNMENT_BYTES);
+        let barrier = peer.params(&self.output, elements as u64, covered, self.timeout);
+        let one_block = Geometry::new(1, 32).map_err(driver(rank))?;
+        stream
+            .launch_loaded(start, one_block, &barrier)
+            .map_err(driver(rank))?;
+        stream.record(&copy.fork).map_err(driver(rank))?;
+        copy.stream.wait_for(&copy.fork).map_err(driver(rank))?;
+        for (chunk, range) in copy_engine_chunks(bytes).into_iter().enumerate() {
+            let length = (range.end - range.start) as usize;
+            let mut params = barrier;
+            for source in 0..barrier.world {
+                let at = range.start as usize;
+                if source == rank {
+                    params.buffers[source as usize] += range.start;
+                    continue;
+                }
+                let slot = copy.slot_bytes * (source - u32::from(source > rank)) as usize;
+                let from = peer
+                    .rank_buffer(source)
+                    .expect("peer memory maps every rank's buffer");
+                copy.stream
+                    .copy_device(&copy.scratch, slot + at, from, at, length)
+                    .map_err(driver(rank))?;
+                params.buffers[source as usize] = copy.scratch.address() + (slot + at) as u64;
+            }
+            let event = &copy.chunks[chunk];
+            copy.stream.record(event).map_err(driver(rank))?;
+            stream.wait_for(event).map_err(driver(rank))?;
+            params.output += range.start;
+            params.elements = (length / 2) as u64;
+            params.scratch_offset = (length as u64).next_multiple_of(kernels::ALIGNMENT_BYTES);
+            stream
+                .launch_loaded(sum, geometry, &params)
+                .map_err(driver(rank))?;
+        }
+        stream
+            .launch_loaded(end, one_block, &barrier)
+            .map_err(driver(rank))
     }
 
     /// Captures `ops` back-to-back launches of entry `id` at `elements` into a graph replayed
@@ -561,6 +706,37 @@ fn decode_reason(slot: &[u8], rank: usize) -> DropReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_engine_chunks_cover_the_message_in_whole_vectors() {
+        for bytes in [
+            0,
+            2,
+            16,
+            COPY_ENGINE_CHUNK_BYTES - 2,
+            COPY_ENGINE_CHUNK_BYTES,
+            COPY_ENGINE_CHUNK_BYTES + 2,
+            5 * COPY_ENGINE_CHUNK_BYTES + 14,
+            COPY_ENGINE_MAX_CHUNKS * COPY_ENGINE_CHUNK_BYTES + 2,
+            4 << 30,
+        ] {
+            let chunks = copy_engine_chunks(bytes);
+            assert!(chunks.len() as u64 <= COPY_ENGINE_MAX_CHUNKS, "{bytes}");
+            assert_eq!(chunks.first().map(|chunk| chunk.start), Some(0), "{bytes}");
+            assert_eq!(chunks.last().map(|chunk| chunk.end), Some(bytes), "{bytes}");
+            for pair in chunks.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start, "{bytes}");
+                assert!(pair[0].end > pair[0].start, "{bytes}");
+                assert_eq!(pair[0].end % kernels::ALIGNMENT_BYTES, 0, "{bytes}");
+                assert!(
+                    pair[0].end - pair[0].start >= COPY_ENGINE_CHUNK_BYTES,
+                    "{bytes}"
+                );
+            }
+        }
+        assert_eq!(copy_engine_chunks(0), vec![0..0]);
+        assert_eq!(copy_engine_chunks(3 * COPY_ENGINE_CHUNK_BYTES).len(), 3);
+    }
 
     #[test]
     fn long_reasons_are_cut_to_fit_a_slot_and_read_back() {

@@ -47,7 +47,8 @@ pub struct Compilation {
     /// NVRTC's version (major, minor).
     pub nvrtc_version: (u32, u32),
     /// Options every kernel was compiled with; each kernel adds
-    /// `--ptxas-options=--entry=<its name>` so its cubin holds that entry alone.
+    /// `--ptxas-options=--entry=<its name>` so its cubin holds that entry alone (with its
+    /// start and end barriers, for a copy-engine kernel).
     pub options: Vec<String>,
     /// One entry per distinct kernel, sorted by name.
     pub kernels: Vec<CompiledKernel>,
@@ -362,7 +363,12 @@ fn compile_kernel(
         .program(spec.source, sources.source(spec), &sources.headers())
         .map_err(nvrtc_error)?;
     let mut kernel_options = options.to_vec();
-    kernel_options.push(format!("--ptxas-options=--entry={}", spec.name));
+    // A copy-engine kernel's barriers are entries of the same module.
+    let mut entries = vec![spec.name.as_str()];
+    if let Some(barriers) = crate::kernels::copy_engine_barriers(spec) {
+        entries.extend(barriers);
+    }
+    kernel_options.push(format!("--ptxas-options=--entry={}", entries.join(",")));
     let log = compile_once(spec, arch, &mut program, &kernel_options)?;
     if log.trim().is_empty() {
         return Err(CompileError::EmptyLog {
@@ -605,7 +611,7 @@ ptxas info    : Compile time = 135.894 ms
         let mut sources = SourceOverrides::new();
         insta::assert_snapshot!(
             sources.replace("prepare_bf16.h", "").unwrap_err(),
-            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_one_shot_double_buffered.cu, all_reduce_rsag.cu, all_reduce_rsag_phased.cu, prepare_abi.cuh, prepare_bf16.cuh, prepare_cluster.cuh, prepare_double_buffer.cuh, prepare_layout.cuh, prepare_sync.cuh)"
+            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_one_shot_copy_engine.cu, all_reduce_one_shot_double_buffered.cu, all_reduce_rsag.cu, all_reduce_rsag_phased.cu, prepare_abi.cuh, prepare_bf16.cuh, prepare_cluster.cuh, prepare_double_buffer.cuh, prepare_layout.cuh, prepare_sync.cuh)"
         );
         assert!(sources.is_empty());
     }

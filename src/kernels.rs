@@ -100,62 +100,83 @@ struct Kernel {
     source: &'static str,
     cluster: bool,
     scratch: Scratch,
+    /// The start and end barrier entries in the same source, for a kernel whose peer traffic
+    /// the host enqueues as copies between them.
+    barriers: Option<[&'static str; 2]>,
 }
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 8] = [
+const KERNELS: [Kernel; 9] = [
     Kernel {
         name: "all_reduce_full_phased_bf16",
         source: "all_reduce_full_phased.cu",
         cluster: true,
         scratch: Scratch::MessageSlots,
+        barriers: None,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_copy_engine_bf16",
+        source: "all_reduce_one_shot_copy_engine.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: Some([
+            "all_reduce_one_shot_copy_engine_start_bf16",
+            "all_reduce_one_shot_copy_engine_end_bf16",
+        ]),
     },
     Kernel {
         name: "all_reduce_one_shot_pull_bf16",
         source: "all_reduce_one_shot.cu",
         cluster: false,
         scratch: Scratch::None,
+        barriers: None,
     },
     Kernel {
         name: "all_reduce_one_shot_push_bf16",
         source: "all_reduce_one_shot.cu",
         cluster: false,
         scratch: Scratch::MessageSlots,
+        barriers: None,
     },
     Kernel {
         name: "all_reduce_one_shot_push_ll_bf16",
         source: "all_reduce_one_shot_double_buffered.cu",
         cluster: false,
         scratch: Scratch::DoubleBufferedLines,
+        barriers: None,
     },
     Kernel {
         name: "all_reduce_one_shot_push_simple_bf16",
         source: "all_reduce_one_shot_double_buffered.cu",
         cluster: false,
         scratch: Scratch::DoubleBufferedMessageSlots,
+        barriers: None,
     },
     Kernel {
         name: "all_reduce_rsag_phased_bf16",
         source: "all_reduce_rsag_phased.cu",
         cluster: true,
         scratch: Scratch::SliceSlotsThenMessage,
+        barriers: None,
     },
     Kernel {
         name: "all_reduce_rsag_pull_bf16",
         source: "all_reduce_rsag.cu",
         cluster: false,
         scratch: Scratch::Message,
+        barriers: None,
     },
     Kernel {
         name: "all_reduce_rsag_push_bf16",
         source: "all_reduce_rsag.cu",
         cluster: false,
         scratch: Scratch::SliceSlotsThenMessage,
+        barriers: None,
     },
 ];
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 5] = [
+const SOURCES: [(&str, &str); 6] = [
     (
         "all_reduce_full_phased.cu",
         include_str!("../kernels/all_reduce_full_phased.cu"),
@@ -163,6 +184,10 @@ const SOURCES: [(&str, &str); 5] = [
     (
         "all_reduce_one_shot.cu",
         include_str!("../kernels/all_reduce_one_shot.cu"),
+    ),
+    (
+        "all_reduce_one_shot_copy_engine.cu",
+        include_str!("../kernels/all_reduce_one_shot_copy_engine.cu"),
     ),
     (
         "all_reduce_one_shot_double_buffered.cu",
@@ -232,12 +257,19 @@ pub fn kernel_for(profile: &Profile, dtype: Dtype) -> Option<KernelSpec> {
             (Transfer::Push, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_push",
             (Transfer::Push, Some(Protocol::Ll)) => "all_reduce_one_shot_push_ll",
             (Transfer::Push, Some(Protocol::Simple)) => "all_reduce_one_shot_push_simple",
-            // Validation refuses a double-buffered pull.
-            (Transfer::Pull, Some(Protocol::Ll | Protocol::Simple)) => return None,
+            (Transfer::CopyEngine, None | Some(Protocol::Barrier)) => {
+                "all_reduce_one_shot_copy_engine"
+            }
+            // Validation refuses a double-buffered pull or copy-engine transfer.
+            (Transfer::Pull | Transfer::CopyEngine, Some(Protocol::Ll | Protocol::Simple)) => {
+                return None
+            }
         },
         (Algorithm::Rsag, None) => match profile.transfer_or_default() {
             Transfer::Pull => "all_reduce_rsag_pull",
             Transfer::Push => "all_reduce_rsag_push",
+            // Validation refuses it: only the one-shot has a copy-engine form.
+            Transfer::CopyEngine => return None,
         },
         // The phased kernels always write to their peers; `transfer` does not apply.
         (Algorithm::Rsag, Some(Schedule::Phased)) => "all_reduce_rsag_phased",
@@ -245,6 +277,16 @@ pub fn kernel_for(profile: &Profile, dtype: Dtype) -> Option<KernelSpec> {
         (Algorithm::OneShot | Algorithm::Full | Algorithm::Nccl, _) => return None,
     };
     Some(kernel_named(&format!("{name}_{}", dtype.name())).spec())
+}
+
+/// The start and end barrier entries of a kernel whose peer traffic the host enqueues as copies
+/// (`transfer: copy_engine`), in the same source; `None` for every other kernel (and for a name
+/// that is not a kernel of this crate).
+pub fn copy_engine_barriers(spec: &KernelSpec) -> Option<[&'static str; 2]> {
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == spec.name)
+        .and_then(|kernel| kernel.barriers)
 }
 
 /// Every custom kernel this crate has, sorted by name.

@@ -652,6 +652,18 @@ impl PeerMemory {
         &self.state
     }
 
+    /// Rank `rank`'s registered buffer as mapped here: this rank's own, or a peer's mapping;
+    /// `None` outside the world.
+    pub fn rank_buffer(&self, rank: u32) -> Option<&dyn DeviceMemory> {
+        if rank == self.rank {
+            return Some(&self.buffer);
+        }
+        self.peer_buffers
+            .get(rank as usize)
+            .and_then(Option::as_ref)
+            .map(|buffer| buffer as &dyn DeviceMemory)
+    }
+
     /// The kernel parameters for a message of `elements`, summed into `output`, for a kernel
     /// whose scratch starts at `scratch_offset` in every rank's buffer.
     pub fn params(

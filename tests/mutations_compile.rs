@@ -70,6 +70,7 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             Mutation::NoLineWait | Mutation::NoStepWait => {
                 &["all_reduce_one_shot_double_buffered.cu"]
             }
+            Mutation::NoCopyStart => &["all_reduce_one_shot_copy_engine.cu"],
             Mutation::DropTail => &["prepare_layout.cuh"],
             _ => &["prepare_bf16.cuh"],
         };
@@ -93,7 +94,8 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             "no_start_barrier",
             "double_count",
             "no_line_wait",
-            "no_step_wait"
+            "no_step_wait",
+            "no_copy_start"
         ]
     );
 }

@@ -1363,7 +1363,7 @@ impl Stream {
     }
 
     fn checked_range(
-        memory: &impl DeviceMemory,
+        memory: &(impl DeviceMemory + ?Sized),
         operation: &'static str,
         range: &Range<usize>,
     ) -> Result<u64, DriverError> {
@@ -1429,6 +1429,32 @@ impl Stream {
         };
         check(result, "cuMemcpyDtoHAsync", Some(self.ordinal))?;
         self.synchronize()
+    }
+
+    /// Copies `bytes` from `source` at byte `source_offset` to `destination` at
+    /// `destination_offset`, device to device, on this stream (queued, not waited for; it can
+    /// be captured). Either side may be another GPU's memory mapped here (a peer's buffer): the
+    /// copy engine of this stream's GPU moves the bytes.
+    pub fn copy_device(
+        &self,
+        destination: &dyn DeviceMemory,
+        destination_offset: usize,
+        source: &dyn DeviceMemory,
+        source_offset: usize,
+        bytes: usize,
+    ) -> Result<(), DriverError> {
+        let target = destination_offset..destination_offset.saturating_add(bytes);
+        let from = source_offset..source_offset.saturating_add(bytes);
+        let to_address = Self::checked_range(destination, "copy", &target)?;
+        let from_address = Self::checked_range(source, "copy", &from)?;
+        self.bind()?;
+        // SAFETY: both ranges lie inside live device allocations or mappings (checked above),
+        // which outlive the queued copy (their drops wait for the device); no host memory is
+        // involved.
+        let result = unsafe {
+            sys::cuMemcpyDtoDAsync_v2(to_address, from_address, bytes, self.stream.cu_stream())
+        };
+        check(result, "cuMemcpyDtoDAsync", Some(self.ordinal))
     }
 
     /// Fills a byte range with `value` (queued, not waited for).

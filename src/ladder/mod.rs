@@ -258,6 +258,9 @@ pub enum Transfer {
     Pull,
     /// Write into peers' buffers.
     Push,
+    /// The copy engines read peers' buffers into local scratch and a kernel sums locally
+    /// (one-shot only).
+    CopyEngine,
 }
 
 impl Transfer {
@@ -266,6 +269,7 @@ impl Transfer {
         match self {
             Transfer::Pull => "pull",
             Transfer::Push => "push",
+            Transfer::CopyEngine => "copy_engine",
         }
     }
 }

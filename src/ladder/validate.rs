@@ -89,6 +89,8 @@ rules! {
     DuplicateProfileId => "duplicate_profile_id", Rules;
     /// `transfer` on a profile that is not one-shot or RSAG, or that has a schedule.
     TransferNotApplicable => "transfer_not_applicable", Rules;
+    /// `"transfer": "copy_engine"` on a profile that is not one-shot.
+    CopyEngineNotOneShot => "copy_engine_not_one_shot", Rules;
     /// `protocol` on a profile that is not one-shot, or `ll`/`simple` on one that is not push.
     ProtocolNotApplicable => "protocol_not_applicable", Rules;
     /// `schedule: phased` on a profile that is not RSAG or full.

@@ -29,6 +29,7 @@
 
 #include "all_reduce_full_phased.cu"
 #include "all_reduce_one_shot.cu"
+#include "all_reduce_one_shot_copy_engine.cu"
 #include "all_reduce_one_shot_double_buffered.cu"
 #include "all_reduce_rsag.cu"
 #include "all_reduce_rsag_phased.cu"
@@ -57,9 +58,15 @@ struct Kernel {
     void (*entry)(AllReduceParams);
     Scratch scratch;
     bool cluster;
+    // A copy-engine kernel's start and end barriers: the host copies the peers' chunks between
+    // them (copy_engine_launch); null for every other kernel.
+    void (*start)(AllReduceParams) = nullptr;
+    void (*end)(AllReduceParams) = nullptr;
 };
 
 const Kernel kKernels[] = {
+    {"one_shot_copy_engine", all_reduce_one_shot_copy_engine_bf16, Scratch::None, false,
+     all_reduce_one_shot_copy_engine_start_bf16, all_reduce_one_shot_copy_engine_end_bf16},
     {"one_shot_pull", all_reduce_one_shot_pull_bf16, Scratch::None, false},
     {"one_shot_push", all_reduce_one_shot_push_bf16, Scratch::MessageSlots, false},
     {"one_shot_push_ll", all_reduce_one_shot_push_ll_bf16, Scratch::DoubleBufferedLines, false},
@@ -223,6 +230,42 @@ void launch_rank(const Launch& launch, const AllReduceParams& params) {
         thread.join();
 }
 
+// Chunks of a copy-engine launch here: small, so that even short messages take several and a
+// tail (the host's are 4 MiB, src/collective.rs).
+constexpr u64 kCopyEngineChunkBytes = 80;
+
+// One rank's copy-engine launch as the host enqueues it (src/collective.rs): the start barrier;
+// per chunk, every peer's chunk copied into this rank's private scratch (the copy engine), then
+// the chunk's sum; the end barrier. Here the copies run on the rank's own thread in stream
+// order, so a missing barrier shows as a race on the peers' inputs.
+void copy_engine_launch(const Launch& launch, const AllReduceParams& params, unsigned char* scratch,
+                        u64 slot_bytes) {
+    const Kernel start = {"start", launch.kernel->start, Scratch::None, false};
+    const Kernel end = {"end", launch.kernel->end, Scratch::None, false};
+    launch_rank({&start, 1, launch.threads, 1, launch.elements}, params);
+    const u64 bytes = launch.elements * 2;
+    for (u64 first = 0; first < bytes || first == 0; first += kCopyEngineChunkBytes) {
+        const u64 length = std::min(kCopyEngineChunkBytes, bytes - first);
+        AllReduceParams chunk = params;
+        for (unsigned q = 0; q < params.world; ++q) {
+            if (q == params.rank) {
+                chunk.buffers[q] = params.buffers[q] + first;
+                continue;
+            }
+            unsigned char* slot = scratch + slot_bytes * (q - (q > params.rank ? 1 : 0)) + first;
+            std::memcpy(slot, params.buffers[q] + first, length);
+            chunk.buffers[q] = slot;
+        }
+        chunk.output = static_cast<unsigned char*>(params.output) + first;
+        chunk.elements = length / 2;
+        chunk.scratch_offset = round_up(length, 16);
+        launch_rank({launch.kernel, launch.blocks, launch.threads, 1, chunk.elements}, chunk);
+        if (bytes == 0)
+            break;
+    }
+    launch_rank({&end, 1, launch.threads, 1, launch.elements}, params);
+}
+
 // Every present rank runs `sequence` in stream order; returns each rank's abort word.
 std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequence,
                      const Options& options, u64 seed) {
@@ -257,6 +300,13 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
         for (std::size_t k = 0; k < std::size(kKernels); ++k)
             std::memset(buffer.get() + own_offsets[k], 0, own_bytes[k]);
     }
+    // The copy-engine kernels' private scratch: a slot of the largest message per peer.
+    const u64 slot_bytes = round_up(max_elements * 2, 16);
+    std::vector<std::unique_ptr<unsigned char[]>> copy_scratch(world);
+    for (auto& scratch : copy_scratch) {
+        scratch.reset(new (std::align_val_t(16)) unsigned char[slot_bytes * (world - 1) + 16]);
+        std::memset(scratch.get(), kBufferFill, slot_bytes * (world - 1) + 16);
+    }
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
@@ -289,7 +339,11 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 params.timeout_ns = options.timeout_ns;
                 params.rank = rank;
                 params.world = world;
-                launch_rank(launch, params);
+                if (launch.kernel->start != nullptr) {
+                    copy_engine_launch(launch, params, copy_scratch[rank].get(), slot_bytes);
+                } else {
+                    launch_rank(launch, params);
+                }
                 for (int g = 0; g < kGuard; ++g) {
                     CHECK(output[output_bytes + g] == 0xCC,
                           "%s world %u elements %llu rank %u: wrote past the output",

@@ -34,6 +34,10 @@ pub enum Mutation {
     /// `all_reduce_one_shot_push_simple_bf16` sums a step without waiting for the peers' step
     /// flags: a race that shows only when a peer is late.
     NoStepWait,
+    /// `all_reduce_one_shot_copy_engine_start_bf16` does not wait for the peers, so the copies
+    /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
+    /// late.
+    NoCopyStart,
 }
 
 /// One exact text replacement in one kernel source or header.
@@ -102,18 +106,32 @@ const NO_START_BARRIER: &[Patch] = &[Patch {
     replace: "    const unsigned char* inputs[N];",
 }];
 
-/// `receive_lines` never waits for the flags.
-const NO_LINE_WAIT: &[Patch] = &[Patch {
-    file: "all_reduce_one_shot_double_buffered.cu",
-    find: "        if (arrived) {",
-    replace: "        if (true) {",
-}];
+/// `receive_line` and `receive_vector` never wait for the flags.
+const NO_LINE_WAIT: &[Patch] = &[
+    Patch {
+        file: "all_reduce_one_shot_double_buffered.cu",
+        find: "    while (words[1] != flag || words[3] != flag) {",
+        replace: "    while (false) {",
+    },
+    Patch {
+        file: "all_reduce_one_shot_double_buffered.cu",
+        find: "    while (!line_arrived(low, flag) || !line_arrived(high, flag)) {",
+        replace: "    while (false) {",
+    },
+];
 
 /// `wait_step_flags` never waits for the flags.
 const NO_STEP_WAIT: &[Patch] = &[Patch {
     file: "all_reduce_one_shot_double_buffered.cu",
     find: "        while (load_acquire_system(word) < flag) {",
     replace: "        while (false) {",
+}];
+
+/// The copy-engine start barrier returns at once.
+const NO_COPY_START: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot_copy_engine.cu",
+    find: "    PREPARE_DISPATCH_WORLD(prepare::copy_engine_barrier, params, flags, prepare::kSetStart)",
+    replace: "    (void)flags;",
 }];
 
 /// Both rank loops start from rank 0, which the sum already starts from.
@@ -138,7 +156,7 @@ const DOUBLE_COUNT: &[Patch] = &[
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::SkipPeer,
         Mutation::Truncate,
         Mutation::DropTail,
@@ -146,6 +164,7 @@ impl Mutation {
         Mutation::DoubleCount,
         Mutation::NoLineWait,
         Mutation::NoStepWait,
+        Mutation::NoCopyStart,
     ];
 
     /// Its name, as tests report it.
@@ -158,6 +177,7 @@ impl Mutation {
             Mutation::DoubleCount => "double_count",
             Mutation::NoLineWait => "no_line_wait",
             Mutation::NoStepWait => "no_step_wait",
+            Mutation::NoCopyStart => "no_copy_start",
         }
     }
 
@@ -166,7 +186,10 @@ impl Mutation {
     pub fn is_deterministic(self) -> bool {
         !matches!(
             self,
-            Mutation::NoStartBarrier | Mutation::NoLineWait | Mutation::NoStepWait
+            Mutation::NoStartBarrier
+                | Mutation::NoLineWait
+                | Mutation::NoStepWait
+                | Mutation::NoCopyStart
         )
     }
 
@@ -177,6 +200,7 @@ impl Mutation {
             Mutation::NoStartBarrier => vec!["all_reduce_one_shot_pull_bf16".to_owned()],
             Mutation::NoLineWait => vec!["all_reduce_one_shot_push_ll_bf16".to_owned()],
             Mutation::NoStepWait => vec!["all_reduce_one_shot_push_simple_bf16".to_owned()],
+            Mutation::NoCopyStart => vec!["all_reduce_one_shot_copy_engine_bf16".to_owned()],
             _ => all_kernels().into_iter().map(|spec| spec.name).collect(),
         }
     }
@@ -190,6 +214,7 @@ impl Mutation {
             Mutation::DoubleCount => DOUBLE_COUNT,
             Mutation::NoLineWait => NO_LINE_WAIT,
             Mutation::NoStepWait => NO_STEP_WAIT,
+            Mutation::NoCopyStart => NO_COPY_START,
         }
     }
 }

@@ -174,6 +174,13 @@ impl Checker<'_> {
                          choose pull or push ({why})"
                     ),
                 );
+            } else if transfer == Transfer::CopyEngine && algorithm != Algorithm::OneShot {
+                self.report(
+                    Rule::CopyEngineNotOneShot,
+                    at("transfer"),
+                    json_string(transfer.name()),
+                    "\"pull\" or \"push\": only one_shot profiles have a copy-engine form",
+                );
             }
         }
         if let Some(protocol) = profile.protocol {
