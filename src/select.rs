@@ -1,10 +1,11 @@
 //! Startup selection, as a serving process runs it (DESIGN.md, Startup selection): the package
 //! is loaded on this rank, the cache is consulted (used only when every rank hit the same
 //! entry), otherwise every bucket's surviving candidates are checked exact at the bucket's
-//! largest size and timed in interleaved rounds; every rank decides the same from the gathered
-//! matrix, the ranks compare the sha256 of the serialized choice, and only then is anything
-//! written. The result is a [`Handle`] that launches the chosen collective for any message
-//! size on the caller's stream, capturable in the caller's own graph.
+//! largest size and timed at its smallest and its largest message, both sizes in the same
+//! interleaved rounds; every rank decides the same from the gathered matrix, the ranks compare
+//! the sha256 of the serialized choice, and only then is anything written. The result is a
+//! [`Handle`] that launches the chosen collective for any message size on the caller's stream,
+//! capturable in the caller's own graph.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -301,8 +302,9 @@ fn topology_text(topology: &Topology) -> String {
     }
 }
 
-/// A cached choice that fits: it parses, names this package, fingerprint and policy, was timed,
-/// and has one entry per bucket naming one of the bucket's candidates.
+/// A cached choice that fits: it parses, is in this tool's choice format (an entry of an older
+/// format is a miss, and is timed again and replaced), names this package, fingerprint and
+/// policy, was timed, and has one entry per bucket naming one of the bucket's candidates.
 pub fn cached_choice(
     bytes: &[u8],
     package: &Package,
@@ -311,7 +313,8 @@ pub fn cached_choice(
 ) -> Option<Choice> {
     let choice: Choice = serde_json::from_slice(bytes).ok()?;
     let ladder = package.ladder();
-    let fits = choice.package == package.identity()
+    let fits = choice.format_version == crate::tune::choice::CHOICE_FORMAT_VERSION
+        && choice.package == package.identity()
         && choice.fingerprint == key
         && choice.tuning == Tuning::Runtime
         && choice.policy == *policy
@@ -543,7 +546,7 @@ fn static_decisions(
 }
 
 /// Per bucket: every surviving candidate (checked exact at the bucket's largest size before)
-/// timed; the decision over the gathered matrix.
+/// timed at the bucket's smallest and largest message; the decision over the gathered matrix.
 fn time_and_decide(
     runtime: &Runtime,
     collectives: &mut Collectives,
@@ -555,29 +558,48 @@ fn time_and_decide(
 ) -> Result<Vec<BucketDecision>, SelectError> {
     let rank = runtime.rank();
     let ladder = package.ladder();
+    let element_bytes = ladder.dtype.size_bytes();
 
     let timed = Instant::now();
     let mut timer = Timer::new(runtime)?;
     let mut samples = Vec::with_capacity(ladder.buckets.len());
     reporter.start("timing", ladder.buckets.len() as u64);
     for (index, bucket) in ladder.buckets.iter().enumerate() {
-        let elements = (bucket.max_bytes / ladder.dtype.size_bytes()) as usize;
-        let live: Vec<(EntryId, usize)> = collectives
+        // Both edges of the bucket (one size when they are equal), ascending.
+        let mut sizes = vec![ladder.bucket_min_bytes(index), bucket.max_bytes];
+        sizes.dedup();
+        let live: Vec<EntryId> = collectives
             .bucket_entries(index)
             .filter(|(id, entry)| {
                 entry.dropped.is_none()
                     && !(options.policy.exact_only
                         && matches!(outcomes[*id], Outcome::Qualified { exact: false }))
             })
-            .map(|(id, _)| (id, elements))
+            .map(|(id, _)| id)
             .collect();
-        let group = timer.time(runtime, collectives, &live, options.timing)?;
-        let mut timed_samples = group.samples.into_iter();
+        // One group, size by size: every live candidate at the smallest size, then every one at
+        // the largest, so that each round interleaves both sizes. Every rank builds the same
+        // list in the same order.
+        let entries: Vec<(EntryId, usize)> = sizes
+            .iter()
+            .flat_map(|&bytes| {
+                let elements = (bytes / element_bytes).max(1) as usize;
+                live.iter().map(move |&id| (id, elements))
+            })
+            .collect();
+        let group = timer.time(runtime, collectives, &entries, options.timing)?;
+        // `[entry][rank][round]` back to `[candidate][size][rank][round]`.
+        let mut rows: Vec<Vec<Vec<Vec<Option<f64>>>>> =
+            vec![Vec::with_capacity(sizes.len()); live.len()];
+        for (entry, at_size) in group.samples.into_iter().enumerate() {
+            rows[entry % live.len()].push(at_size);
+        }
+        let mut timed_samples = rows.into_iter();
         let candidates = collectives
             .bucket_entries(index)
             .map(|(id, entry)| {
                 let exact = !matches!(outcomes[id], Outcome::Qualified { exact: false });
-                let is_live = live.iter().any(|(live_id, _)| *live_id == id);
+                let is_live = live.contains(&id);
                 CandidateSamples {
                     profile: entry.profile.clone(),
                     dropped: if is_live {
@@ -593,7 +615,9 @@ fn time_and_decide(
                     },
                     exact,
                     samples: if is_live {
-                        timed_samples.next().expect("one sample row per live entry")
+                        timed_samples
+                            .next()
+                            .expect("one row of samples per live candidate")
                     } else {
                         Vec::new()
                     },
@@ -603,6 +627,7 @@ fn time_and_decide(
         samples.push(BucketSamples {
             index,
             default: bucket.default.clone(),
+            sizes,
             candidates,
         });
         reporter.advance(&format!("bucket {index}"));

@@ -39,9 +39,10 @@ impl Default for TimingOptions {
 /// Samples of one group of candidates timed together, from every rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSamples {
-    /// Operations each sample replayed, per candidate (the same on every rank).
+    /// Operations each sample replayed, per entry of the group (the same on every rank).
     pub ops: Vec<u32>,
-    /// Microseconds per operation, `[candidate][rank][round]`; `None` for a failed sample.
+    /// Microseconds per operation, `[entry][rank][round]`, entries in the group's order; `None`
+    /// for a failed sample.
     pub samples: Vec<Vec<Vec<Option<f64>>>>,
 }
 
@@ -135,8 +136,10 @@ impl Timer {
             .collect()
     }
 
-    /// Times `entries` (each at its message size, elements) against each other. Collective:
-    /// every rank passes the same entries. Returns every rank's samples.
+    /// Times `entries` (each at its message size, elements) against each other. An entry may
+    /// appear more than once, at different sizes: each appearance is captured, calibrated and
+    /// timed on its own, and its samples are in the same position as in `entries`. Collective:
+    /// every rank passes the same entries in the same order. Returns every rank's samples.
     pub fn time(
         &mut self,
         runtime: &Runtime,

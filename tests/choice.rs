@@ -4,7 +4,9 @@
 use prepare::tune::choice::{
     check_agreement, write_choice, BucketChoice, Choice, ChoiceError, Tuning, CHOICE_FORMAT_VERSION,
 };
-use prepare::tune::{BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy};
+use prepare::tune::{
+    BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
+};
 
 fn choice() -> Choice {
     Choice {
@@ -26,6 +28,7 @@ fn choice() -> Choice {
                 baseline: "nccl".to_owned(),
                 reason: DecisionReason::Faster {
                     ratio: 0.55,
+                    tested_bytes: 16384,
                     p_value: 1e-9,
                 },
                 bit_exact: true,
@@ -34,10 +37,23 @@ fn choice() -> Choice {
                         profile: "one_shot_push".to_owned(),
                         exact: true,
                         outcome: CandidateOutcome::Timed {
-                            median_us: 5.5,
-                            min_us: 5.25,
-                            max_us: 6.0,
-                            rounds: 30,
+                            slowdown: 1.0,
+                            sizes: vec![
+                                SizeFigures {
+                                    bytes: 2,
+                                    median_us: 3.75,
+                                    min_us: 3.5,
+                                    max_us: 4.0,
+                                    rounds: 30,
+                                },
+                                SizeFigures {
+                                    bytes: 16384,
+                                    median_us: 5.5,
+                                    min_us: 5.25,
+                                    max_us: 6.0,
+                                    rounds: 29,
+                                },
+                            ],
                         },
                     },
                     CandidateResult {
@@ -95,10 +111,65 @@ fn an_unknown_format_version_is_refused() {
     let message = Choice::read(&path).unwrap_err().to_string();
     assert!(
         message.ends_with(&format!(
-            "is not a valid choice: format_version 7 is not known to prepare {} (it reads 1)",
+            "is not a valid choice: format_version 7 is not known to prepare {} (it reads 2)",
             prepare::TOOL_VERSION
         )),
         "{message}"
+    );
+}
+
+/// A choice of format 1 (every candidate timed at its bucket's largest message only) is
+/// refused for its version, before its shape is looked at.
+#[test]
+fn a_choice_of_format_1_is_refused_naming_its_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("choice.json");
+    let mut value = serde_json::to_value(choice()).unwrap();
+    value["format_version"] = 1.into();
+    value["buckets"][0]["reason"] =
+        serde_json::json!({"kind": "faster", "ratio": 0.55, "p_value": 1e-9});
+    value["buckets"][0]["candidates"][0] = serde_json::json!({
+        "profile": "one_shot_push",
+        "exact": true,
+        "status": "timed",
+        "median_us": 5.5,
+        "min_us": 5.25,
+        "max_us": 6.0,
+        "rounds": 30
+    });
+    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+    let message = Choice::read(&path).unwrap_err().to_string();
+    assert_eq!(
+        message,
+        format!(
+            "{} is not a valid choice: format_version 1 is not known to prepare {} (it reads 2)",
+            path.display(),
+            prepare::TOOL_VERSION
+        )
+    );
+}
+
+#[test]
+fn a_timed_candidate_holds_its_figures_per_size() {
+    let value = serde_json::to_value(choice()).unwrap();
+    assert_eq!(value["format_version"], CHOICE_FORMAT_VERSION);
+    assert_eq!(CHOICE_FORMAT_VERSION, 2);
+    assert_eq!(
+        value["buckets"][0]["candidates"][0],
+        serde_json::json!({
+            "profile": "one_shot_push",
+            "exact": true,
+            "status": "timed",
+            "slowdown": 1.0,
+            "sizes": [
+                {"bytes": 2, "median_us": 3.75, "min_us": 3.5, "max_us": 4.0, "rounds": 30},
+                {"bytes": 16384, "median_us": 5.5, "min_us": 5.25, "max_us": 6.0, "rounds": 29}
+            ]
+        })
+    );
+    assert_eq!(
+        value["buckets"][0]["reason"],
+        serde_json::json!({"kind": "faster", "ratio": 0.55, "tested_bytes": 16384, "p_value": 1e-9})
     );
 }
 

@@ -140,8 +140,10 @@ impl Noise {
 }
 
 /// A choice for the package in `dir`, decided by the library from synthetic samples (every
-/// rank, 20 rounds) with each candidate's fate given by `fate(bucket max_bytes, profile)`.
-fn synthetic_choice(dir: &Path, fate: impl Fn(u64, &str) -> Fate<'static>) -> Choice {
+/// rank, 20 rounds, at each bucket's smallest and largest message) with each candidate's fate
+/// given by `fate(bucket max_bytes, message bytes, profile)`; a candidate dropped at either
+/// size is dropped.
+fn synthetic_choice(dir: &Path, fate: impl Fn(u64, u64, &str) -> Fate<'static>) -> Choice {
     let package = open_package(dir).expect("the package opens");
     let manifest = package.manifest();
     let world_size = manifest.ladder.world_size;
@@ -149,24 +151,43 @@ fn synthetic_choice(dir: &Path, fate: impl Fn(u64, &str) -> Fate<'static>) -> Ch
     let samples: Vec<BucketSamples> = manifest
         .buckets
         .iter()
-        .map(|bucket| BucketSamples {
-            index: bucket.index,
-            default: bucket.default.clone(),
-            candidates: bucket
+        .map(|bucket| {
+            let mut sizes = vec![bucket.min_bytes, bucket.max_bytes];
+            sizes.dedup();
+            let candidates = bucket
                 .candidates
                 .iter()
                 .map(|candidate| {
                     let profile = candidate.profile.clone();
-                    match fate(bucket.max_bytes, &candidate.profile) {
-                        Fate::Timed {
-                            center,
-                            jitter,
-                            exact,
-                        } => CandidateSamples {
+                    let fates: Vec<Fate> = sizes
+                        .iter()
+                        .map(|&bytes| fate(bucket.max_bytes, bytes, &candidate.profile))
+                        .collect();
+                    if let Some(reason) = fates.iter().find_map(|fate| match fate {
+                        Fate::Dropped(reason) => Some(*reason),
+                        Fate::Timed { .. } => None,
+                    }) {
+                        return CandidateSamples {
                             profile,
-                            dropped: None,
-                            exact,
-                            samples: (0..world_size)
+                            dropped: Some(reason.to_owned()),
+                            exact: !reason.starts_with("not exact"),
+                            samples: Vec::new(),
+                        };
+                    }
+                    let mut exact = true;
+                    let samples = fates
+                        .iter()
+                        .map(|fate| {
+                            let Fate::Timed {
+                                center,
+                                jitter,
+                                exact: exact_here,
+                            } = *fate
+                            else {
+                                unreachable!("dropped candidates returned above")
+                            };
+                            exact &= exact_here;
+                            (0..world_size)
                                 .map(|_| {
                                     (0..20)
                                         .map(|_| {
@@ -175,17 +196,23 @@ fn synthetic_choice(dir: &Path, fate: impl Fn(u64, &str) -> Fate<'static>) -> Ch
                                         })
                                         .collect()
                                 })
-                                .collect(),
-                        },
-                        Fate::Dropped(reason) => CandidateSamples {
-                            profile,
-                            dropped: Some(reason.to_owned()),
-                            exact: !reason.starts_with("not exact"),
-                            samples: Vec::new(),
-                        },
+                                .collect()
+                        })
+                        .collect();
+                    CandidateSamples {
+                        profile,
+                        dropped: None,
+                        exact,
+                        samples,
                     }
                 })
-                .collect(),
+                .collect();
+            BucketSamples {
+                index: bucket.index,
+                default: bucket.default.clone(),
+                sizes,
+                candidates,
+            }
         })
         .collect();
     let policy = Policy::default();
@@ -229,24 +256,29 @@ fn synthetic_choice(dir: &Path, fate: impl Fn(u64, &str) -> Fate<'static>) -> Ch
 
 /// The fixture package's choice: in bucket 0 the default is fastest, one kernel was not exact
 /// and NCCL (at four ranks) sums in its own order; in bucket 1 one-shot push beats the
-/// default, the cluster kernel.
+/// default, the cluster kernel, at both edges.
 fn fixture_choice(dir: &Path) -> Choice {
-    synthetic_choice(dir, |max_bytes, profile| {
-        let timed = |center, exact| Fate::Timed {
-            center,
+    synthetic_choice(dir, |max_bytes, bytes, profile| {
+        // Microseconds at the bucket's smallest and largest message.
+        let timed = |smallest: f64, largest: f64, exact| Fate::Timed {
+            center: if bytes == max_bytes {
+                largest
+            } else {
+                smallest
+            },
             jitter: 0.03,
             exact,
         };
         match (max_bytes, profile) {
-            (16_384, "one_shot_push") => timed(6.1, true),
+            (16_384, "one_shot_push") => timed(4.1, 6.1, true),
             (16_384, "one_shot_pull_32") => {
                 Fate::Dropped("not exact: rank 2 differed at element 17")
             }
-            (16_384, "nccl") => timed(10.4, false),
-            (_, "one_shot_push") => timed(9.2, true),
-            (_, "rsag_phased") => timed(11.2, true),
-            (_, "nccl") => timed(11.3, false),
-            (_, "nccl_4cta") => timed(11.6, false),
+            (16_384, "nccl") => timed(9.8, 10.4, false),
+            (_, "one_shot_push") => timed(6.3, 9.2, true),
+            (_, "rsag_phased") => timed(7.0, 11.2, true),
+            (_, "nccl") => timed(10.6, 11.3, false),
+            (_, "nccl_4cta") => timed(10.9, 11.6, false),
             other => panic!("no fate for {other:?}"),
         }
     })
@@ -298,12 +330,12 @@ fn show_prints_a_choice_for_seventeen_buckets_readably() {
     )
     .expect("the package writes");
     // Latency plus bytes over bandwidth (bytes per microsecond), shaped like 2x H200 NV18.
-    let choice = synthetic_choice(&out, |max_bytes, profile| {
+    let choice = synthetic_choice(&out, |max_bytes, bytes, profile| {
         let (latency, bandwidth, jitter) = match profile {
             "one_shot_pull" => (5.3, 280_000.0, 0.02),
             "one_shot_ll" => (3.8, 78_000.0, 0.02),
             // Faster by more than the margin, but too noisy to be significant.
-            "one_shot_ll_64" if max_bytes == 131_072 => (3.0, 80_000.0, 0.35),
+            "one_shot_ll_64" if max_bytes == 131_072 => (2.9, 80_000.0, 0.35),
             "one_shot_ll_64" => (3.7, 80_000.0, 0.02),
             "one_shot_ll_128" => (3.75, 82_000.0, 0.02),
             "one_shot_simple" => (5.6, 330_000.0, 0.02),
@@ -321,7 +353,7 @@ fn show_prints_a_choice_for_seventeen_buckets_readably() {
             other => panic!("no fate for {other}"),
         };
         Fate::Timed {
-            center: latency + max_bytes as f64 / bandwidth,
+            center: latency + bytes as f64 / bandwidth,
             jitter,
             exact: true,
         }

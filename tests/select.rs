@@ -77,6 +77,10 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
             "another bucket range",
             Box::new(|c| c.buckets[1].max_bytes += 2),
         ),
+        (
+            "an older choice format",
+            Box::new(|c| c.format_version = CHOICE_FORMAT_VERSION - 1),
+        ),
     ];
     for (what, change) in changes {
         let mut changed = good.clone();
@@ -84,4 +88,28 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
         assert_eq!(fits(&changed), None, "{what} must miss");
     }
     assert_eq!(cached_choice(b"{ torn", &package, KEY, &policy), None);
+}
+
+/// An entry of choice format 1 (figures at the largest message only) is a miss, not an error:
+/// it is timed again and replaced.
+#[test]
+fn a_cached_choice_of_format_1_misses() {
+    let (_scratch, dir) = package_support::scratch();
+    let out = dir.join("package");
+    package_support::write_fixture(&out, prepare::ladder::Arch::Sm120);
+    let package = open_package(&out).unwrap();
+    let policy = Policy::default();
+    let mut value = serde_json::to_value(choice(&package)).unwrap();
+    value["format_version"] = 1.into();
+    value["buckets"][0]["candidates"] = serde_json::json!([{
+        "profile": value["buckets"][0]["winner"].clone(),
+        "exact": true,
+        "status": "timed",
+        "median_us": 5.5,
+        "min_us": 5.25,
+        "max_us": 6.0,
+        "rounds": 30
+    }]);
+    let bytes = serde_json::to_vec_pretty(&value).unwrap();
+    assert_eq!(cached_choice(&bytes, &package, KEY, &policy), None);
 }

@@ -21,7 +21,9 @@ use prepare::qualify::{qualify, QualifyOptions};
 use prepare::select::SelectOptions;
 use prepare::timing::{Timer, TimingOptions};
 use prepare::tune::choice::Choice;
-use prepare::tune::{decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, Policy};
+use prepare::tune::{
+    decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, Policy, SizeFigures,
+};
 
 use super::ranks::{self, RankArgs, Role};
 use super::Failure;
@@ -262,7 +264,8 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
                 let (samples, dropped) = if entry.dropped.is_none() {
                     let (samples, ops) = timed.next().expect("one group per live entry");
                     ops_of.push((entry.profile.clone(), ops));
-                    (samples, None)
+                    // Timed at one size: this one.
+                    (vec![samples], None)
                 } else {
                     (Vec::new(), entry.dropped.as_ref().map(ToString::to_string))
                 };
@@ -279,6 +282,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
             &BucketSamples {
                 index: bucket,
                 default: ladder.buckets[bucket].default.clone(),
+                sizes: vec![bytes],
                 candidates,
             },
             world as usize,
@@ -291,35 +295,41 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
                 &candidate.outcome,
                 Some(&candidate.profile) == nccl_name.as_ref(),
             ) {
-                (CandidateOutcome::Timed { median_us, .. }, true) => Some(*median_us),
+                (CandidateOutcome::Timed { sizes, .. }, true) => {
+                    sizes.first().map(|figures| figures.median_us)
+                }
                 _ => None,
             }
         });
         for candidate in &decision.candidates {
             let is_chosen = candidate.profile == chosen[bucket];
             let row = match &candidate.outcome {
-                CandidateOutcome::Timed {
-                    median_us,
-                    min_us,
-                    max_us,
-                    rounds,
-                } => SizeRow {
-                    bytes,
-                    bucket,
-                    profile: candidate.profile.clone(),
-                    median_us: Some(*median_us),
-                    min_us: Some(*min_us),
-                    max_us: Some(*max_us),
-                    rounds: *rounds,
-                    ops_per_sample: ops_of
-                        .iter()
-                        .find(|(profile, _)| *profile == candidate.profile)
-                        .map_or(0, |(_, ops)| *ops),
-                    bus_gbps: Some(bytes as f64 * factor / (median_us * 1e3)),
-                    speedup_vs_nccl: nccl_median.map(|nccl| nccl / median_us),
-                    excluded: None,
-                    chosen: is_chosen,
-                },
+                CandidateOutcome::Timed { sizes, .. } => {
+                    let SizeFigures {
+                        median_us,
+                        min_us,
+                        max_us,
+                        rounds,
+                        ..
+                    } = sizes.first().expect("one size was timed");
+                    SizeRow {
+                        bytes,
+                        bucket,
+                        profile: candidate.profile.clone(),
+                        median_us: Some(*median_us),
+                        min_us: Some(*min_us),
+                        max_us: Some(*max_us),
+                        rounds: *rounds,
+                        ops_per_sample: ops_of
+                            .iter()
+                            .find(|(profile, _)| *profile == candidate.profile)
+                            .map_or(0, |(_, ops)| *ops),
+                        bus_gbps: Some(bytes as f64 * factor / (median_us * 1e3)),
+                        speedup_vs_nccl: nccl_median.map(|nccl| nccl / median_us),
+                        excluded: None,
+                        chosen: is_chosen,
+                    }
+                }
                 CandidateOutcome::Excluded { reason } => SizeRow {
                     bytes,
                     bucket,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use prepare::package::{self, CandidateRecord, Manifest, Outcome, Package};
 use prepare::tune::choice::{BucketChoice, Choice, ChoiceError, Tuning};
-use prepare::tune::{CandidateOutcome, DecisionReason, Policy};
+use prepare::tune::{CandidateOutcome, DecisionReason, Policy, SizeFigures};
 
 use super::Failure;
 
@@ -373,13 +373,12 @@ fn render_choice(out: &mut String, path: &Path, choice: &Choice) {
     }
     let _ = writeln!(
         out,
-        "\nTimings (microseconds per operation; per round the slowest rank counts)"
+        "\nTimings (microseconds per operation at the bucket's smallest and largest message; per round the slowest rank counts)"
     );
     let mut table = Table::new(&[
         Align::Right,
         Align::Left,
-        Align::Right,
-        Align::Right,
+        Align::Left,
         Align::Right,
         Align::Right,
         Align::Right,
@@ -389,22 +388,21 @@ fn render_choice(out: &mut String, path: &Path, choice: &Choice) {
     table.row([
         "#",
         "candidate",
-        "median",
-        "min",
-        "max",
-        "rounds",
+        "median per size",
+        "slowdown",
         "vs baseline",
+        "rounds",
         "exact",
         "excluded",
     ]);
     for bucket in &choice.buckets {
         let decision = &bucket.decision;
-        let baseline_median = decision
+        let baseline_slowdown = decision
             .candidates
             .iter()
             .find(|candidate| candidate.profile == decision.baseline)
             .and_then(|candidate| match candidate.outcome {
-                CandidateOutcome::Timed { median_us, .. } => Some(median_us),
+                CandidateOutcome::Timed { slowdown, .. } => Some(slowdown),
                 CandidateOutcome::Excluded { .. } => None,
             });
         for (slot, candidate) in decision.candidates.iter().enumerate() {
@@ -424,27 +422,31 @@ fn render_choice(out: &mut String, path: &Path, choice: &Choice) {
                 (false, false) => {}
             }
             match &candidate.outcome {
-                CandidateOutcome::Timed {
-                    median_us,
-                    min_us,
-                    max_us,
-                    rounds,
-                } => table.row([
+                CandidateOutcome::Timed { slowdown, sizes } => table.row([
                     &index,
                     &name,
-                    &format!("{median_us:.2}"),
-                    &format!("{min_us:.2}"),
-                    &format!("{max_us:.2}"),
-                    &rounds.to_string(),
-                    &baseline_median.map_or_else(
+                    &sizes
+                        .iter()
+                        .map(|figures| {
+                            format!(
+                                "{:.2} us @ {}",
+                                figures.median_us,
+                                exact_size(figures.bytes)
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    &format!("{slowdown:.3}x"),
+                    &baseline_slowdown.map_or_else(
                         || "-".to_string(),
-                        |base| format!("{:.3}x", median_us / base),
+                        |base| format!("{:.3}x", slowdown / base),
                     ),
+                    &rounds_text(sizes),
                     yes_no(candidate.exact),
                     "",
                 ]),
                 CandidateOutcome::Excluded { reason } => {
-                    table.row([&index, &name, "-", "-", "-", "-", "-", "-", reason]);
+                    table.row([&index, &name, "-", "-", "-", "-", "-", reason]);
                 }
             }
         }
@@ -452,8 +454,25 @@ fn render_choice(out: &mut String, path: &Path, choice: &Choice) {
     table.render(out);
     let _ = writeln!(
         out,
-        "vs baseline: the candidate's median over the baseline's; the baseline is the bucket's default if it was timed, else its first timed candidate."
+        "slowdown: the largest, over the sizes, of the candidate's median over the best median at that size; vs baseline: its slowdown over the baseline's, the ratio the margin applies to."
     );
+    let _ = writeln!(
+        out,
+        "The baseline is the bucket's default if it was timed, else its first timed candidate; each size's fastest and slowest round are in the choice file."
+    );
+}
+
+/// Rounds with a valid sample from every rank: one number when every size had as many.
+fn rounds_text(sizes: &[SizeFigures]) -> String {
+    let mut rounds: Vec<usize> = sizes.iter().map(|figures| figures.rounds).collect();
+    if rounds.windows(2).all(|pair| pair[0] == pair[1]) {
+        rounds.truncate(1);
+    }
+    rounds
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn describe_policy(policy: &Policy) -> String {
@@ -492,15 +511,22 @@ fn describe_reason(bucket: &BucketChoice, choice: &Choice) -> String {
         DecisionReason::NotSignificant {
             fastest,
             ratio,
+            tested_bytes,
             p_value,
         } => format!(
-            "not significantly faster than {baseline} (fastest {fastest}, {ratio:.3}x, {})",
-            p_text(*p_value)
+            "not significantly faster than {baseline} (fastest {fastest}, {ratio:.3}x, {} at {})",
+            p_text(*p_value),
+            exact_size(*tested_bytes)
         ),
-        DecisionReason::Faster { ratio, p_value } => format!(
-            "faster than {baseline} by {:.1}% ({})",
+        DecisionReason::Faster {
+            ratio,
+            tested_bytes,
+            p_value,
+        } => format!(
+            "faster than {baseline} by {:.1}% ({} at {})",
             (1.0 - ratio) * 100.0,
-            p_text(*p_value)
+            p_text(*p_value),
+            exact_size(*tested_bytes)
         ),
     }
 }
@@ -561,6 +587,32 @@ fn human_bytes(bytes: u64) -> String {
         format!("{} {}", bytes / scale, UNITS[unit])
     } else {
         format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
+    }
+}
+
+/// A message size exactly: a round size and the bytes above it (`2 B`, `16 KiB`, `256 KiB+2`,
+/// `1.5 MiB+2`, `1408 KiB`). The round part is in the largest unit that gives it to two
+/// decimals.
+fn exact_size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    let rest = bytes % 1024;
+    let round = bytes - rest;
+    let Some((unit, scale)) = UNITS
+        .iter()
+        .find(|(_, scale)| round >= *scale && (u128::from(round) * 100) % u128::from(*scale) == 0)
+    else {
+        return format!("{bytes} B");
+    };
+    let text = format!("{} {unit}", trimmed(round as f64 / *scale as f64, 2));
+    if rest == 0 {
+        text
+    } else {
+        format!("{text}+{rest}")
     }
 }
 
@@ -626,10 +678,10 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_reason, human_bytes, p_text, trimmed};
+    use super::{describe_reason, exact_size, human_bytes, p_text, rounds_text, trimmed};
     use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
     use prepare::tune::{
-        BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy,
+        BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
     };
 
     fn choice(reason: DecisionReason, timed: usize, tuning: Tuning) -> Choice {
@@ -639,10 +691,23 @@ mod tests {
             outcome,
         };
         let timed_outcome = CandidateOutcome::Timed {
-            median_us: 10.0,
-            min_us: 9.0,
-            max_us: 11.0,
-            rounds: 30,
+            slowdown: 1.0,
+            sizes: vec![
+                SizeFigures {
+                    bytes: 2,
+                    median_us: 8.0,
+                    min_us: 7.5,
+                    max_us: 9.0,
+                    rounds: 30,
+                },
+                SizeFigures {
+                    bytes: 16_384,
+                    median_us: 10.0,
+                    min_us: 9.0,
+                    max_us: 11.0,
+                    rounds: 30,
+                },
+            ],
         };
         let excluded = CandidateOutcome::Excluded {
             reason: "capture failed: out of memory".to_owned(),
@@ -707,18 +772,20 @@ mod tests {
                 DecisionReason::NotSignificant {
                     fastest: "one_shot_pull".to_owned(),
                     ratio: 0.95,
+                    tested_bytes: 2,
                     p_value: 0.04,
                 },
                 2,
-                "not significantly faster than nccl (fastest one_shot_pull, 0.950x, p=0.04)",
+                "not significantly faster than nccl (fastest one_shot_pull, 0.950x, p=0.04 at 2 B)",
             ),
             (
                 DecisionReason::Faster {
                     ratio: 0.818,
+                    tested_bytes: 16_384,
                     p_value: 0.0001,
                 },
                 2,
-                "faster than nccl by 18.2% (p=0.0001)",
+                "faster than nccl by 18.2% (p=0.0001 at 16 KiB)",
             ),
         ];
         for (reason, timed, expected) in cases {
@@ -741,6 +808,43 @@ mod tests {
         assert_eq!(trimmed(2.5, 2), "2.5");
         assert_eq!(trimmed(0.01, 6), "0.01");
         assert_eq!(trimmed(10.0, 0), "10");
+    }
+
+    #[test]
+    fn exact_sizes_name_every_byte() {
+        let cases = [
+            (2, "2 B"),
+            (1023, "1023 B"),
+            (1024, "1 KiB"),
+            (16_384, "16 KiB"),
+            (16_386, "16 KiB+2"),
+            (262_146, "256 KiB+2"),
+            (393_216, "384 KiB"),
+            (1_048_578, "1 MiB+2"),
+            (1_310_720, "1.25 MiB"),
+            (1_441_792, "1408 KiB"),
+            (1_572_866, "1.5 MiB+2"),
+            (2_098_175, "2 MiB+1023"),
+            (64 << 20, "64 MiB"),
+            ((4 << 30) + 2, "4 GiB+2"),
+        ];
+        for (bytes, expected) in cases {
+            assert_eq!(exact_size(bytes), expected, "{bytes} bytes");
+        }
+    }
+
+    #[test]
+    fn rounds_are_one_number_when_every_size_had_as_many() {
+        let figures = |rounds| SizeFigures {
+            bytes: 2,
+            median_us: 1.0,
+            min_us: 1.0,
+            max_us: 1.0,
+            rounds,
+        };
+        assert_eq!(rounds_text(&[figures(25), figures(25)]), "25");
+        assert_eq!(rounds_text(&[figures(25), figures(24)]), "25, 24");
+        assert_eq!(rounds_text(&[figures(7)]), "7");
     }
 
     #[test]

@@ -28,7 +28,9 @@ pub struct Args {
     /// Keep candidates whose output differs from the reference sum (NCCL beyond two ranks) out.
     #[arg(long)]
     exact_only: bool,
-    /// A candidate replaces the bucket's default only when faster by more than this percentage.
+    /// A candidate replaces the bucket's default only when faster by more than this percentage:
+    /// its slowdown (its worst median over the best, at the bucket's smallest and largest
+    /// message) lower than the default's by more than this.
     #[arg(long, default_value_t = 3.0, value_name = "PCT")]
     margin: f64,
     /// The cache directory (default `$XDG_CACHE_HOME/prepare`, else `~/.cache/prepare`).
@@ -40,7 +42,7 @@ pub struct Args {
     /// Every rank writes its choice here as `choice.rank<r>.json`.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Interleaved timing rounds per bucket.
+    /// Interleaved timing rounds per bucket (each round times every candidate at both sizes).
     #[arg(long, default_value_t = 25, value_name = "N")]
     rounds: u32,
 }

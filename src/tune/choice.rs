@@ -12,8 +12,9 @@ use super::{BucketDecision, Policy};
 use crate::cache::{hex, write_atomically};
 use crate::package::Package;
 
-/// The choice format this tool writes.
-pub const CHOICE_FORMAT_VERSION: u32 = 1;
+/// The choice format this tool writes and reads. 2: every candidate is timed at its bucket's
+/// smallest and largest message, with figures per size and a slowdown (1: at the largest only).
+pub const CHOICE_FORMAT_VERSION: u32 = 2;
 
 /// How the choice was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -1,7 +1,36 @@
 //! Startup selection. This module holds the decision: one pure function from the gathered
-//! timing matrix (rank x bucket x candidate x round) to each bucket's winner. Every rank runs it
-//! on the same matrix, so every rank decides the same; the result depends on neither the order
-//! of ranks nor the order of rounds.
+//! timing matrix (rank x bucket x size x candidate x round) to each bucket's winner. Every rank
+//! runs it on the same matrix, so every rank decides the same; the result depends on neither
+//! the order of ranks nor the order of rounds.
+//!
+//! A bucket's candidates are timed at its smallest and its largest message (once when the two
+//! are equal), because the best candidate can change inside a bucket. Per bucket:
+//!
+//! 1. per candidate and size, per round the slowest rank's time counts (the ranks wait for it;
+//!    rounds where any rank failed are skipped), and the candidate's figure at that size is the
+//!    median over rounds. A candidate without one valid round at some size is excluded;
+//! 2. `best[s]` is the lowest median at size `s` over the timed candidates, and a candidate's
+//!    **slowdown** `R = max over s of median[s] / best[s]`: how much slower than the best
+//!    candidate it is at its worst size (1 when it is the best at every size);
+//! 3. the **fastest** candidate is the one with the lowest slowdown; equal slowdowns go to the
+//!    earlier candidate in the bucket's order;
+//! 4. the **baseline** is the bucket's default if it was timed, else its first timed candidate;
+//! 5. `ratio = R_fastest / R_baseline`. The baseline stays if it is the fastest or the ratio is
+//!    at least 1 ([`DecisionReason::BaselineFastest`]), or if the ratio is at least
+//!    `1 - margin` ([`DecisionReason::WithinMargin`]). Otherwise the fastest replaces it only if
+//!    the one-sided Mann-Whitney U test of the fastest's round figures against the baseline's,
+//!    at the size where the baseline's slowdown is largest (the larger size on ties), gives a
+//!    p-value below the significance ([`DecisionReason::Faster`]); if not, the baseline stays
+//!    ([`DecisionReason::NotSignificant`]). At that size the fastest's median is below the
+//!    baseline's by at least the ratio, so the test compares where the replacement gains most.
+//!
+//! With one size this is the rule of one median per candidate: the fastest candidate is the
+//! one with the lowest median, and the ratio is its median over the baseline's.
+//!
+//! What the rule gives: at every size timed, the winner is slower than the best candidate
+//! there by at most its slowdown; and unless the fastest's gain was not significant, the
+//! winner's slowdown is at most the fastest's over `1 - margin`. So where one candidate is the
+//! best at both edges, the winner is within the margin of the best at both.
 
 pub mod choice;
 mod mann_whitney;
@@ -15,12 +44,15 @@ pub use mann_whitney::p_value_less;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
-    /// A candidate replaces the baseline only when its median is lower by more than this
-    /// fraction of the baseline's (0.03 is 3%).
+    /// A candidate replaces the baseline only when its slowdown (its worst median over the best
+    /// candidate's median at a size timed) is lower than the baseline's by more than this
+    /// fraction (0.03 is 3%). With one size timed: when its median is lower than the
+    /// baseline's by more than this fraction of the baseline's.
     pub margin: f64,
     /// Keep candidates whose output did not equal the reference (NCCL beyond two ranks) out.
     pub exact_only: bool,
-    /// The Mann-Whitney U test over rounds must give a p-value below this.
+    /// The Mann-Whitney U test over rounds, at the size where the baseline's slowdown is
+    /// largest, must give a p-value below this.
     pub significance: f64,
 }
 
@@ -43,8 +75,9 @@ pub struct CandidateSamples {
     pub dropped: Option<String>,
     /// Whether its output equalled the reference on every rank.
     pub exact: bool,
-    /// Microseconds per operation, `[rank][round]`; `None` for a failed sample.
-    pub samples: Vec<Vec<Option<f64>>>,
+    /// Microseconds per operation, `[size][rank][round]`: one entry per size of
+    /// [`BucketSamples::sizes`], in that order; `None` for a failed sample. Empty when dropped.
+    pub samples: Vec<Vec<Vec<Option<f64>>>>,
 }
 
 /// One bucket's measurements: its candidates in the ladder's order.
@@ -54,26 +87,45 @@ pub struct BucketSamples {
     pub index: usize,
     /// The bucket's default profile.
     pub default: String,
+    /// The message sizes every candidate was timed at, bytes, strictly ascending: the bucket's
+    /// smallest and largest message, or the one size when they are equal.
+    pub sizes: Vec<u64>,
     /// Candidates in the bucket's order (the tie-break order).
     pub candidates: Vec<CandidateSamples>,
+}
+
+/// A timed candidate's figures at one message size: per round the slowest rank counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SizeFigures {
+    /// The message size, bytes.
+    pub bytes: u64,
+    /// Median over rounds, microseconds per operation.
+    pub median_us: f64,
+    /// Fastest round.
+    pub min_us: f64,
+    /// Slowest round.
+    pub max_us: f64,
+    /// Rounds in which every rank gave a valid sample.
+    pub rounds: usize,
 }
 
 /// What happened to one candidate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CandidateOutcome {
-    /// Timed: per round the slowest rank counts; figures over rounds.
+    /// Timed at every size of its bucket.
     Timed {
-        /// Median over rounds, microseconds per operation.
-        median_us: f64,
-        /// Fastest round.
-        min_us: f64,
-        /// Slowest round.
-        max_us: f64,
-        /// Rounds in which every rank gave a valid sample.
-        rounds: usize,
+        /// Its slowdown: the largest, over the sizes timed, of its median over the lowest
+        /// median of the bucket's timed candidates at that size; 1 when it has the lowest
+        /// median at every size.
+        #[schemars(range(min = 1.0))]
+        slowdown: f64,
+        /// Its figures at each size timed, smallest first.
+        #[schemars(length(min = 1))]
+        sizes: Vec<SizeFigures>,
     },
-    /// Not timed, with the reason.
+    /// Not timed, or without a valid round at some size, with the reason.
     Excluded {
         /// Why.
         reason: String,
@@ -93,33 +145,41 @@ pub struct CandidateResult {
     pub outcome: CandidateOutcome,
 }
 
-/// Why the winner won.
+/// Why the winner won. A `ratio` is the fastest candidate's slowdown over the baseline's (with
+/// one size timed: its median over the baseline's); below 1 the fastest is faster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DecisionReason {
-    /// The baseline had the best median.
+    /// The baseline had the lowest slowdown (with one size timed: the lowest median), or no
+    /// candidate had a lower one.
     BaselineFastest,
     /// The fastest candidate was faster, but not by more than the margin.
     WithinMargin {
         /// The fastest candidate.
         fastest: String,
-        /// Its median over the baseline's.
+        /// Its slowdown over the baseline's; at least 1 - margin.
         ratio: f64,
     },
     /// The fastest candidate was faster by more than the margin, but not significantly.
     NotSignificant {
         /// The fastest candidate.
         fastest: String,
-        /// Its median over the baseline's.
+        /// Its slowdown over the baseline's; below 1 - margin.
         ratio: f64,
-        /// The one-sided Mann-Whitney p-value.
+        /// The message size the test compared at, bytes: where the baseline's slowdown is
+        /// largest (the larger size on ties).
+        tested_bytes: u64,
+        /// The one-sided Mann-Whitney p-value there; at least the significance.
         p_value: f64,
     },
     /// The winner beat the baseline by more than the margin, significantly.
     Faster {
-        /// Its median over the baseline's.
+        /// Its slowdown over the baseline's; below 1 - margin.
         ratio: f64,
-        /// The one-sided Mann-Whitney p-value.
+        /// The message size the test compared at, bytes: where the baseline's slowdown is
+        /// largest (the larger size on ties).
+        tested_bytes: u64,
+        /// The one-sided Mann-Whitney p-value there; below the significance.
         p_value: f64,
     },
 }
@@ -166,6 +226,28 @@ pub enum DecisionError {
         /// The world size.
         expected: usize,
     },
+    /// The sizes timed are not one or more, strictly ascending.
+    #[error(
+        "bucket {bucket}: the sizes timed must be one or more, strictly ascending, not {sizes:?}"
+    )]
+    Sizes {
+        /// The bucket index.
+        bucket: usize,
+        /// The sizes given, bytes.
+        sizes: Vec<u64>,
+    },
+    /// A candidate's samples do not have one entry per size timed.
+    #[error("bucket {bucket}, profile {profile}: samples at {found} sizes, expected {expected}")]
+    SizeCount {
+        /// The bucket index.
+        bucket: usize,
+        /// The profile.
+        profile: String,
+        /// Entries found.
+        found: usize,
+        /// The sizes timed.
+        expected: usize,
+    },
 }
 
 fn valid(sample: Option<f64>) -> Option<f64> {
@@ -193,69 +275,165 @@ fn median(sorted: &[f64]) -> f64 {
     }
 }
 
-struct Timed {
-    position: usize,
+/// `2 bytes`, `2 and 16384 bytes`, `2, 8 and 16384 bytes`.
+fn sizes_text(sizes: &[u64]) -> String {
+    match sizes {
+        [] => String::new(),
+        [one] => format!("{one} bytes"),
+        [rest @ .., last] => format!(
+            "{} and {last} bytes",
+            rest.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// A candidate's round figures at one size, sorted, and their median.
+struct SizeTimed {
     figures: Vec<f64>,
     median: f64,
 }
 
-/// Decides one bucket from every rank's samples.
+struct Timed {
+    position: usize,
+    sizes: Vec<SizeTimed>,
+    slowdown: f64,
+}
+
+/// Decides one bucket from every rank's samples (the rule is in the module's documentation).
 pub fn decide_bucket(
     bucket: &BucketSamples,
     world_size: usize,
     policy: &Policy,
 ) -> Result<BucketDecision, DecisionError> {
-    let mut results = Vec::with_capacity(bucket.candidates.len());
+    let sizes = &bucket.sizes;
+    if sizes.is_empty() || sizes.windows(2).any(|pair| pair[0] >= pair[1]) {
+        return Err(DecisionError::Sizes {
+            bucket: bucket.index,
+            sizes: sizes.clone(),
+        });
+    }
+    // Every candidate's figures or why it is excluded; slowdowns need every candidate's medians.
+    let mut excluded: Vec<Option<String>> = Vec::with_capacity(bucket.candidates.len());
     let mut timed: Vec<Timed> = Vec::new();
     for (position, candidate) in bucket.candidates.iter().enumerate() {
-        let excluded = |reason: String| CandidateResult {
-            profile: candidate.profile.clone(),
-            exact: candidate.exact,
-            outcome: CandidateOutcome::Excluded { reason },
-        };
         if let Some(reason) = &candidate.dropped {
-            results.push(excluded(reason.clone()));
+            excluded.push(Some(reason.clone()));
             continue;
         }
         if policy.exact_only && !candidate.exact {
-            results.push(excluded(
+            excluded.push(Some(
                 "its output differs from the reference sum and exact-only is set".to_owned(),
             ));
             continue;
         }
-        if candidate.samples.len() != world_size {
-            return Err(DecisionError::RankCount {
+        if candidate.samples.len() != sizes.len() {
+            return Err(DecisionError::SizeCount {
                 bucket: bucket.index,
                 profile: candidate.profile.clone(),
                 found: candidate.samples.len(),
+                expected: sizes.len(),
+            });
+        }
+        if let Some(at_size) = candidate
+            .samples
+            .iter()
+            .find(|at_size| at_size.len() != world_size)
+        {
+            return Err(DecisionError::RankCount {
+                bucket: bucket.index,
+                profile: candidate.profile.clone(),
+                found: at_size.len(),
                 expected: world_size,
             });
         }
-        let mut figures = round_figures(&candidate.samples);
-        if figures.is_empty() {
-            results.push(excluded(
-                "no round had a valid sample from every rank".to_owned(),
-            ));
+        let figures: Vec<Vec<f64>> = candidate
+            .samples
+            .iter()
+            .map(|at_size| {
+                let mut figures = round_figures(at_size);
+                figures.sort_by(f64::total_cmp);
+                figures
+            })
+            .collect();
+        let failed: Vec<u64> = sizes
+            .iter()
+            .zip(&figures)
+            .filter(|(_, figures)| figures.is_empty())
+            .map(|(&bytes, _)| bytes)
+            .collect();
+        if !failed.is_empty() {
+            excluded.push(Some(format!(
+                "no round had a valid sample from every rank at {}",
+                sizes_text(&failed)
+            )));
             continue;
         }
-        figures.sort_by(f64::total_cmp);
-        let median = median(&figures);
-        results.push(CandidateResult {
-            profile: candidate.profile.clone(),
-            exact: candidate.exact,
-            outcome: CandidateOutcome::Timed {
-                median_us: median,
-                min_us: figures[0],
-                max_us: figures[figures.len() - 1],
-                rounds: figures.len(),
-            },
-        });
+        excluded.push(None);
         timed.push(Timed {
             position,
-            figures,
-            median,
+            sizes: figures
+                .into_iter()
+                .map(|figures| SizeTimed {
+                    median: median(&figures),
+                    figures,
+                })
+                .collect(),
+            slowdown: 1.0,
         });
     }
+
+    // The lowest median at each size, then every timed candidate's slowdown.
+    let best: Vec<f64> = (0..sizes.len())
+        .map(|size| {
+            timed
+                .iter()
+                .map(|entry| entry.sizes[size].median)
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    for entry in &mut timed {
+        entry.slowdown = entry
+            .sizes
+            .iter()
+            .zip(&best)
+            .map(|(at_size, best)| at_size.median / best)
+            .fold(1.0, f64::max);
+    }
+
+    let mut timed_entries = timed.iter();
+    let results: Vec<CandidateResult> = bucket
+        .candidates
+        .iter()
+        .zip(excluded)
+        .map(|(candidate, reason)| CandidateResult {
+            profile: candidate.profile.clone(),
+            exact: candidate.exact,
+            outcome: if let Some(reason) = reason {
+                CandidateOutcome::Excluded { reason }
+            } else {
+                let entry = timed_entries
+                    .next()
+                    .expect("one timed entry per candidate not excluded");
+                CandidateOutcome::Timed {
+                    slowdown: entry.slowdown,
+                    sizes: sizes
+                        .iter()
+                        .zip(&entry.sizes)
+                        .map(|(&bytes, at_size)| SizeFigures {
+                            bytes,
+                            median_us: at_size.median,
+                            min_us: at_size.figures[0],
+                            max_us: at_size.figures[at_size.figures.len() - 1],
+                            rounds: at_size.figures.len(),
+                        })
+                        .collect(),
+                }
+            },
+        })
+        .collect();
 
     let Some(first) = timed.first() else {
         let reasons = results
@@ -275,21 +453,33 @@ pub fn decide_bucket(
         .iter()
         .find(|entry| bucket.candidates[entry.position].profile == bucket.default)
         .unwrap_or(first);
-    // Strictly lower medians win, so equal figures go to the earlier candidate.
+    // Strictly lower slowdowns win, so equal figures go to the earlier candidate.
     let fastest = timed.iter().fold(first, |best, entry| {
-        if entry.median < best.median {
+        if entry.slowdown < best.slowdown {
             entry
         } else {
             best
         }
     });
+    // The size where the baseline's slowdown is largest, the larger on ties.
+    let worst = (0..sizes.len()).rev().fold(sizes.len() - 1, |worst, size| {
+        if baseline.sizes[size].median / best[size] > baseline.sizes[worst].median / best[worst] {
+            size
+        } else {
+            worst
+        }
+    });
+    let (best_there, baseline_there) = (best[worst], baseline.sizes[worst].median);
 
     let name = |entry: &Timed| bucket.candidates[entry.position].profile.clone();
-    let ratio = fastest.median / baseline.median;
+    // R_fastest / R_baseline, with R_baseline = baseline_there / best_there. Written this way,
+    // with one size (R_fastest then 1) it is exactly the fastest's median over the baseline's,
+    // and the margin test below is exactly `fastest median >= baseline median x (1 - margin)`.
+    let ratio = fastest.slowdown * best_there / baseline_there;
     let (winner, reason) =
-        if fastest.position == baseline.position || fastest.median >= baseline.median {
+        if fastest.position == baseline.position || fastest.slowdown >= baseline.slowdown {
             (baseline, DecisionReason::BaselineFastest)
-        } else if fastest.median >= baseline.median * (1.0 - policy.margin) {
+        } else if fastest.slowdown * best_there >= baseline_there * (1.0 - policy.margin) {
             (
                 baseline,
                 DecisionReason::WithinMargin {
@@ -298,15 +488,28 @@ pub fn decide_bucket(
                 },
             )
         } else {
-            let p_value = p_value_less(&fastest.figures, &baseline.figures).unwrap_or(1.0);
+            let p_value = p_value_less(
+                &fastest.sizes[worst].figures,
+                &baseline.sizes[worst].figures,
+            )
+            .unwrap_or(1.0);
+            let tested_bytes = sizes[worst];
             if p_value < policy.significance {
-                (fastest, DecisionReason::Faster { ratio, p_value })
+                (
+                    fastest,
+                    DecisionReason::Faster {
+                        ratio,
+                        tested_bytes,
+                        p_value,
+                    },
+                )
             } else {
                 (
                     baseline,
                     DecisionReason::NotSignificant {
                         fastest: name(fastest),
                         ratio,
+                        tested_bytes,
                         p_value,
                     },
                 )
