@@ -151,3 +151,75 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
                 && row["nccl_us"].as_f64().unwrap() > 0.0));
     }
 }
+
+/// A ladder whose large bucket has the copy-engine one-shot beside a barrier kernel and NCCL:
+/// chunks of 16 MiB, so its largest message takes four.
+const COPY_ENGINE_LADDER: &str = r#"{
+  "format_version": 1,
+  "name": "copy_engine_tp2",
+  "collective": "all_reduce",
+  "dtype": "bf16",
+  "world_size": 2,
+  "targets": ["sm_90"],
+  "profiles": [
+    {"id": "one_shot_pull", "algorithm": "one_shot", "transfer": "pull"},
+    {"id": "one_shot_copy_engine", "algorithm": "one_shot", "transfer": "copy_engine"},
+    {"id": "one_shot_copy_engine_128", "algorithm": "one_shot", "transfer": "copy_engine", "blocks": 128},
+    {"id": "nccl", "algorithm": "nccl"}
+  ],
+  "buckets": [
+    {"max_bytes": 65536, "threads": 256, "blocks": 8, "candidates": ["one_shot_pull", "one_shot_copy_engine", "nccl"], "default": "one_shot_pull"},
+    {"max_bytes": 67108864, "threads": 512, "blocks": 64, "candidates": ["one_shot_pull", "one_shot_copy_engine", "one_shot_copy_engine_128", "nccl"], "default": "one_shot_pull"}
+  ]
+}"#;
+
+#[test]
+#[ignore = "needs GPUs"]
+fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ladder_file = dir.path().join("copy_engine_tp2.json");
+    std::fs::write(&ladder_file, COPY_ENGINE_LADDER).unwrap();
+    let out = dir.path().join("package");
+    let (ok, text) = run(&[
+        "export".as_ref(),
+        "--gpus".as_ref(),
+        "0,1".as_ref(),
+        "--timeout".as_ref(),
+        "30".as_ref(),
+        "--collective-ladder".as_ref(),
+        ladder_file.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    eprintln!("{text}");
+    assert!(ok, "export --gpus failed");
+    // The multi-size sequence captures every candidate, the copy-engine ones included, one
+    // after another in one graph.
+    assert!(text.contains("multi-size sequence:"), "{text}");
+    let (ok, json) = run(&["show".as_ref(), "--json".as_ref(), out.as_os_str()]);
+    assert!(ok, "{json}");
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let buckets = value["manifest"]["qualification"]["buckets"]
+        .as_array()
+        .unwrap();
+    let mut copy_engine = 0;
+    for bucket in buckets {
+        for candidate in bucket["candidates"].as_array().unwrap() {
+            assert_eq!(
+                candidate["outcome"],
+                serde_json::json!({"qualified": {"exact": true}}),
+                "bucket {}: {candidate}",
+                bucket["index"]
+            );
+            copy_engine += usize::from(
+                candidate["profile"]
+                    .as_str()
+                    .is_some_and(|profile| profile.contains("copy_engine")),
+            );
+        }
+    }
+    assert_eq!(copy_engine, 3, "{json}");
+}
