@@ -9,12 +9,16 @@
 //      this rank's input when the stream goes on and may overwrite it.
 // The start and end barriers use two flag sets: a peer may raise its end flag before this rank
 // has seen its start flag, and the flags are compared for equality with the epoch.
+// After an abort the barriers and the sums return at once, but the host-queued copies still
+// run: they read the peers' registered buffers, which stay mapped until this rank unmaps them,
+// and write only this rank's private scratch.
 //
 // Entries (each takes AllReduceParams by value):
 //   all_reduce_one_shot_copy_engine_bf16  sums buffers[0..world) element-wise, in rank order,
 //       into output: buffers[rank] is the chunk of this rank's input and every other entry the
 //       chunk of a peer's input as copied into this rank's scratch, so it reads local memory
-//       only and waits for nothing. Scratch: none in the registered buffer.
+//       only and waits for nothing; after an abort it writes nothing. Scratch: none in the
+//       registered buffer.
 //   all_reduce_one_shot_copy_engine_start_bf16, all_reduce_one_shot_copy_engine_end_bf16  the
 //       barriers; one block of at least `world` threads; `elements` is not read.
 // Requirements: world 2..8; any element count; 1..1024 blocks of a multiple of 32 threads; no
@@ -28,6 +32,11 @@ namespace prepare {
 
 template <int N>
 __device__ void copy_engine_sum(const AllReduceParams& params) {
+    // After an abort (a barrier gave up) the copies may hold anything: write nothing, as every
+    // other kernel returns at once then.
+    if (load_relaxed_device(params.state) != 0) {
+        return;
+    }
     const unsigned char* inputs[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {

@@ -58,7 +58,8 @@ enum Launch {
 
 /// What the copy-engine candidates share on one rank: the stream their copies go on, the events
 /// that order each chunk's sum after its copies, and the scratch the peers' messages are copied
-/// into (one slot of the ladder's largest message per peer, private to this rank).
+/// into (per peer one slot of the largest message of the buckets that have such a candidate,
+/// private to this rank).
 #[derive(Debug)]
 struct CopyEngine {
     stream: Stream,
@@ -305,14 +306,16 @@ impl Collectives {
                 entries.push(entry);
             }
         }
-        let copy_engine = if entries
-            .iter()
-            .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine { .. })))
-        {
+        let copy_engine_slot = kernels::copy_engine_slot_bytes(ladder).filter(|_| {
+            entries
+                .iter()
+                .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine { .. })))
+        });
+        let copy_engine = if let Some(slot_bytes) = copy_engine_slot {
             let device = runtime.device();
-            let slot_bytes = message_bytes.next_multiple_of(kernels::ALIGNMENT_BYTES as usize);
             let peers = runtime.world() as usize - 1;
-            let chunks = copy_engine_chunks(message_bytes as u64).len();
+            let chunks = copy_engine_chunks(slot_bytes).len();
+            let slot_bytes = slot_bytes as usize;
             Some(CopyEngine {
                 stream: device.new_stream().map_err(driver(rank))?,
                 fork: device.new_event(false).map_err(driver(rank))?,
@@ -408,7 +411,8 @@ impl Collectives {
     }
 
     /// Enqueues entry `id` on `stream` for a message of `elements` (queued or captured; the
-    /// caller waits, see [`Collectives::wait`]).
+    /// caller waits, see [`Collectives::run_bounded`]). One call at a time per rank: the copy-engine
+    /// candidates share one copy stream, its events and their scratch.
     pub fn enqueue(
         &self,
         runtime: &Runtime,

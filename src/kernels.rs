@@ -446,6 +446,16 @@ pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
     )
 }
 
+/// Bytes of one peer's slot in the copy-engine candidates' private scratch: the largest message
+/// of the buckets that have such a candidate, rounded up to [`ALIGNMENT_BYTES`]; `None` when
+/// the ladder has none. Each GPU allocates `world_size - 1` slots, not peer-mapped.
+pub fn copy_engine_slot_bytes(ladder: &Ladder) -> Option<u64> {
+    custom_bucket_kernels(ladder)
+        .filter(|(_, spec)| copy_engine_barriers(spec).is_some())
+        .map(|(max_bytes, _)| round_up(max_bytes, ALIGNMENT_BYTES))
+        .max()
+}
+
 /// Every (bucket `max_bytes`, kernel) pair where a bucket has a custom candidate.
 fn custom_bucket_kernels(ladder: &Ladder) -> impl Iterator<Item = (u64, KernelSpec)> + '_ {
     ladder.buckets.iter().flat_map(move |bucket| {
@@ -623,7 +633,7 @@ mod tests {
     fn every_profile_shape_maps_to_its_kernel_or_none() {
         let mut table = String::new();
         for algorithm in ["one_shot", "rsag", "full", "nccl"] {
-            for transfer in [None, Some("pull"), Some("push")] {
+            for transfer in [None, Some("pull"), Some("push"), Some("copy_engine")] {
                 for schedule in [None, Some("phased")] {
                     let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
                     if let Some(transfer) = transfer {
@@ -810,6 +820,37 @@ mod tests {
         }
         assert_eq!(input_region_bytes(&nccl_only), 0);
         assert_eq!(peer_buffer_bytes(&nccl_only), 0);
+    }
+
+    #[test]
+    fn copy_engine_scratch_is_sized_by_its_largest_bucket_only() {
+        let mut example = ladder(EXAMPLE);
+        assert_eq!(copy_engine_slot_bytes(&example), None);
+        example.profiles.push(
+            serde_json::from_value(serde_json::json!({
+                "id": "copy", "algorithm": "one_shot", "transfer": "copy_engine"
+            }))
+            .unwrap(),
+        );
+        example.buckets[0].candidates.push("copy".to_owned());
+        // Only the 16 KiB bucket has it; the 1 MiB bucket does not count.
+        assert_eq!(copy_engine_slot_bytes(&example), Some(16384));
+        example.buckets[2].candidates.push("copy".to_owned());
+        assert_eq!(copy_engine_slot_bytes(&example), Some(1 << 20));
+        let spec = kernel_for(example.profile("copy").unwrap(), Dtype::Bf16).unwrap();
+        assert_eq!(
+            copy_engine_barriers(&spec),
+            Some([
+                "all_reduce_one_shot_copy_engine_start_bf16",
+                "all_reduce_one_shot_copy_engine_end_bf16"
+            ])
+        );
+        // No registered scratch, and the barriers belong to no other kernel.
+        assert_eq!(scratch_bytes(&spec, 4, 1 << 20), 0);
+        assert!(all_kernels()
+            .iter()
+            .filter(|other| **other != spec)
+            .all(|other| copy_engine_barriers(other).is_none()));
     }
 
     /// `slice_of` of kernels/prepare_layout.cuh, element ranges: (vectors, tail).

@@ -239,8 +239,9 @@ impl Handle {
     /// enqueues, so it can be captured in the caller's graph; the caller waits (a custom
     /// kernel gives up past the timeout and leaves its abort word, see
     /// [`Collectives::check_abort`]). Every rank must enqueue the same all-reduces in the same
-    /// order, and on one stream (or in one graph): the custom kernels count their launches in
-    /// device memory, and two running at once on one rank would share a count.
+    /// order, and on one stream (or in one graph), from one thread at a time: the custom
+    /// kernels count their launches in device memory, and two running at once on one rank
+    /// would share a count; a copy-engine candidate also shares its copy stream and scratch.
     pub fn all_reduce(&self, stream: &Stream, elements: usize) -> Result<(), RuntimeError> {
         let bytes = elements as u64 * self.element_bytes;
         let routed = self

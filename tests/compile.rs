@@ -96,6 +96,37 @@ fn every_kernel_compiles_for_every_cluster_architecture_deterministically() {
         let second =
             compile_kernels_with(nvrtc, &kernels, arch, &prepare::progress::Silent).unwrap();
         assert_eq!(first, second, "two compiles for {arch} differ");
+        // A copy-engine kernel's cubin also holds its barrier entries, which the host loads
+        // from the same module; every other cubin holds its own entry alone.
+        for (spec, compiled) in kernels.iter().zip(&first.kernels) {
+            let barriers: Vec<&str> =
+                prepare::kernels::copy_engine_barriers(spec).map_or_else(Vec::new, Vec::from);
+            for entry in &barriers {
+                let symbol = format!(".text.{entry}\0");
+                assert!(
+                    compiled
+                        .cubin
+                        .windows(symbol.len())
+                        .any(|window| window == symbol.as_bytes()),
+                    "{arch}: {} lacks the entry {entry}",
+                    spec.name
+                );
+            }
+            let others = kernels
+                .iter()
+                .filter(|other| other.name != spec.name && !barriers.contains(&other.name.as_str()))
+                .map(|other| format!(".text.{}\0", other.name));
+            for symbol in others {
+                assert!(
+                    !compiled
+                        .cubin
+                        .windows(symbol.len())
+                        .any(|window| window == symbol.as_bytes()),
+                    "{arch}: {} holds {symbol}",
+                    spec.name
+                );
+            }
+        }
 
         let events = recorder.0.into_inner().unwrap();
         assert_eq!(

@@ -84,6 +84,15 @@ fn render(package: &Package) -> String {
         human_bytes(memory.buffer_bytes),
         human_bytes(memory.signal_bytes)
     );
+    let ladder = package.ladder();
+    if let Some(slot) = prepare::kernels::copy_engine_slot_bytes(ladder) {
+        let bytes = slot * u64::from(ladder.world_size.saturating_sub(1));
+        let _ = writeln!(
+            out,
+            "Copy-engine scratch per GPU: {} ({bytes} bytes), private, not peer-mapped",
+            human_bytes(bytes)
+        );
+    }
     render_qualification(&mut out, manifest);
     out
 }

@@ -231,7 +231,7 @@ void launch_rank(const Launch& launch, const AllReduceParams& params) {
 }
 
 // Chunks of a copy-engine launch here: small, so that even short messages take several and a
-// tail (the host's are 4 MiB, src/collective.rs).
+// tail (the host's are at least 16 MiB, src/collective.rs).
 constexpr u64 kCopyEngineChunkBytes = 80;
 
 // One rank's copy-engine launch as the host enqueues it (src/collective.rs): the start barrier;
@@ -242,7 +242,8 @@ void copy_engine_launch(const Launch& launch, const AllReduceParams& params, uns
                         u64 slot_bytes) {
     const Kernel start = {"start", launch.kernel->start, Scratch::None, false};
     const Kernel end = {"end", launch.kernel->end, Scratch::None, false};
-    launch_rank({&start, 1, launch.threads, 1, launch.elements}, params);
+    // The barriers run on one block of 32 threads, as the host launches them.
+    launch_rank({&start, 1, 32, 1, launch.elements}, params);
     const u64 bytes = launch.elements * 2;
     for (u64 first = 0; first < bytes || first == 0; first += kCopyEngineChunkBytes) {
         const u64 length = std::min(kCopyEngineChunkBytes, bytes - first);
@@ -263,7 +264,7 @@ void copy_engine_launch(const Launch& launch, const AllReduceParams& params, uns
         if (bytes == 0)
             break;
     }
-    launch_rank({&end, 1, launch.threads, 1, launch.elements}, params);
+    launch_rank({&end, 1, 32, 1, launch.elements}, params);
 }
 
 // Every present rank runs `sequence` in stream order; returns each rank's abort word.
