@@ -411,8 +411,8 @@ impl Collectives {
     }
 
     /// Enqueues entry `id` on `stream` for a message of `elements` (queued or captured; the
-    /// caller waits, see [`Collectives::run_bounded`]). One call at a time per rank: the copy-engine
-    /// candidates share one copy stream, its events and their scratch.
+    /// caller waits, see [`Collectives::run_bounded`]). One call at a time per rank: the
+    /// copy-engine candidates share one copy stream, its events and their scratch.
     pub fn enqueue(
         &self,
         runtime: &Runtime,

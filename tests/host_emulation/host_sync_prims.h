@@ -22,12 +22,17 @@ __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int
     return previous;
 }
 // Each 8-byte half of a line is one atomic, as on the GPU; nothing orders the two halves.
+// Stores release and loads acquire: a line a peer's launch c - 1 wrote, once read, is what
+// orders that peer's launch c - 2 (ended before c - 1 began) before this rank's launch c
+// (prepare_double_buffer.cuh). On the GPU that rests on the launch boundary and the line's
+// arrival, as NCCL's LL protocol does; relaxed atomics would show no happens-before here, and
+// ThreadSanitizer would report a slot written two launches after its last read.
 __device__ __forceinline__ void store_line_volatile(unsigned int* address,
                                                     const unsigned int (&words)[4]) {
     for (int half = 0; half < 2; ++half) {
         const u64 value = u64(words[2 * half]) | (u64(words[2 * half + 1]) << 32);
         std::atomic_ref<u64>(*reinterpret_cast<u64*>(address + 2 * half))
-            .store(value, std::memory_order_relaxed);
+            .store(value, std::memory_order_release);
     }
 }
 __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
@@ -36,7 +41,7 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
     for (int half = 0; half < 2; ++half) {
         const u64 value = std::atomic_ref<u64>(*reinterpret_cast<u64*>(
                                                    const_cast<unsigned int*>(address) + 2 * half))
-                              .load(std::memory_order_relaxed);
+                              .load(std::memory_order_acquire);
         words[2 * half] = static_cast<unsigned int>(value);
         words[2 * half + 1] = static_cast<unsigned int>(value >> 32);
     }
