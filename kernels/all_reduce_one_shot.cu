@@ -28,13 +28,7 @@ __device__ void one_shot_pull(const AllReduceParams& params, BlockFlags& flags) 
     if (!block_barrier<N>(params, flags, kSetStart)) {
         return;
     }
-    const unsigned char* inputs[N];
-#pragma unroll
-    for (int q = 0; q < N; ++q) {
-        inputs[q] = params.buffers[q];
-    }
-    unsigned char* output = static_cast<unsigned char*>(params.output);
-    sum_owned<N>(inputs, 0, output, whole_message(params.elements), grid_workers());
+    sum_whole_message<N>(params.buffers, params.output, params.elements);
     // End: peers read this rank's input until they raise this flag; once this launch ends the
     // stream may overwrite the input, so no block leaves before its peers are done with its
     // elements (each peer's same-numbered block reads exactly the elements this block reads).

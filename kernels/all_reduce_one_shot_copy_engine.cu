@@ -37,13 +37,7 @@ __device__ void copy_engine_sum(const AllReduceParams& params) {
     if (load_relaxed_device(params.state) != 0) {
         return;
     }
-    const unsigned char* inputs[N];
-#pragma unroll
-    for (int q = 0; q < N; ++q) {
-        inputs[q] = params.buffers[q];
-    }
-    unsigned char* output = static_cast<unsigned char*>(params.output);
-    sum_owned<N>(inputs, 0, output, whole_message(params.elements), grid_workers());
+    sum_whole_message<N>(params.buffers, params.output, params.elements);
 }
 
 template <int N>

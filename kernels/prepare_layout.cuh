@@ -118,4 +118,18 @@ __device__ __forceinline__ void sum_owned(const unsigned char* const (&sources)[
         });
 }
 
+// Writes to `output` the rank-ordered sum of buffers[0..N) over a whole message of `elements`,
+// every thread of the grid taking its share.
+template <int N>
+__device__ __forceinline__ void sum_whole_message(unsigned char* const* buffers, void* output,
+                                                  u64 elements) {
+    const unsigned char* sources[N];
+#pragma unroll
+    for (int q = 0; q < N; ++q) {
+        sources[q] = buffers[q];
+    }
+    sum_owned<N>(sources, 0, static_cast<unsigned char*>(output), whole_message(elements),
+                 grid_workers());
+}
+
 }  // namespace prepare

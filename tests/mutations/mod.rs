@@ -101,9 +101,9 @@ const NO_START_BARRIER: &[Patch] = &[Patch {
         "    if (!block_barrier<N>(params, flags, kSetStart)) {\n",
         "        return;\n",
         "    }\n",
-        "    const unsigned char* inputs[N];",
+        "    sum_whole_message<N>(params.buffers, params.output, params.elements);",
     ),
-    replace: "    const unsigned char* inputs[N];",
+    replace: "    sum_whole_message<N>(params.buffers, params.output, params.elements);",
 }];
 
 /// `receive_line` and `receive_vector` never wait for the flags.
