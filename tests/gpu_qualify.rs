@@ -7,6 +7,7 @@
 
 mod gpu_support;
 
+use std::path::Path;
 use std::process::Command;
 
 use gpu_support::{ladder, prepare_bin};
@@ -21,15 +22,9 @@ fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
     (output.status.success(), text)
 }
 
-#[test]
-#[ignore = "needs GPUs"]
-fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
-    if gpu_support::gpus(2).is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("package");
-    let ladder_file = ladder("h200_nvlink_tp2_clustered.json");
+/// `prepare export --gpus 0,1` of `ladder_file` into `out`, which must succeed and qualify the
+/// multi-size sequence; returns what it printed.
+fn export_on_gpus(ladder_file: &Path, out: &Path) -> String {
     let started = std::time::Instant::now();
     let (ok, text) = run(&[
         "export".as_ref(),
@@ -44,11 +39,15 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
     ]);
     eprintln!("export --gpus 0,1 took {:?}:\n{text}", started.elapsed());
     assert!(ok, "export --gpus failed");
+    // The multi-size sequence captures every candidate, one after another in one graph.
     assert!(text.contains("multi-size sequence:"), "{text}");
+    text
+}
 
-    let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
-    eprintln!("{shown}");
-    assert!(ok);
+/// The package's qualification, read through `prepare show --json`: two GPUs, every candidate
+/// of every bucket listed and qualified exact (on two H200s every candidate fits, and NCCL's
+/// sum equals the reference at two ranks). Returns the qualified profiles.
+fn every_candidate_qualified_exact(out: &Path) -> Vec<String> {
     let (ok, json) = run(&["show".as_ref(), "--json".as_ref(), out.as_os_str()]);
     assert!(ok, "{json}");
     let value: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -57,7 +56,7 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
     let manifest_buckets = value["manifest"]["buckets"].as_array().unwrap();
     let buckets = qualification["buckets"].as_array().unwrap();
     assert_eq!(buckets.len(), manifest_buckets.len());
-    let mut qualified = 0;
+    let mut qualified = Vec::new();
     for (bucket, listed) in buckets.iter().zip(manifest_buckets) {
         let candidates = bucket["candidates"].as_array().unwrap();
         assert_eq!(
@@ -65,18 +64,33 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
             listed["candidates"].as_array().unwrap().len()
         );
         for candidate in candidates {
-            // On two H200s every candidate fits, and NCCL's sum equals the reference at two
-            // ranks.
             assert_eq!(
                 candidate["outcome"],
                 serde_json::json!({"qualified": {"exact": true}}),
                 "bucket {}: {candidate}",
                 bucket["index"]
             );
-            qualified += 1;
+            qualified.push(candidate["profile"].as_str().unwrap().to_owned());
         }
     }
-    eprintln!("{qualified} candidates qualified");
+    qualified
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
+    if gpu_support::gpus(2).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
+    export_on_gpus(&ladder("h200_nvlink_tp2_clustered.json"), &out);
+
+    let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
+    eprintln!("{shown}");
+    assert!(ok);
+    let qualified = every_candidate_qualified_exact(&out);
+    eprintln!("{} candidates qualified", qualified.len());
     assert!(shown.contains("Qualification"), "{shown}");
 }
 
@@ -183,43 +197,12 @@ fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
     let ladder_file = dir.path().join("copy_engine_tp2.json");
     std::fs::write(&ladder_file, COPY_ENGINE_LADDER).unwrap();
     let out = dir.path().join("package");
-    let (ok, text) = run(&[
-        "export".as_ref(),
-        "--gpus".as_ref(),
-        "0,1".as_ref(),
-        "--timeout".as_ref(),
-        "30".as_ref(),
-        "--collective-ladder".as_ref(),
-        ladder_file.as_os_str(),
-        "--out".as_ref(),
-        out.as_os_str(),
-    ]);
-    eprintln!("{text}");
-    assert!(ok, "export --gpus failed");
-    // The multi-size sequence captures every candidate, the copy-engine ones included, one
-    // after another in one graph.
-    assert!(text.contains("multi-size sequence:"), "{text}");
-    let (ok, json) = run(&["show".as_ref(), "--json".as_ref(), out.as_os_str()]);
-    assert!(ok, "{json}");
-    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
-    let buckets = value["manifest"]["qualification"]["buckets"]
-        .as_array()
-        .unwrap();
-    let mut copy_engine = 0;
-    for bucket in buckets {
-        for candidate in bucket["candidates"].as_array().unwrap() {
-            assert_eq!(
-                candidate["outcome"],
-                serde_json::json!({"qualified": {"exact": true}}),
-                "bucket {}: {candidate}",
-                bucket["index"]
-            );
-            copy_engine += usize::from(
-                candidate["profile"]
-                    .as_str()
-                    .is_some_and(|profile| profile.contains("copy_engine")),
-            );
-        }
-    }
-    assert_eq!(copy_engine, 3, "{json}");
+    // The copy-engine candidates take part in the multi-size sequence too.
+    export_on_gpus(&ladder_file, &out);
+    let qualified = every_candidate_qualified_exact(&out);
+    let copy_engine = qualified
+        .iter()
+        .filter(|profile| profile.contains("copy_engine"))
+        .count();
+    assert_eq!(copy_engine, 3, "{qualified:?}");
 }
