@@ -12,8 +12,9 @@
 //       Barriers: start (set 0, all peers), one flag per phase (set 1).
 // Requirements: launched with cluster dimensions (the ladders use 64 blocks of 512 threads in
 // clusters of 8), which the launch layer guarantees for this kernel; world 2..8; any element
-// count; the pointers and scratch_offset 16-byte aligned; the output outside every registered
-// buffer.
+// count; the pointers and scratch_offset 16-byte aligned; its own message read from `input`,
+// every output element written by the thread that read it, after reading it, so the output may
+// be the input (in place) but no scratch region.
 #include "prepare_abi.cuh"
 #include "prepare_bf16.cuh"
 #include "prepare_cluster.cuh"
@@ -38,7 +39,7 @@ __device__ void full_phased(const AllReduceParams& params, ClusterFlags& flags, 
                              static_cast<u64>(ctas) * blockDim.x};
     const Range message = whole_message(params.elements);
     const u64 slot = message_bytes(params.elements);
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
 
     for (int k = 1; k < N; ++k) {

@@ -8,7 +8,10 @@
 //       Scratch: world slots of round_up(2 * elements, 16) bytes. Barriers: start (0), data (1).
 // Requirements: world 2..8; any element count; 1..1024 blocks of a multiple of 32 threads, all
 // resident at once; no cluster instructions, so a launch with cluster dimensions is fine; the
-// pointers and scratch_offset 16-byte aligned; the output outside every registered buffer.
+// pointers and scratch_offset 16-byte aligned. Pull reads every rank's message from its
+// registered buffer, so the output must lie outside them; push reads its own message from
+// `input` and writes each element of the output after reading it there, so the output may be
+// the input (in place) but no registered buffer.
 // Every rank sums in rank order from rank 0's value (prepare_bf16.cuh), so all write the same
 // bytes.
 #include "prepare_abi.cuh"
@@ -50,7 +53,7 @@ __device__ void one_shot_push(const AllReduceParams& params, BlockFlags& flags) 
     }
     const unsigned int rank = params.rank;
     const u64 slot = message_bytes(params.elements);
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
     const Range message = whole_message(params.elements);
     const Workers workers = grid_workers();

@@ -22,7 +22,8 @@
 //   all_reduce_one_shot_copy_engine_start_bf16, all_reduce_one_shot_copy_engine_end_bf16  the
 //       barriers; one block of at least `world` threads; `elements` is not read.
 // Requirements: world 2..8; any element count; 1..1024 blocks of a multiple of 32 threads; no
-// cluster instructions; the pointers 16-byte aligned; the output outside every buffer.
+// cluster instructions; the pointers 16-byte aligned; the output outside every buffer (peers'
+// copy engines read this rank's registered input until the end barrier).
 #include "prepare_abi.cuh"
 #include "prepare_bf16.cuh"
 #include "prepare_layout.cuh"

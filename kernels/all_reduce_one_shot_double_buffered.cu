@@ -22,8 +22,10 @@
 //       2 * world * round_up(round_up(2 * elements, 16), 8 KiB).
 // Requirements: world 2..8; any element count; 1..1024 blocks of a multiple of 32 threads, all
 // resident at once; no cluster instructions, so a launch with cluster dimensions is fine; the
-// pointers and scratch_offset 16-byte aligned; the output outside every registered buffer; the
-// scratch zeroed before the first launch and used by no other kernel.
+// pointers and scratch_offset 16-byte aligned; the scratch zeroed before the first launch and
+// used by no other kernel. Each reads its own message from `input`, and every output element is
+// written by the thread that read it, after reading it, so the output may be the input (in
+// place) but no scratch region.
 #include "prepare_abi.cuh"
 #include "prepare_bf16.cuh"
 #include "prepare_double_buffer.cuh"
@@ -184,7 +186,7 @@ __device__ void one_shot_push_ll(const AllReduceParams& params, BlockFlags& flag
     const u64 vectors = (elements == 0 ? 1 : elements) / 8;
     const u64 tail_line = 2 * vectors - 8 * vectors;
     const Workers workers = {threadIdx.x, blockDim.x};
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     unsigned char* output = static_cast<unsigned char*>(params.output);
     // Peers in the order rank+1, rank+2, ... so ranks start on different peers.
     for_each_owned(
@@ -301,7 +303,7 @@ template <int N>
 __device__ __forceinline__ void send_step(const AllReduceParams& params, const SimpleShare& share,
                                           u64 parity, u64 step, u64 flag) {
     const unsigned int rank = params.rank;
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     const u64 first = share.begin + step * share.step_vectors;
     Vec16 x[kSimpleStepVectors];
 #pragma unroll
@@ -342,7 +344,7 @@ template <int N>
 __device__ __forceinline__ void sum_step(const AllReduceParams& params, const SimpleShare& share,
                                          u64 parity, u64 step) {
     const unsigned int rank = params.rank;
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     const unsigned char* own_region = params.buffers[rank] + params.scratch_offset;
     unsigned char* output = static_cast<unsigned char*>(params.output);
     const u64 first = share.begin + step * share.step_vectors;

@@ -16,7 +16,12 @@
 //       gather (2).
 // Requirements: world 2..8; any element count; 1..1024 blocks of a multiple of 32 threads, all
 // resident at once; no cluster instructions, so a launch with cluster dimensions is fine; the
-// pointers and scratch_offset 16-byte aligned; the output outside every registered buffer.
+// pointers and scratch_offset 16-byte aligned; the output outside every scratch region. Pull
+// reads every rank's message from its registered buffer; an output that is this rank's input
+// region is safe, since each element is written only after every peer's same-numbered block
+// read it (the gather barrier). Push reads its own message from `input`, and every output
+// element is written by the thread that read it, after reading it, so the output may be the
+// input.
 #include "prepare_abi.cuh"
 #include "prepare_bf16.cuh"
 #include "prepare_layout.cuh"
@@ -98,7 +103,7 @@ __device__ void rsag_push(const AllReduceParams& params, BlockFlags& flags) {
     const Workers workers = grid_workers();
     const u64 slot = slot_bytes<N>(params.elements);
     const u64 gathered_offset = params.scratch_offset + N * slot;
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
     // Scatter: the owner's slice of this rank's input goes to slot `rank` of the owner's scratch,
     // at its offset inside the slice.

@@ -16,8 +16,9 @@
 //       phase (set 2).
 // Requirements: launched with cluster dimensions (the ladders use 64 blocks of 512 threads in
 // clusters of 8), which the launch layer guarantees for this kernel; world 2..8; any element
-// count; the pointers and scratch_offset 16-byte aligned; the output outside every registered
-// buffer.
+// count; the pointers and scratch_offset 16-byte aligned; its own message read from `input`,
+// every output element written by the thread that read it, after reading it, so the output may
+// be the input (in place) but no scratch region.
 #include "prepare_abi.cuh"
 #include "prepare_bf16.cuh"
 #include "prepare_cluster.cuh"
@@ -42,7 +43,7 @@ __device__ void rsag_phased(const AllReduceParams& params, ClusterFlags& flags, 
                              static_cast<u64>(ctas) * blockDim.x};
     const u64 slot = slot_bytes<N>(params.elements);
     const u64 gathered_offset = params.scratch_offset + N * slot;
-    const unsigned char* input = params.buffers[rank];
+    const unsigned char* input = params.input;
     unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
     unsigned char* output = static_cast<unsigned char*>(params.output);
 

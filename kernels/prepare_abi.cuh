@@ -3,7 +3,7 @@
 // The host mirror is `prepare::kernels::AllReduceParams` (#[repr(C)]); keep the two identical.
 //
 // Memory each rank registers once and shares with its peers by CUDA IPC:
-//   buffer:  [0, input region)                the message to reduce
+//   buffer:  [0, input region)                the message, for kernels whose peers read it
 //            then the scratch the algorithms need (push slots, slices), from `scratch_offset`.
 //            Kernels that start with a barrier share one scratch region right after the input;
 //            each double-buffered kernel (no barrier: flags travel with the data) has a region
@@ -48,8 +48,16 @@ struct AllReduceParams {
     unsigned long long* signals[PREPARE_MAX_RANKS];
     // This rank's state words (abort word and per-block epochs).
     unsigned long long* state;
-    // Where the sum goes; local memory that does not alias the input region.
+    // Where the sum goes: local memory, which may be `input` itself (in place) but not a
+    // registered buffer's scratch. Kernels whose peers read the input region (one-shot pull,
+    // RSAG pull, the copy-engine one-shot) need it outside buffers[rank]'s input region unless
+    // the kernel says otherwise.
     void* output;
+    // This rank's message, read only by this rank: kernels that read their own input locally
+    // (every push kernel) read it here, so it may be any local memory, `output` included.
+    // Kernels whose peers read the input read buffers[rank] instead; the host copies the
+    // message there first unless it already is there.
+    const unsigned char* input;
     // Elements in the message (any count up to the bucket's capacity; tails included).
     unsigned long long elements;
     // Byte offset of this kernel's scratch region inside every rank's buffer (the same on every

@@ -127,7 +127,7 @@ __device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
         return false;
     }
     if (params.elements > params.scratch_offset / 2 || params.state == nullptr ||
-        params.output == nullptr) {
+        params.output == nullptr || params.input == nullptr) {
         return false;
     }
     for (unsigned int q = 0; q < params.world; ++q) {
@@ -135,8 +135,8 @@ __device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
             return false;
         }
     }
-    u64 addresses = reinterpret_cast<u64>(params.output) | params.scratch_offset |
-                    reinterpret_cast<u64>(params.state);
+    u64 addresses = reinterpret_cast<u64>(params.output) | reinterpret_cast<u64>(params.input) |
+                    params.scratch_offset | reinterpret_cast<u64>(params.state);
     for (unsigned int q = 0; q < params.world; ++q) {
         addresses |=
             reinterpret_cast<u64>(params.buffers[q]) | reinterpret_cast<u64>(params.signals[q]);

@@ -13,10 +13,11 @@ use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
-    DeviceBuffer, DeviceMemory, Event, Geometry, Graph, LoadedKernel, ModuleImage, Stream,
+    CallerMemory, DeviceBuffer, DeviceMemory, Event, Geometry, Graph, LoadedKernel, ModuleImage,
+    Stream,
 };
 use crate::gpu::nccl::Communicator;
-use crate::kernels;
+use crate::kernels::{self, InputAccess};
 use crate::ladder::{Bucket, Ladder, Profile};
 use crate::package::Package;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
@@ -41,6 +42,8 @@ enum Launch {
         geometry: Geometry,
         /// Where the kernel's scratch starts in every rank's buffer.
         scratch_offset: u64,
+        /// How it reads this rank's message.
+        input: InputAccess,
     },
     /// Copies by the copy engines between two barrier kernels, summed chunk by chunk
     /// (kernels/all_reduce_one_shot_copy_engine.cu says what runs where).
@@ -115,6 +118,9 @@ pub struct Collectives {
     output: DeviceBuffer,
     copy_engine: Option<CopyEngine>,
     capacity: usize,
+    // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
+    input_region: u64,
+    element_bytes: u64,
     // Each bucket's largest message, in elements: the most its candidates' scratch holds.
     bucket_capacity: Vec<usize>,
     timeout: Duration,
@@ -135,6 +141,29 @@ impl From<crate::gpu::driver::DriverError> for CaptureFailure {
 
 /// An index into [`Collectives::entries`].
 pub type EntryId = usize;
+
+/// The memory one all-reduce reads its message from and writes its sum to, on this rank's GPU;
+/// the same memory for an all-reduce in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operands {
+    /// The message.
+    pub input: CallerMemory,
+    /// Where the sum goes.
+    pub output: CallerMemory,
+}
+
+/// Where a custom kernel reads and writes, once the message is where it needs it.
+#[derive(Debug)]
+struct Plan {
+    input: u64,
+    output: u64,
+    /// The kernel writes the private output buffer, copied to the caller's after it.
+    bounce: bool,
+}
+
+fn overlaps(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
+    a.start < b.end && b.start < a.end
+}
 
 fn driver(rank: u32) -> impl Fn(crate::gpu::driver::DriverError) -> RuntimeError {
     move |source| RuntimeError::Driver { rank, source }
@@ -293,6 +322,8 @@ impl Collectives {
                                     end: module.load(end, false).map_err(driver(rank))?,
                                 },
                                 None => Launch::Custom {
+                                    input: kernels::input_access(&spec)
+                                        .expect("a kernel of this crate"),
                                     kernel,
                                     geometry,
                                     scratch_offset: input_region
@@ -335,6 +366,8 @@ impl Collectives {
             output,
             copy_engine,
             capacity,
+            input_region,
+            element_bytes: ladder.dtype.size_bytes(),
             bucket_capacity: ladder
                 .buckets
                 .iter()
@@ -410,15 +443,41 @@ impl Collectives {
         }
     }
 
-    /// Enqueues entry `id` on `stream` for a message of `elements` (queued or captured; the
-    /// caller waits, see [`Collectives::run_bounded`]). One call at a time per rank: the
-    /// copy-engine candidates share one copy stream, its events and their scratch.
+    /// Enqueues entry `id` on `stream` for a message of `elements` in the registered buffer,
+    /// summed into [`Collectives::output`] (queued or captured; the caller waits, see
+    /// [`Collectives::run_bounded`]). One call at a time per rank: the copy-engine candidates
+    /// share one copy stream, its events and their scratch.
     pub fn enqueue(
         &self,
         runtime: &Runtime,
         stream: &Stream,
         id: EntryId,
         elements: usize,
+    ) -> Result<(), RuntimeError> {
+        let operands = Operands {
+            input: CallerMemory::whole(self.input()),
+            output: CallerMemory::whole(&self.output),
+        };
+        self.enqueue_operands(runtime, stream, id, elements, operands)
+    }
+
+    /// Enqueues entry `id` on `stream` for a message of `elements` read from `operands.input`
+    /// and summed into `operands.output`, which may be the same memory (in place), and may lie
+    /// anywhere on this rank's GPU, the registered buffer's input region included.
+    ///
+    /// What a kernel needs is made so inside the enqueued work: a kernel whose peers read this
+    /// rank's message gets it copied into the registered buffer first (unless it is there); a
+    /// message at an address the kernels cannot take (not 16-byte aligned) is copied there too;
+    /// an output the kernel could not write safely (one that partly overlaps the input, lies in
+    /// the input region while peers may still read it, or is misaligned) is written to this
+    /// rank's private output buffer and copied after the kernel.
+    pub fn enqueue_operands(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        elements: usize,
+        operands: Operands,
     ) -> Result<(), RuntimeError> {
         let entry = &self.entries[id];
         // Scratch is sized by each bucket's largest message; a larger one would overrun it.
@@ -433,6 +492,18 @@ impl Collectives {
                 ),
             });
         }
+        let bytes = elements as u64 * self.element_bytes;
+        for (what, memory) in [("input", &operands.input), ("output", &operands.output)] {
+            if (memory.len_bytes() as u64) < bytes {
+                return Err(RuntimeError::Setup {
+                    rank: self.rank,
+                    message: format!(
+                        "the {what} holds {} bytes, the message {bytes}",
+                        memory.len_bytes()
+                    ),
+                });
+            }
+        }
         match &entry.launch {
             None => Err(RuntimeError::Setup {
                 rank: self.rank,
@@ -446,42 +517,146 @@ impl Collectives {
                         .map_or_else(|| "unknown".to_owned(), ToString::to_string)
                 ),
             }),
+            Some(Launch::Nccl { .. }) => self
+                .communicator(runtime, id)
+                .all_reduce_bf16(stream, &operands.input, &operands.output, elements)
+                .map_err(RuntimeError::from),
             Some(Launch::Custom {
                 kernel,
                 geometry,
                 scratch_offset,
+                input,
             }) => {
                 let Input::Peer(peer) = &self.input else {
                     unreachable!("custom entries exist only with peer memory")
                 };
-                let params =
-                    peer.params(&self.output, elements as u64, *scratch_offset, self.timeout);
+                let plan = self.plan(stream, peer, &operands, bytes, *input)?;
+                let params = peer.params(
+                    plan.input,
+                    plan.output,
+                    elements as u64,
+                    *scratch_offset,
+                    self.timeout,
+                );
                 stream
                     .launch_loaded(kernel, *geometry, &params)
-                    .map_err(driver(self.rank))
+                    .map_err(driver(self.rank))?;
+                self.finish(stream, &operands, bytes, &plan)
             }
             Some(Launch::CopyEngine {
                 sum,
                 geometry,
                 start,
                 end,
-            }) => self.enqueue_copy_engine(stream, elements, sum, *geometry, [start, end]),
-            Some(Launch::Nccl { .. }) => self
-                .communicator(runtime, id)
-                .all_reduce_bf16(stream, self.input(), &self.output, elements)
-                .map_err(RuntimeError::from),
+            }) => {
+                let Input::Peer(peer) = &self.input else {
+                    unreachable!("custom entries exist only with peer memory")
+                };
+                let access = InputAccess::Peers {
+                    output_may_alias: false,
+                };
+                let plan = self.plan(stream, peer, &operands, bytes, access)?;
+                self.enqueue_copy_engine(
+                    stream,
+                    elements,
+                    plan.output,
+                    sum,
+                    *geometry,
+                    [start, end],
+                )?;
+                self.finish(stream, &operands, bytes, &plan)
+            }
         }
+    }
+
+    /// Where a custom kernel reads and writes a message of `bytes` given `operands`, after
+    /// enqueueing the copies that put the message where the kernel needs it.
+    fn plan(
+        &self,
+        stream: &Stream,
+        peer: &PeerMemory,
+        operands: &Operands,
+        bytes: u64,
+        access: InputAccess,
+    ) -> Result<Plan, RuntimeError> {
+        let rank = self.rank;
+        let registered = peer.buffer();
+        let input_region = registered.address()..registered.address() + self.input_region;
+        let scratch = input_region.end..registered.address() + registered.len_bytes() as u64;
+        let input = operands.input.address()..operands.input.address() + bytes;
+        let output = operands.output.address()..operands.output.address() + bytes;
+        let aligned = |address: u64| address % kernels::ALIGNMENT_BYTES == 0;
+        let bytes_usize = bytes as usize;
+        let kernel_input = if matches!(access, InputAccess::Local) && aligned(input.start) {
+            input.start
+        } else {
+            if input.start != registered.address() {
+                if overlaps(&input, &input_region) || overlaps(&input, &scratch) {
+                    // A copy whose source and destination overlap is undefined: go through the
+                    // private output buffer.
+                    stream
+                        .copy_device(&self.output, 0, &operands.input, 0, bytes_usize)
+                        .map_err(driver(rank))?;
+                    stream
+                        .copy_device(registered, 0, &self.output, 0, bytes_usize)
+                        .map_err(driver(rank))?;
+                } else {
+                    stream
+                        .copy_device(registered, 0, &operands.input, 0, bytes_usize)
+                        .map_err(driver(rank))?;
+                }
+            }
+            registered.address()
+        };
+        let kernel_reads = kernel_input..kernel_input + bytes;
+        let peers_read_input_region = matches!(
+            access,
+            InputAccess::Peers {
+                output_may_alias: false
+            }
+        );
+        let bounce = !aligned(output.start)
+            || (overlaps(&output, &kernel_reads) && output.start != kernel_input)
+            || (peers_read_input_region && overlaps(&output, &input_region))
+            || overlaps(&output, &scratch);
+        Ok(Plan {
+            input: kernel_input,
+            output: if bounce {
+                self.output.address()
+            } else {
+                output.start
+            },
+            bounce,
+        })
+    }
+
+    /// Copies a bounced sum to the caller's output.
+    fn finish(
+        &self,
+        stream: &Stream,
+        operands: &Operands,
+        bytes: u64,
+        plan: &Plan,
+    ) -> Result<(), RuntimeError> {
+        if plan.bounce {
+            stream
+                .copy_device(&operands.output, 0, &self.output, 0, bytes as usize)
+                .map_err(driver(self.rank))?;
+        }
+        Ok(())
     }
 
     /// Enqueues a copy-engine all-reduce on `stream`: the start barrier; on the copy stream,
     /// per chunk, every peer's chunk copied into this rank's scratch; per chunk, once its copies
     /// are done, the chunk's sum on `stream`; the end barrier. The copy stream forks from
     /// `stream` after the start barrier and joins it at every chunk's sum, so a capture on
-    /// `stream` takes the copies into its graph.
+    /// `stream` takes the copies into its graph. The message is in the registered buffer; the
+    /// sum goes to device address `output`.
     fn enqueue_copy_engine(
         &self,
         stream: &Stream,
         elements: usize,
+        output: u64,
         sum: &LoadedKernel,
         geometry: Geometry,
         [start, end]: [&LoadedKernel; 2],
@@ -494,10 +669,11 @@ impl Collectives {
             .copy_engine
             .as_ref()
             .expect("a copy-engine entry comes with the copy engine's stream");
-        let bytes = elements as u64 * 2;
+        let bytes = elements as u64 * self.element_bytes;
         // The barriers read no data; the scratch offset only has to cover the message.
         let covered = bytes.next_multiple_of(kernels::ALIGNMENT_BYTES);
-        let barrier = peer.params(&self.output, elements as u64, covered, self.timeout);
+        let registered = peer.buffer().address();
+        let barrier = peer.params(registered, output, elements as u64, covered, self.timeout);
         let one_block = Geometry::new(1, 32).map_err(driver(rank))?;
         stream
             .launch_loaded(start, one_block, &barrier)
@@ -526,7 +702,8 @@ impl Collectives {
             copy.stream.record(event).map_err(driver(rank))?;
             stream.wait_for(event).map_err(driver(rank))?;
             params.output += range.start;
-            params.elements = (length / 2) as u64;
+            params.input = params.buffers[rank as usize];
+            params.elements = length as u64 / self.element_bytes;
             params.scratch_offset = (length as u64).next_multiple_of(kernels::ALIGNMENT_BYTES);
             stream
                 .launch_loaded(sum, geometry, &params)
@@ -594,6 +771,24 @@ impl Collectives {
     pub fn abort_splits(&self) {
         for split in &self.splits {
             split.abort();
+        }
+    }
+
+    /// This rank's state words, whose first is the abort word; `None` when no custom kernel
+    /// runs (only NCCL).
+    pub fn state(&self) -> Option<&DeviceBuffer> {
+        match &self.input {
+            Input::Peer(peer) => Some(peer.state()),
+            Input::Plain(_) => None,
+        }
+    }
+
+    /// The bytes at the start of the registered buffer that hold a message (the zero-copy
+    /// region: a message there is read in place); `None` when no custom kernel runs.
+    pub fn input_region(&self) -> Option<CallerMemory> {
+        match &self.input {
+            Input::Peer(peer) => Some(CallerMemory::prefix(peer.buffer(), self.input_region)),
+            Input::Plain(_) => None,
         }
     }
 

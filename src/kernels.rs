@@ -15,8 +15,12 @@ pub struct AllReduceParams {
     pub signals: [u64; MAX_RANKS],
     /// This rank's state words.
     pub state: u64,
-    /// Where the sum goes.
+    /// Where the sum goes: local memory, `input` itself allowed (see the kernels' headers for
+    /// which kernels allow it in a registered buffer).
     pub output: u64,
+    /// This rank's message as the kernels that read it only locally see it: any local memory.
+    /// Kernels whose peers read the message read `buffers[rank]` instead.
+    pub input: u64,
     /// Elements in the message.
     pub elements: u64,
     /// Byte offset of the scratch region in every buffer; at least 2 x `elements`.
@@ -103,6 +107,24 @@ struct Kernel {
     /// The start and end barrier entries in the same source, for a kernel whose peer traffic
     /// the host enqueues as copies between them.
     barriers: Option<[&'static str; 2]>,
+    input: InputAccess,
+}
+
+/// How a kernel reads this rank's message, which decides what the serving handle does with a
+/// caller's tensor (kernels/prepare_abi.cuh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputAccess {
+    /// Only this rank reads it, through `AllReduceParams::input`, and every output element is
+    /// written by the thread that read it, after reading it: any local memory will do, and the
+    /// output may be the input.
+    Local,
+    /// Peers read it from this rank's registered buffer, from byte 0, so it must be copied there
+    /// first unless it is there already. `output_may_alias`: whether the output may be that
+    /// input region (false when peers may still read an element after this rank summed it).
+    Peers {
+        /// Whether the output may be the registered input region itself.
+        output_may_alias: bool,
+    },
 }
 
 /// Every kernel, sorted by name.
@@ -113,6 +135,7 @@ const KERNELS: [Kernel; 9] = [
         cluster: true,
         scratch: Scratch::MessageSlots,
         barriers: None,
+        input: InputAccess::Local,
     },
     Kernel {
         name: "all_reduce_one_shot_copy_engine_bf16",
@@ -123,6 +146,9 @@ const KERNELS: [Kernel; 9] = [
             "all_reduce_one_shot_copy_engine_start_bf16",
             "all_reduce_one_shot_copy_engine_end_bf16",
         ]),
+        input: InputAccess::Peers {
+            output_may_alias: false,
+        },
     },
     Kernel {
         name: "all_reduce_one_shot_pull_bf16",
@@ -130,6 +156,9 @@ const KERNELS: [Kernel; 9] = [
         cluster: false,
         scratch: Scratch::None,
         barriers: None,
+        input: InputAccess::Peers {
+            output_may_alias: false,
+        },
     },
     Kernel {
         name: "all_reduce_one_shot_push_bf16",
@@ -137,6 +166,7 @@ const KERNELS: [Kernel; 9] = [
         cluster: false,
         scratch: Scratch::MessageSlots,
         barriers: None,
+        input: InputAccess::Local,
     },
     Kernel {
         name: "all_reduce_one_shot_push_ll_bf16",
@@ -144,6 +174,7 @@ const KERNELS: [Kernel; 9] = [
         cluster: false,
         scratch: Scratch::DoubleBufferedLines,
         barriers: None,
+        input: InputAccess::Local,
     },
     Kernel {
         name: "all_reduce_one_shot_push_simple_bf16",
@@ -151,6 +182,7 @@ const KERNELS: [Kernel; 9] = [
         cluster: false,
         scratch: Scratch::DoubleBufferedMessageSlots,
         barriers: None,
+        input: InputAccess::Local,
     },
     Kernel {
         name: "all_reduce_rsag_phased_bf16",
@@ -158,6 +190,7 @@ const KERNELS: [Kernel; 9] = [
         cluster: true,
         scratch: Scratch::SliceSlotsThenMessage,
         barriers: None,
+        input: InputAccess::Local,
     },
     Kernel {
         name: "all_reduce_rsag_pull_bf16",
@@ -165,6 +198,9 @@ const KERNELS: [Kernel; 9] = [
         cluster: false,
         scratch: Scratch::Message,
         barriers: None,
+        input: InputAccess::Peers {
+            output_may_alias: true,
+        },
     },
     Kernel {
         name: "all_reduce_rsag_push_bf16",
@@ -172,6 +208,7 @@ const KERNELS: [Kernel; 9] = [
         cluster: false,
         scratch: Scratch::SliceSlotsThenMessage,
         barriers: None,
+        input: InputAccess::Local,
     },
 ];
 
@@ -287,6 +324,14 @@ pub fn copy_engine_barriers(spec: &KernelSpec) -> Option<[&'static str; 2]> {
         .iter()
         .find(|kernel| kernel.name == spec.name)
         .and_then(|kernel| kernel.barriers)
+}
+
+/// How a kernel reads this rank's message; `None` for a name that is not a kernel of this crate.
+pub fn input_access(spec: &KernelSpec) -> Option<InputAccess> {
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == spec.name)
+        .map(|kernel| kernel.input)
 }
 
 /// Every custom kernel this crate has, sorted by name.
@@ -551,6 +596,7 @@ mod tests {
                 "unsigned long long* signals[PREPARE_MAX_RANKS]",
                 "unsigned long long* state",
                 "void* output",
+                "const unsigned char* input",
                 "unsigned long long elements",
                 "unsigned long long scratch_offset",
                 "unsigned long long timeout_ns",
@@ -559,16 +605,17 @@ mod tests {
             ]
         );
         // Those C fields on a 64-bit target: 8-byte pointers and u64, 4-byte u32, no padding.
-        assert_eq!(std::mem::size_of::<AllReduceParams>(), 176);
+        assert_eq!(std::mem::size_of::<AllReduceParams>(), 184);
         assert_eq!(std::mem::align_of::<AllReduceParams>(), 8);
         assert_eq!(std::mem::offset_of!(AllReduceParams, signals), 64);
         assert_eq!(std::mem::offset_of!(AllReduceParams, state), 128);
         assert_eq!(std::mem::offset_of!(AllReduceParams, output), 136);
-        assert_eq!(std::mem::offset_of!(AllReduceParams, elements), 144);
-        assert_eq!(std::mem::offset_of!(AllReduceParams, scratch_offset), 152);
-        assert_eq!(std::mem::offset_of!(AllReduceParams, timeout_ns), 160);
-        assert_eq!(std::mem::offset_of!(AllReduceParams, rank), 168);
-        assert_eq!(std::mem::offset_of!(AllReduceParams, world), 172);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, input), 144);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, elements), 152);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, scratch_offset), 160);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, timeout_ns), 168);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, rank), 176);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, world), 180);
     }
 
     #[test]

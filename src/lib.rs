@@ -22,6 +22,7 @@ pub mod reference;
 pub mod runtime;
 pub mod schema;
 pub mod select;
+pub mod serve;
 pub mod timing;
 pub mod tune;
 

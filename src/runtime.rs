@@ -21,6 +21,9 @@ pub enum Rendezvous {
     CommId,
     /// Rank 0 writes its id to this file; the others wait for it (a shared file system).
     IdFile(PathBuf),
+    /// An NCCL unique id the caller made on one rank (`UniqueId::new`) and gave every rank
+    /// (a server sends it over its own process group or store).
+    UniqueId(Box<[u8; 128]>),
 }
 
 /// What a rank needs to start.
@@ -230,6 +233,7 @@ pub struct Runtime {
 fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeError> {
     match &setup.rendezvous {
         Rendezvous::CommId => Ok(UniqueId::new()?),
+        Rendezvous::UniqueId(bytes) => Ok(UniqueId::from_bytes(**bytes)),
         Rendezvous::IdFile(path) => {
             let file_error = |message: String| RuntimeError::IdFile {
                 rank: setup.rank,
@@ -664,11 +668,13 @@ impl PeerMemory {
             .map(|buffer| buffer as &dyn DeviceMemory)
     }
 
-    /// The kernel parameters for a message of `elements`, summed into `output`, for a kernel
-    /// whose scratch starts at `scratch_offset` in every rank's buffer.
+    /// The kernel parameters for a message of `elements` at device address `input`, summed
+    /// into device address `output`, for a kernel whose scratch starts at `scratch_offset` in
+    /// every rank's buffer.
     pub fn params(
         &self,
-        output: &dyn DeviceMemory,
+        input: u64,
+        output: u64,
         elements: u64,
         scratch_offset: u64,
         timeout: Duration,
@@ -695,7 +701,8 @@ impl PeerMemory {
             buffers,
             signals,
             state: self.state.address(),
-            output: output.address(),
+            output,
+            input,
             elements,
             scratch_offset,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),

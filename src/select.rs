@@ -3,9 +3,8 @@
 //! entry), otherwise every bucket's surviving candidates are checked exact at the bucket's
 //! largest size and timed at its smallest and its largest message, both sizes in the same
 //! interleaved rounds; every rank decides the same from the gathered matrix, the ranks compare
-//! the sha256 of the serialized choice, and only then is anything written. The result is a
-//! [`Handle`] that launches the chosen collective for any message size on the caller's stream,
-//! capturable in the caller's own graph.
+//! the sha256 of the serialized choice, and only then is anything written. The serving handle
+//! ([`crate::serve::Handle`]) runs it for every package it serves.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,12 +14,10 @@ use sha2::{Digest as _, Sha256};
 use crate::agree::Topology;
 use crate::cache::{self, Cache, Fingerprint};
 use crate::collective::{Collectives, EntryId};
-use crate::gpu::driver::{DeviceBuffer, Stream};
-use crate::gpu::nccl::Communicator;
 use crate::package::{Outcome, Package};
 use crate::progress::Reporter;
 use crate::qualify::{qualify, QualifyOptions, Sizes};
-use crate::runtime::{RankSetup, Runtime, RuntimeError};
+use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timer, TimingOptions};
 use crate::tune::choice::{
     check_agreement, write_choice, BucketChoice, Choice, ChoiceError, Tuning,
@@ -119,152 +116,6 @@ pub struct Selection {
     pub choice_file: Option<PathBuf>,
     /// Where the time went.
     pub times: SelectTimes,
-}
-
-/// A rank's selected collectives: reports the choice and launches the chosen candidate for a
-/// message of any size up to [`Handle::capacity`], the ladder's largest message (the buffers
-/// are allocated for it; a larger message is refused, not split).
-#[derive(Debug)]
-pub struct Handle {
-    // Dropped before the runtime: kernels and peer memory before the communicators.
-    collectives: Collectives,
-    routes: Vec<(u64, EntryId)>,
-    selection: Selection,
-    element_bytes: u64,
-    runtime: Runtime,
-}
-
-impl Handle {
-    /// Brings the runtime up (bootstrap and topology agreement, bounded by `setup.timeout`)
-    /// and selects. Collective: every rank calls it with the same package and options.
-    pub fn start(
-        setup: &RankSetup,
-        package: &Package,
-        options: &SelectOptions,
-        reporter: &dyn Reporter,
-    ) -> Result<Handle, SelectError> {
-        let runtime = Runtime::start(setup)?;
-        Handle::select(runtime, package, options, reporter)
-    }
-
-    /// Like [`Handle::start`], splitting from the serving process's own communicator (see
-    /// [`Communicator::adopt`]).
-    pub fn start_from_parent(
-        setup: &RankSetup,
-        parent: Communicator,
-        package: &Package,
-        options: &SelectOptions,
-        reporter: &dyn Reporter,
-    ) -> Result<Handle, SelectError> {
-        let runtime = Runtime::start_from_parent(setup, parent)?;
-        Handle::select(runtime, package, options, reporter)
-    }
-
-    /// Selects on a runtime that is up.
-    pub fn select(
-        runtime: Runtime,
-        package: &Package,
-        options: &SelectOptions,
-        reporter: &dyn Reporter,
-    ) -> Result<Handle, SelectError> {
-        let started = Instant::now();
-        let mut collectives = Collectives::new(&runtime, package)?;
-        let load = started.elapsed();
-        let mut selection = select(&runtime, &mut collectives, package, options, reporter)?;
-        selection.times.load = load;
-        let ladder = package.ladder();
-        let routes = selection
-            .choice
-            .buckets
-            .iter()
-            .map(|bucket| {
-                let id = collectives
-                    .find(bucket.decision.index, &bucket.decision.winner)
-                    .expect("the choice names a candidate of its bucket");
-                (bucket.max_bytes, id)
-            })
-            .collect();
-        Ok(Handle {
-            collectives,
-            routes,
-            selection,
-            element_bytes: ladder.dtype.size_bytes(),
-            runtime,
-        })
-    }
-
-    /// The agreed choice.
-    pub fn choice(&self) -> &Choice {
-        &self.selection.choice
-    }
-
-    /// What selection did and how long it took.
-    pub fn selection(&self) -> &Selection {
-        &self.selection
-    }
-
-    /// The runtime (rank, device, streams, communicators).
-    pub fn runtime(&self) -> &Runtime {
-        &self.runtime
-    }
-
-    /// The registered input buffer: write the message at byte 0, then call
-    /// [`Handle::all_reduce`].
-    pub fn input(&self) -> &DeviceBuffer {
-        self.collectives.input()
-    }
-
-    /// The output buffer the sum is written to, from byte 0.
-    pub fn output(&self) -> &DeviceBuffer {
-        self.collectives.output()
-    }
-
-    /// The largest message, in elements.
-    pub fn capacity(&self) -> usize {
-        self.collectives.capacity()
-    }
-
-    /// The profile chosen for a message of `elements`: its bucket's winner; `None` above
-    /// [`Handle::capacity`].
-    pub fn route(&self, elements: usize) -> Option<&str> {
-        let bytes = elements as u64 * self.element_bytes;
-        self.routes
-            .iter()
-            .find(|(max_bytes, _)| bytes <= *max_bytes)
-            .map(|(_, id)| self.collectives.entries()[*id].profile.as_str())
-    }
-
-    /// Enqueues the all-reduce of the first `elements` of [`Handle::input`] into
-    /// [`Handle::output`] on `stream`, with the chosen candidate for that size. It only
-    /// enqueues, so it can be captured in the caller's graph; the caller waits (a custom
-    /// kernel gives up past the timeout and leaves its abort word, see
-    /// [`Collectives::check_abort`]). Every rank must enqueue the same all-reduces in the same
-    /// order, and on one stream (or in one graph), from one thread at a time: the custom
-    /// kernels count their launches in device memory, and two running at once on one rank
-    /// would share a count; a copy-engine candidate also shares its copy stream and scratch.
-    pub fn all_reduce(&self, stream: &Stream, elements: usize) -> Result<(), RuntimeError> {
-        let bytes = elements as u64 * self.element_bytes;
-        let routed = self
-            .routes
-            .iter()
-            .find(|(max_bytes, _)| bytes <= *max_bytes);
-        let Some((_, id)) = routed else {
-            return Err(RuntimeError::Setup {
-                rank: self.runtime.rank(),
-                message: format!(
-                    "a message of {elements} elements is larger than the {} the buffers hold",
-                    self.collectives.capacity()
-                ),
-            });
-        };
-        self.collectives
-            .enqueue(&self.runtime, stream, *id, elements)
-    }
-
-    /// The abort word as an error, if a custom kernel gave up waiting for a peer.
-    pub fn check_abort(&self, stream: &Stream) -> Result<(), RuntimeError> {
-        self.collectives.check_abort(stream, "an all-reduce")
-    }
 }
 
 /// The fingerprint of everything the choice depends on, on this machine.

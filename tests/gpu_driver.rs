@@ -47,6 +47,7 @@ fn params(rank: u32, world: u32) -> AllReduceParams {
         signals: [0; MAX_RANKS],
         state: 0,
         output: 0,
+        input: 0,
         elements: 0,
         scratch_offset: 0,
         timeout_ns: 0,

@@ -286,6 +286,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
         signals: signal_addresses,
         state: state.address(),
         output: output.address(),
+        input: buffer_addresses[0],
         elements: elements as u64,
         scratch_offset: region as u64,
         timeout_ns: timeout.as_nanos() as u64,

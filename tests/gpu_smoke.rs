@@ -236,6 +236,7 @@ fn launch_once(
             signals: [0; MAX_RANKS],
             state: memory.state.address(),
             output: memory.output.address(),
+            input: memory.buffer.address(),
             elements: elements as u64,
             scratch_offset,
             timeout_ns: SPIN_DEADLINE_NS,

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::anyhow;
-use prepare::select::{Handle, SelectOptions};
+use prepare::ladder::Dtype;
+use prepare::select::SelectOptions;
+use prepare::serve::Handle;
 use prepare::timing::TimingOptions;
 use prepare::tune::choice::Tuning;
 use prepare::tune::Policy;
@@ -150,8 +152,10 @@ fn run_rank(
         leader: rank == 0,
         started: std::sync::Mutex::new(None),
     };
-    let handle = Handle::select(runtime, &package, options, &reporter).map_err(Failure::runtime)?;
-    let selection = handle.selection();
+    let dtype: Dtype = package.ladder().dtype;
+    let handle = Handle::select(runtime, std::slice::from_ref(&package), options, &reporter)
+        .map_err(Failure::runtime)?;
+    let selection = handle.selection(dtype).map_err(Failure::runtime)?;
     let choice = &selection.choice;
     let digest = prepare::cache::hex(&choice.digest());
     if rank == 0 {

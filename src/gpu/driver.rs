@@ -192,6 +192,28 @@ pub enum DriverError {
         /// The stream's GPU.
         expected: usize,
     },
+    /// A stream that is not of this GPU's primary context, or one this crate does not own
+    /// where it must (a caller's stream is captured by the caller).
+    #[error(
+        "the stream does not belong to GPU {device}'s primary context, or is a caller's stream \
+         where one of this tool's own is needed"
+    )]
+    ForeignStream {
+        /// GPU ordinal.
+        device: usize,
+    },
+    /// An address that is not a range of device memory of this GPU.
+    #[error("{bytes} bytes at {address:#x} are not usable memory of GPU {device}: {reason}")]
+    NotDeviceMemory {
+        /// The address.
+        address: u64,
+        /// Bytes from it.
+        bytes: usize,
+        /// GPU ordinal.
+        device: usize,
+        /// Why not.
+        reason: &'static str,
+    },
     /// A stream capture that recorded no work.
     #[error("stream capture on GPU {device} recorded no work")]
     EmptyCapture {
@@ -539,7 +561,112 @@ impl Device {
             .during("cuStreamCreate", Some(self.ordinal))?;
         Ok(Stream {
             ordinal: self.ordinal,
-            stream,
+            context: self.context.clone(),
+            raw: stream.cu_stream(),
+            owned: Some(stream),
+        })
+    }
+
+    /// A caller's stream on this GPU (`0` is the legacy default stream), checked to belong to
+    /// this GPU's primary context. The returned [`Stream`] does not own it: work goes on it,
+    /// but it cannot be captured through [`Stream::capture`] (the caller captures it).
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live `CUstream` (or `cudaStream_t`, the same handle) or 0, and stay
+    /// alive while the returned value is used.
+    #[allow(unsafe_code)]
+    pub unsafe fn borrow_stream(&self, raw: u64) -> Result<Stream, DriverError> {
+        self.bind()?;
+        let stream = raw as sys::CUstream;
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller promises `stream` is live or null; the context pointer is a live
+        // local written by the call.
+        let result = unsafe { sys::cuStreamGetCtx(stream, &raw mut context) };
+        check(result, "cuStreamGetCtx", Some(self.ordinal))?;
+        if context != self.context.cu_ctx() {
+            return Err(DriverError::ForeignStream {
+                device: self.ordinal,
+            });
+        }
+        Ok(Stream {
+            ordinal: self.ordinal,
+            context: self.context.clone(),
+            raw: stream,
+            owned: None,
+        })
+    }
+
+    /// A caller's device memory, checked to lie inside one allocation of this GPU: `bytes`
+    /// from `address`.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay allocated while work queued on it runs, as with any CUDA call.
+    #[allow(unsafe_code)]
+    pub unsafe fn caller_memory(
+        &self,
+        address: u64,
+        bytes: usize,
+    ) -> Result<CallerMemory, DriverError> {
+        self.bind()?;
+        let outside = |reason: &'static str| DriverError::NotDeviceMemory {
+            address,
+            bytes,
+            device: self.ordinal,
+            reason,
+        };
+        if address == 0 {
+            return Err(outside("it is a null pointer"));
+        }
+        let mut start: sys::CUdeviceptr = 0;
+        let mut size: usize = 0;
+        let mut ordinal: i32 = -1;
+        let mut memory_type: u32 = 0;
+        let mut attributes = [
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        ];
+        let mut data: [*mut c_void; 4] = [
+            (&raw mut start).cast(),
+            (&raw mut size).cast(),
+            (&raw mut ordinal).cast(),
+            (&raw mut memory_type).cast(),
+        ];
+        // SAFETY: each data pointer is a live local of the type its attribute writes
+        // (CUdeviceptr, size_t, int, CUmemorytype as unsigned int), and both arrays hold
+        // exactly `attributes.len()` entries.
+        let result = unsafe {
+            sys::cuPointerGetAttributes(
+                attributes.len() as u32,
+                attributes.as_mut_ptr(),
+                data.as_mut_ptr(),
+                address,
+            )
+        };
+        if result != sys::CUresult::CUDA_SUCCESS {
+            return Err(outside("the driver does not know the address"));
+        }
+        if memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || start == 0 {
+            return Err(outside("it is not device memory"));
+        }
+        if usize::try_from(ordinal).ok() != Some(self.ordinal) {
+            return Err(DriverError::WrongDevice {
+                what: format!("memory at {address:#x}"),
+                found: usize::try_from(ordinal).unwrap_or(usize::MAX),
+                expected: self.ordinal,
+            });
+        }
+        let end = address.checked_add(bytes as u64);
+        if end.is_none_or(|end| end > start + size as u64) {
+            return Err(outside("it runs past the end of its allocation"));
+        }
+        Ok(CallerMemory {
+            address,
+            bytes,
+            ordinal: self.ordinal,
         })
     }
 
@@ -714,6 +841,60 @@ pub trait DeviceMemory {
     fn ordinal(&self) -> usize;
 }
 
+/// A range of a caller's device memory, checked by [`Device::caller_memory`]; the caller owns
+/// and frees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallerMemory {
+    address: u64,
+    bytes: usize,
+    ordinal: usize,
+}
+
+impl CallerMemory {
+    /// All of a buffer or mapping this crate holds (no check is needed: it is known memory).
+    pub fn whole(memory: &(impl DeviceMemory + ?Sized)) -> CallerMemory {
+        CallerMemory {
+            address: memory.address(),
+            bytes: memory.len_bytes(),
+            ordinal: memory.ordinal(),
+        }
+    }
+
+    /// The part from `offset` bytes on (empty past the end).
+    #[must_use]
+    pub fn offset(self, offset: u64) -> CallerMemory {
+        let offset = offset.min(self.bytes as u64);
+        CallerMemory {
+            address: self.address + offset,
+            bytes: self.bytes - offset as usize,
+            ordinal: self.ordinal,
+        }
+    }
+
+    /// The first `bytes` of a buffer or mapping this crate holds (at most all of it).
+    pub fn prefix(memory: &(impl DeviceMemory + ?Sized), bytes: u64) -> CallerMemory {
+        CallerMemory {
+            address: memory.address(),
+            bytes: (bytes as usize).min(memory.len_bytes()),
+            ordinal: memory.ordinal(),
+        }
+    }
+}
+
+impl DeviceMemory for CallerMemory {
+    fn address(&self) -> u64 {
+        self.address
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+}
+
 /// Device memory from `cuMemAlloc`, freed on drop (after the device's work finishes).
 #[derive(Debug)]
 pub struct DeviceBuffer {
@@ -758,6 +939,65 @@ impl Drop for DeviceBuffer {
             unsafe {
                 let _ = sys::cuCtxSynchronize();
                 let _ = sys::cuMemFree_v2(self.address);
+            }
+        }
+    }
+}
+
+/// Pinned host memory of 64-bit words the device copies into asynchronously, so the host can
+/// look at a device word without waiting for any stream; freed on drop.
+#[derive(Debug)]
+pub struct HostWords {
+    words: *mut u64,
+    count: usize,
+    device: Device,
+}
+
+// SAFETY: the words are plain host memory owned by this value; reads are volatile and the
+// device writes them only through copies this value's owner enqueues.
+#[allow(unsafe_code)]
+unsafe impl Send for HostWords {}
+// SAFETY: as above: shared references only read.
+#[allow(unsafe_code)]
+unsafe impl Sync for HostWords {}
+
+impl Device {
+    /// `count` zeroed words of pinned host memory.
+    pub fn host_words(&self, count: usize) -> Result<HostWords, DriverError> {
+        self.bind()?;
+        let mut words: *mut c_void = std::ptr::null_mut();
+        let bytes = count.max(1) * 8;
+        // SAFETY: the context is current; the pointer is a live local written by the call.
+        let result = unsafe { sys::cuMemAllocHost_v2(&raw mut words, bytes) };
+        check(result, "cuMemAllocHost", Some(self.ordinal))?;
+        // SAFETY: the allocation holds `bytes` writable bytes, 8-byte aligned (page aligned).
+        unsafe { std::ptr::write_bytes(words.cast::<u8>(), 0, bytes) };
+        Ok(HostWords {
+            words: words.cast(),
+            count: count.max(1),
+            device: self.clone(),
+        })
+    }
+}
+
+impl HostWords {
+    /// Word `index` as last written (by a finished copy, or zero).
+    pub fn get(&self, index: usize) -> u64 {
+        assert!(index < self.count, "word {index} of {}", self.count);
+        // SAFETY: in bounds (asserted); the memory lives as long as self; a volatile read
+        // because the device writes it behind the compiler's back.
+        unsafe { std::ptr::read_volatile(self.words.add(index)) }
+    }
+}
+
+impl Drop for HostWords {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: waiting for the context's work first means no copy still writes the
+            // words; the pointer is this allocation's and is freed exactly once.
+            unsafe {
+                let _ = sys::cuCtxSynchronize();
+                let _ = sys::cuMemFreeHost(self.words.cast());
             }
         }
     }
@@ -1342,12 +1582,23 @@ fn launch_config(
     }
 }
 
-/// A non-blocking stream on one GPU.
+/// A stream on one GPU: a non-blocking one of this crate's, or a caller's, borrowed.
 #[derive(Debug)]
 pub struct Stream {
     ordinal: usize,
-    stream: Arc<CudaStream>,
+    context: Arc<CudaContext>,
+    raw: sys::CUstream,
+    // The stream this value owns; `None` for a caller's, which the caller keeps alive.
+    owned: Option<Arc<CudaStream>>,
 }
+
+// SAFETY: a CUstream may be used from any thread once its context is current, which every
+// method makes so first (`bind`); the owned stream, if any, is itself Send and Sync.
+#[allow(unsafe_code)]
+unsafe impl Send for Stream {}
+// SAFETY: as above; the driver serialises work queued on one stream from several threads.
+#[allow(unsafe_code)]
+unsafe impl Sync for Stream {}
 
 impl Stream {
     /// The GPU it runs on.
@@ -1356,8 +1607,7 @@ impl Stream {
     }
 
     fn bind(&self) -> Result<(), DriverError> {
-        self.stream
-            .context()
+        self.context
             .bind_to_thread()
             .during("cuCtxSetCurrent", Some(self.ordinal))
     }
@@ -1393,16 +1643,43 @@ impl Stream {
         // SAFETY: the destination range lies inside the allocation (checked above); the source
         // is `bytes` readable bytes borrowed until the stream is synchronised below, so the
         // copy never reads it after this function returns.
-        let result = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                address,
-                data.as_ptr().cast(),
-                bytes,
-                self.stream.cu_stream(),
-            )
-        };
+        let result =
+            unsafe { sys::cuMemcpyHtoDAsync_v2(address, data.as_ptr().cast(), bytes, self.raw) };
         check(result, "cuMemcpyHtoDAsync", Some(self.ordinal))?;
         self.synchronize()
+    }
+
+    /// Queues a copy of the 64-bit word at byte `offset` of `memory` into word `index` of
+    /// `words`, without waiting for it.
+    pub fn copy_word_to_host(
+        &self,
+        memory: &impl DeviceMemory,
+        offset: usize,
+        words: &HostWords,
+        index: usize,
+    ) -> Result<(), DriverError> {
+        assert!(index < words.count, "word {index} of {}", words.count);
+        let range = offset..offset.saturating_add(8);
+        let address = Self::checked_range(memory, "read", &range)?;
+        self.bind()?;
+        // SAFETY: the source range lies inside the allocation (checked above); the destination
+        // is one word of pinned host memory that outlives the copy (its drop waits for the
+        // context's work).
+        let result = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(words.words.add(index).cast(), address, 8, self.raw)
+        };
+        check(result, "cuMemcpyDtoHAsync", Some(self.ordinal))
+    }
+
+    /// Whether the stream is being captured into a graph (work queued now is recorded, not
+    /// run, and waiting on the stream is not allowed).
+    pub fn is_capturing(&self) -> Result<bool, DriverError> {
+        self.bind()?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is alive and its context current; the status is a live local.
+        let result = unsafe { sys::cuStreamIsCapturing(self.raw, &raw mut status) };
+        check(result, "cuStreamIsCapturing", Some(self.ordinal))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
     /// Copies from `memory` at byte `offset` into `out` and waits for the copy.
@@ -1419,14 +1696,8 @@ impl Stream {
         // SAFETY: the source range lies inside the allocation (checked above); `out` is
         // `bytes` writable bytes, exclusively borrowed until the stream is synchronised below,
         // and every bit pattern is a valid T (DeviceCopy).
-        let result = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                out.as_mut_ptr().cast(),
-                address,
-                bytes,
-                self.stream.cu_stream(),
-            )
-        };
+        let result =
+            unsafe { sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), address, bytes, self.raw) };
         check(result, "cuMemcpyDtoHAsync", Some(self.ordinal))?;
         self.synchronize()
     }
@@ -1451,9 +1722,8 @@ impl Stream {
         // SAFETY: both ranges lie inside live device allocations or mappings (checked above),
         // which outlive the queued copy (their drops wait for the device); no host memory is
         // involved.
-        let result = unsafe {
-            sys::cuMemcpyDtoDAsync_v2(to_address, from_address, bytes, self.stream.cu_stream())
-        };
+        let result =
+            unsafe { sys::cuMemcpyDtoDAsync_v2(to_address, from_address, bytes, self.raw) };
         check(result, "cuMemcpyDtoDAsync", Some(self.ordinal))
     }
 
@@ -1468,8 +1738,7 @@ impl Stream {
         self.bind()?;
         // SAFETY: the range lies inside the allocation (checked above); no host memory is
         // involved, and the allocation outlives queued work (its drop waits for the device).
-        let result =
-            unsafe { sys::cuMemsetD8Async(address, value, range.len(), self.stream.cu_stream()) };
+        let result = unsafe { sys::cuMemsetD8Async(address, value, range.len(), self.raw) };
         check(result, "cuMemsetD8Async", Some(self.ordinal))
     }
 
@@ -1493,9 +1762,7 @@ impl Stream {
         self.bind()?;
         // SAFETY: the range lies inside the allocation and is 2-byte aligned (checked above);
         // no host memory is involved.
-        let result = unsafe {
-            sys::cuMemsetD16Async(address, value, range.len() / 2, self.stream.cu_stream())
-        };
+        let result = unsafe { sys::cuMemsetD16Async(address, value, range.len() / 2, self.raw) };
         check(result, "cuMemsetD16Async", Some(self.ordinal))
     }
 
@@ -1515,12 +1782,7 @@ impl Stream {
         self.bind()?;
         let clustered = geometry.cluster_size.is_some();
         let mut attribute = cluster_attribute(geometry.cluster_size.unwrap_or(1));
-        let config = launch_config(
-            &geometry,
-            self.stream.cu_stream(),
-            &mut attribute,
-            clustered,
-        );
+        let config = launch_config(&geometry, self.raw, &mut attribute, clustered);
         let mut arguments = [std::ptr::from_ref(params).cast_mut().cast::<c_void>()];
         // SAFETY: the function was checked at lookup to take exactly one parameter of
         // size_of::<AllReduceParams>() bytes, so the driver reads exactly `*params`, which is
@@ -1583,9 +1845,11 @@ impl Stream {
 
     /// Waits for the stream's work, without a bound.
     pub fn synchronize(&self) -> Result<(), DriverError> {
-        self.stream
-            .synchronize()
-            .during("cuStreamSynchronize", Some(self.ordinal))
+        self.bind()?;
+        // SAFETY: the stream is alive (owned, or kept alive by the caller that borrowed it) and
+        // belongs to the current context.
+        let result = unsafe { sys::cuStreamSynchronize(self.raw) };
+        check(result, "cuStreamSynchronize", Some(self.ordinal))
     }
 
     /// Waits for the stream's work for at most `limit`; a kernel still running then is a
@@ -1596,7 +1860,7 @@ impl Stream {
         let mut pause = Duration::from_micros(20);
         loop {
             // SAFETY: the stream is alive (held by self) and belongs to the current context.
-            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+            match unsafe { sys::cuStreamQuery(self.raw) } {
                 sys::CUresult::CUDA_SUCCESS => return Ok(()),
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
                 error => check(error, "cuStreamQuery", Some(self.ordinal))?,
@@ -1622,17 +1886,20 @@ impl Stream {
                 expected: self.ordinal,
             });
         }
-        event
-            .event
-            .record(&self.stream)
-            .during("cuEventRecord", Some(self.ordinal))
+        self.bind()?;
+        // SAFETY: the event is alive (borrowed) and of this stream's device (checked above);
+        // the stream is alive and belongs to the current context.
+        let result = unsafe { sys::cuEventRecord(event.event.cu_event(), self.raw) };
+        check(result, "cuEventRecord", Some(self.ordinal))
     }
 
     /// Makes later work on this stream wait for `event` (which may be on another GPU).
     pub fn wait_for(&self, event: &Event) -> Result<(), DriverError> {
-        self.stream
-            .wait(&event.event)
-            .during("cuStreamWaitEvent", Some(self.ordinal))
+        self.bind()?;
+        // SAFETY: the event and the stream are alive (borrowed, or kept alive by the caller
+        // that lent the stream); the stream's context is current.
+        let result = unsafe { sys::cuStreamWaitEvent(self.raw, event.event.cu_event(), 0) };
+        check(result, "cuStreamWaitEvent", Some(self.ordinal))
     }
 
     /// Captures what `record` queues into a graph. During capture only launches and fills
@@ -1643,12 +1910,14 @@ impl Stream {
         F: FnOnce(&Capture<'_>) -> Result<(), E>,
         E: From<DriverError>,
     {
-        self.stream
+        let owned = self.owned.clone().ok_or(DriverError::ForeignStream {
+            device: self.ordinal,
+        })?;
+        owned
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .during("cuStreamBeginCapture", Some(self.ordinal))?;
         let recorded = record(&Capture { stream: self });
-        let ended = self
-            .stream
+        let ended = owned
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .during("cuStreamEndCapture/cuGraphInstantiate", Some(self.ordinal));
         recorded?;
@@ -1806,7 +2075,7 @@ impl Stream {
     /// NCCL layer, which enqueues on it.
     pub(super) fn bound_raw(&self) -> Result<sys::CUstream, DriverError> {
         self.bind()?;
-        Ok(self.stream.cu_stream())
+        Ok(self.raw)
     }
 }
 

@@ -333,6 +333,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 }
                 params.state = ranks[rank].state.data();
                 params.output = output.get();
+                params.input = buffers[rank].get();
                 params.elements = launch.elements;
                 params.scratch_offset = double_buffered(launch.kernel->scratch)
                                             ? own_offsets[launch.kernel - kKernels]

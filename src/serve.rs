@@ -1,0 +1,639 @@
+//! The serving handle: what a tensor-parallel server holds once start-up selection is done.
+//! One runtime (one bootstrap, one communicator) serves one package per dtype; the handle
+//! all-reduces the server's own device memory on the server's own stream, enqueue only, so a
+//! server captures it in its own CUDA graphs. Messages up to a package's largest bucket go to
+//! the bucket's agreed winner; larger ones to NCCL on the same communicator. Nothing is
+//! allocated, registered or opened after start: a caller's memory is never registered for
+//! IPC, and what peers must read is copied into the handle's registered buffer inside the
+//! enqueued work (see [`Collectives::enqueue_operands`]).
+//!
+//! The C ABI and the Python package are thin layers over this module.
+
+use std::fmt;
+
+use crate::collective::{Collectives, EntryId, Operands};
+use crate::gpu::abort::{Abort, AbortReason};
+use crate::gpu::driver::{CallerMemory, DeviceMemory as _, DriverError, HostWords, Stream};
+use crate::gpu::nccl::Communicator;
+use crate::ladder::Dtype;
+use crate::package::Package;
+use crate::progress::Reporter;
+use crate::runtime::{RankSetup, Runtime, RuntimeError};
+use crate::select::{select, SelectError, SelectOptions, Selection};
+use crate::tune::choice::Choice;
+
+/// Why a serving call failed. Each variant is a condition a caller can act on; the C ABI maps
+/// them to status codes ([`ServeError::status`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Start-up selection failed (bootstrap, a peer missing, ranks disagreeing, a cache or
+    /// choice file that could not be written).
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    /// The runtime failed (driver, NCCL).
+    #[error(transparent)]
+    Runtime(RuntimeError),
+    /// No package was given.
+    #[error("rank {rank}: no package was given; give one per dtype the server all-reduces")]
+    NoPackage {
+        /// This rank.
+        rank: u32,
+    },
+    /// Two packages hold the same dtype.
+    #[error(
+        "rank {rank}: packages {first} and {second} both hold {dtype}; give one package per dtype"
+    )]
+    DuplicateDtype {
+        /// This rank.
+        rank: u32,
+        /// The dtype.
+        dtype: &'static str,
+        /// The first package's ladder.
+        first: String,
+        /// The second package's ladder.
+        second: String,
+    },
+    /// The packages are for different world sizes, or not for this world.
+    #[error("rank {rank}: package {ladder} is for {expected} ranks, the world has {world}")]
+    WorldSize {
+        /// This rank.
+        rank: u32,
+        /// The package's ladder.
+        ladder: String,
+        /// Its world size.
+        expected: u32,
+        /// The runtime's.
+        world: u32,
+    },
+    /// A dtype no package holds.
+    #[error("rank {rank}: no package holds {dtype}; this handle serves {served}")]
+    DtypeNotServed {
+        /// This rank.
+        rank: u32,
+        /// The dtype asked for.
+        dtype: String,
+        /// The dtypes it serves.
+        served: String,
+    },
+    /// A pointer or stream the caller gave is not usable on this rank's GPU.
+    #[error("rank {rank}: {what}: {source}")]
+    BadArgument {
+        /// This rank.
+        rank: u32,
+        /// Which argument.
+        what: &'static str,
+        /// What the driver said.
+        source: DriverError,
+    },
+    /// A message whose size in bytes does not fit this machine's address space.
+    #[error("rank {rank}: a message of {elements} elements does not fit the address space")]
+    MessageTooLarge {
+        /// This rank.
+        rank: u32,
+        /// Elements asked for.
+        elements: usize,
+    },
+    /// A candidate cannot be forced.
+    #[error("rank {rank}: {reason}")]
+    CannotForce {
+        /// This rank.
+        rank: u32,
+        /// Why not.
+        reason: String,
+    },
+    /// The zero-copy region cannot hold what was asked.
+    #[error(
+        "rank {rank}: the zero-copy region of the {dtype} package holds {capacity} bytes, \
+         {requested} were asked for; larger messages go through any tensor"
+    )]
+    ZeroCopyTooSmall {
+        /// This rank.
+        rank: u32,
+        /// The dtype.
+        dtype: &'static str,
+        /// Bytes it holds.
+        capacity: u64,
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// A kernel gave up waiting for a peer: the peer is gone or stuck. The handle cannot be
+    /// used again; every rank must start a new one.
+    #[error(
+        "rank {rank}: a collective gave up waiting for rank {peer} (dead, stopped or too slow \
+         past the timeout); this handle is unusable, start a new one on every rank"
+    )]
+    PeerTimeout {
+        /// This rank.
+        rank: u32,
+        /// The peer that did not arrive.
+        peer: u32,
+    },
+    /// A kernel stopped for another reason (an invalid launch); the handle is unusable.
+    #[error("rank {rank}: a collective stopped: {abort}; this handle is unusable")]
+    Aborted {
+        /// This rank.
+        rank: u32,
+        /// The decoded abort word.
+        abort: Abort,
+    },
+}
+
+/// Status codes of the C ABI, one per [`ServeError`] kind; 0 is success.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// An argument is invalid (null, not of this GPU, a dtype no package holds, too large).
+    InvalidArgument = 1,
+    /// A package or ladder was refused (unreadable, tampered, for another GPU or world).
+    PackageRefused = 2,
+    /// A peer did not take part before the deadline (bootstrap, agreement, a kernel's wait).
+    PeerTimeout = 3,
+    /// The driver, NCCL or a kernel failed.
+    RuntimeFailure = 4,
+    /// A panic was caught at the boundary (a bug in this library).
+    Internal = 5,
+}
+
+impl ServeError {
+    /// The status code the C ABI returns for it.
+    pub fn status(&self) -> Status {
+        match self {
+            ServeError::NoPackage { .. }
+            | ServeError::DtypeNotServed { .. }
+            | ServeError::BadArgument { .. }
+            | ServeError::CannotForce { .. }
+            | ServeError::MessageTooLarge { .. }
+            | ServeError::ZeroCopyTooSmall { .. } => Status::InvalidArgument,
+            ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
+                Status::PackageRefused
+            }
+            ServeError::PeerTimeout { .. } => Status::PeerTimeout,
+            ServeError::Runtime(error) | ServeError::Select(SelectError::Runtime(error)) => {
+                runtime_status(error)
+            }
+            ServeError::Select(_) | ServeError::Aborted { .. } => Status::RuntimeFailure,
+        }
+    }
+}
+
+fn runtime_status(error: &RuntimeError) -> Status {
+    match error {
+        RuntimeError::Timeout { .. }
+        | RuntimeError::Aborted {
+            abort:
+                Abort {
+                    reason: AbortReason::PeerTimeout,
+                    ..
+                },
+            ..
+        } => Status::PeerTimeout,
+        RuntimeError::WrongArchitecture { .. } => Status::PackageRefused,
+        _ => Status::RuntimeFailure,
+    }
+}
+
+impl From<RuntimeError> for ServeError {
+    fn from(error: RuntimeError) -> ServeError {
+        match error {
+            RuntimeError::Aborted { rank, abort, .. } => abort_error(rank, abort),
+            error => ServeError::Runtime(error),
+        }
+    }
+}
+
+fn abort_error(rank: u32, abort: Abort) -> ServeError {
+    match abort.reason {
+        AbortReason::PeerTimeout => ServeError::PeerTimeout {
+            rank,
+            peer: abort.rank,
+        },
+        _ => ServeError::Aborted { rank, abort },
+    }
+}
+
+/// Where a message of a given size goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// A bucket of the package: its agreed winner.
+    Bucket {
+        /// The bucket's index in the ladder.
+        index: usize,
+        /// The winner's profile id.
+        profile: &'a str,
+    },
+    /// Above the package's largest bucket: NCCL on the handle's communicator.
+    AboveLadder,
+}
+
+impl fmt::Display for Route<'_> {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Route::Bucket { index, profile } => write!(formatter, "{profile} (bucket {index})"),
+            Route::AboveLadder => formatter.write_str("nccl (above the ladder's largest bucket)"),
+        }
+    }
+}
+
+/// One package served by the handle.
+#[derive(Debug)]
+struct Served {
+    dtype: Dtype,
+    ladder: String,
+    collectives: Collectives,
+    // Each bucket's largest message in bytes and the entry of its winner, ascending.
+    routes: Vec<(u64, EntryId)>,
+    selection: Selection,
+}
+
+impl Served {
+    fn route(&self, bytes: u64) -> Option<EntryId> {
+        self.routes
+            .iter()
+            .find(|(max_bytes, _)| bytes <= *max_bytes)
+            .map(|(_, id)| *id)
+    }
+}
+
+/// A rank's serving handle. Collective to create: every rank starts it with the same packages
+/// and options. All-reduces must be enqueued in the same order on every rank, from one thread
+/// at a time and on one stream (or in one graph) at a time: the custom kernels count their
+/// launches in device memory.
+#[derive(Debug)]
+pub struct Handle {
+    // Dropped before the runtime: kernels and peer memory before the communicators.
+    served: Vec<Served>,
+    // Per served package, the abort word as last copied from the device.
+    abort_words: HostWords,
+    runtime: Runtime,
+}
+
+impl Handle {
+    /// Brings the runtime up (bootstrap and topology agreement, bounded by `setup.timeout`) and
+    /// selects for every package (one per dtype).
+    pub fn start(
+        setup: &RankSetup,
+        packages: &[Package],
+        options: &SelectOptions,
+        reporter: &dyn Reporter,
+    ) -> Result<Handle, ServeError> {
+        let runtime = Runtime::start(setup).map_err(SelectError::from)?;
+        Handle::select(runtime, packages, options, reporter)
+    }
+
+    /// Like [`Handle::start`], splitting from the serving process's own communicator (see
+    /// [`Communicator::adopt`]).
+    pub fn start_from_parent(
+        setup: &RankSetup,
+        parent: Communicator,
+        packages: &[Package],
+        options: &SelectOptions,
+        reporter: &dyn Reporter,
+    ) -> Result<Handle, ServeError> {
+        let runtime = Runtime::start_from_parent(setup, parent).map_err(SelectError::from)?;
+        Handle::select(runtime, packages, options, reporter)
+    }
+
+    /// Loads and selects every package on a runtime that is up. Collective.
+    pub fn select(
+        runtime: Runtime,
+        packages: &[Package],
+        options: &SelectOptions,
+        reporter: &dyn Reporter,
+    ) -> Result<Handle, ServeError> {
+        let rank = runtime.rank();
+        if packages.is_empty() {
+            return Err(ServeError::NoPackage { rank });
+        }
+        for (index, package) in packages.iter().enumerate() {
+            let ladder = package.ladder();
+            if ladder.world_size != runtime.world() {
+                return Err(ServeError::WorldSize {
+                    rank,
+                    ladder: ladder.name.clone(),
+                    expected: ladder.world_size,
+                    world: runtime.world(),
+                });
+            }
+            if let Some(first) = packages[..index]
+                .iter()
+                .find(|other| other.ladder().dtype == ladder.dtype)
+            {
+                return Err(ServeError::DuplicateDtype {
+                    rank,
+                    dtype: ladder.dtype.name(),
+                    first: first.ladder().name.clone(),
+                    second: ladder.name.clone(),
+                });
+            }
+        }
+        let mut served = Vec::with_capacity(packages.len());
+        for package in packages {
+            let started = std::time::Instant::now();
+            let mut collectives = Collectives::new(&runtime, package).map_err(SelectError::from)?;
+            let load = started.elapsed();
+            let mut selection = select(&runtime, &mut collectives, package, options, reporter)?;
+            selection.times.load = load;
+            let routes = selection
+                .choice
+                .buckets
+                .iter()
+                .map(|bucket| {
+                    let id = collectives
+                        .find(bucket.decision.index, &bucket.decision.winner)
+                        .expect("the choice names a candidate of its bucket");
+                    (bucket.max_bytes, id)
+                })
+                .collect();
+            served.push(Served {
+                dtype: package.ladder().dtype,
+                ladder: package.ladder().name.clone(),
+                collectives,
+                routes,
+                selection,
+            });
+        }
+        let abort_words = runtime
+            .device()
+            .host_words(served.len())
+            .map_err(RuntimeError::driver(rank))?;
+        Ok(Handle {
+            served,
+            abort_words,
+            runtime,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.runtime.rank()
+    }
+
+    /// Ranks in the world.
+    pub fn world(&self) -> u32 {
+        self.runtime.world()
+    }
+
+    /// The runtime (device, communicators, topology).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// The dtypes served, in the order the packages were given.
+    pub fn dtypes(&self) -> impl Iterator<Item = Dtype> + '_ {
+        self.served.iter().map(|served| served.dtype)
+    }
+
+    fn served(&self, dtype: Dtype) -> Result<&Served, ServeError> {
+        self.served
+            .iter()
+            .find(|served| served.dtype == dtype)
+            .ok_or_else(|| ServeError::DtypeNotServed {
+                rank: self.rank(),
+                dtype: dtype.name().to_owned(),
+                served: self.served_names(),
+            })
+    }
+
+    fn served_names(&self) -> String {
+        self.served
+            .iter()
+            .map(|served| served.dtype.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The name of the ladder whose package serves `dtype`.
+    pub fn ladder(&self, dtype: Dtype) -> Result<&str, ServeError> {
+        Ok(&self.served(dtype)?.ladder)
+    }
+
+    /// Routes bucket `bucket` of the `dtype` package to `profile` instead of its agreed
+    /// winner, for tests and comparisons that must run one candidate at every size. Every rank
+    /// must force the same, before the all-reduces it affects (the ranks' launches must match).
+    /// A candidate dropped on this machine cannot be forced.
+    pub fn force(&mut self, dtype: Dtype, bucket: usize, profile: &str) -> Result<(), ServeError> {
+        let rank = self.rank();
+        let names = self.served_names();
+        let served = self
+            .served
+            .iter_mut()
+            .find(|served| served.dtype == dtype)
+            .ok_or_else(|| ServeError::DtypeNotServed {
+                rank,
+                dtype: dtype.name().to_owned(),
+                served: names,
+            })?;
+        let invalid = |reason: String| ServeError::CannotForce { rank, reason };
+        let Some(route) = served.routes.get_mut(bucket) else {
+            return Err(invalid(format!(
+                "bucket {bucket} does not exist; {} has {} buckets",
+                served.ladder,
+                served.routes.len()
+            )));
+        };
+        let Some(id) = served.collectives.find(bucket, profile) else {
+            return Err(invalid(format!(
+                "{profile} is not a candidate of bucket {bucket} of {}",
+                served.ladder
+            )));
+        };
+        if let Some(reason) = &served.collectives.entries()[id].dropped {
+            return Err(invalid(format!(
+                "{profile} in bucket {bucket} was dropped on this machine: {reason}"
+            )));
+        }
+        route.1 = id;
+        Ok(())
+    }
+
+    /// The agreed choice for `dtype`.
+    pub fn choice(&self, dtype: Dtype) -> Result<&Choice, ServeError> {
+        Ok(&self.served(dtype)?.selection.choice)
+    }
+
+    /// What selection did for `dtype` and how long it took.
+    pub fn selection(&self, dtype: Dtype) -> Result<&Selection, ServeError> {
+        Ok(&self.served(dtype)?.selection)
+    }
+
+    /// Where a message of `bytes` of `dtype` goes.
+    pub fn route(&self, dtype: Dtype, bytes: u64) -> Result<Route<'_>, ServeError> {
+        let served = self.served(dtype)?;
+        Ok(match served.route(bytes) {
+            Some(id) => {
+                let entry = &served.collectives.entries()[id];
+                Route::Bucket {
+                    index: entry.bucket,
+                    profile: &entry.profile,
+                }
+            }
+            None => Route::AboveLadder,
+        })
+    }
+
+    /// The zero-copy region of the `dtype` package: this rank's registered memory that peers
+    /// can read. A message written here (from byte 0) is all-reduced without any copy by every
+    /// candidate. One region per package: every tensor a server places here shares it, so it
+    /// holds one message at a time. `None` when no custom kernel runs (only NCCL), where any
+    /// memory is as good.
+    pub fn zero_copy_region(&self, dtype: Dtype) -> Result<Option<CallerMemory>, ServeError> {
+        Ok(self.served(dtype)?.collectives.input_region())
+    }
+
+    /// Checks that `bytes` fit the zero-copy region of `dtype` and returns it.
+    pub fn zero_copy(&self, dtype: Dtype, bytes: u64) -> Result<Option<CallerMemory>, ServeError> {
+        let region = self.zero_copy_region(dtype)?;
+        if let Some(region) = region {
+            if bytes > region.len_bytes() as u64 {
+                return Err(ServeError::ZeroCopyTooSmall {
+                    rank: self.rank(),
+                    dtype: dtype.name(),
+                    capacity: region.len_bytes() as u64,
+                    requested: bytes,
+                });
+            }
+        }
+        Ok(region)
+    }
+
+    /// Enqueues the all-reduce of `elements` of `dtype` from device address `input` into
+    /// `output` (the same address for in place) on the caller's `stream` (a `CUstream` or
+    /// `cudaStream_t`; 0 for the legacy default stream), with the agreed winner for that size.
+    /// It only enqueues, so it can be captured in the caller's graph. Zero elements enqueue
+    /// nothing.
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be a live stream of this rank's GPU (or 0), and `input` and `output` must
+    /// stay allocated until the enqueued work has run (or the graph it was captured in is no
+    /// longer replayed). Both are checked to be device memory of this GPU large enough for
+    /// the message.
+    #[allow(unsafe_code)]
+    pub unsafe fn all_reduce(
+        &self,
+        input: u64,
+        output: u64,
+        elements: usize,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<(), ServeError> {
+        let rank = self.rank();
+        let served = self.served(dtype)?;
+        if elements == 0 {
+            return Ok(());
+        }
+        let bytes = (elements as u64)
+            .checked_mul(dtype.size_bytes())
+            .and_then(|bytes| usize::try_from(bytes).ok())
+            .ok_or(ServeError::MessageTooLarge { rank, elements })?;
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
+        // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
+        let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
+        // SAFETY: the caller promises both stay allocated until the queued work has run.
+        let input = unsafe { device.caller_memory(input, bytes) }.map_err(bad("the input"))?;
+        // SAFETY: as above.
+        let output = unsafe { device.caller_memory(output, bytes) }.map_err(bad("the output"))?;
+        self.enqueue(served, &stream, Operands { input, output }, elements)
+    }
+
+    /// Like [`Handle::all_reduce`], on memory and a stream this crate already checked.
+    pub fn all_reduce_on(
+        &self,
+        stream: &Stream,
+        operands: Operands,
+        elements: usize,
+        dtype: Dtype,
+    ) -> Result<(), ServeError> {
+        let served = self.served(dtype)?;
+        if elements == 0 {
+            return Ok(());
+        }
+        self.enqueue(served, stream, operands, elements)
+    }
+
+    fn enqueue(
+        &self,
+        served: &Served,
+        stream: &Stream,
+        operands: Operands,
+        elements: usize,
+    ) -> Result<(), ServeError> {
+        let rank = self.rank();
+        let capturing = stream.is_capturing().map_err(RuntimeError::driver(rank))?;
+        // The abort words as last copied: a handle whose kernels gave up is not used again.
+        if !capturing {
+            self.check_seen()?;
+        }
+        let bytes = elements as u64 * served.dtype.size_bytes();
+        match served.route(bytes) {
+            Some(id) => {
+                served.collectives.enqueue_operands(
+                    &self.runtime,
+                    stream,
+                    id,
+                    elements,
+                    operands,
+                )?;
+            }
+            None => self
+                .runtime
+                .communicator()
+                .all_reduce_bf16(stream, &operands.input, &operands.output, elements)
+                .map_err(RuntimeError::from)?,
+        }
+        if !capturing {
+            self.refresh_abort_words()?;
+        }
+        Ok(())
+    }
+
+    /// Queues copies of every package's abort word into pinned host memory, on the runtime's
+    /// own stream, so the next call sees a kernel's give-up without waiting for any stream.
+    fn refresh_abort_words(&self) -> Result<(), ServeError> {
+        let rank = self.rank();
+        for (index, served) in self.served.iter().enumerate() {
+            if let Some(state) = served.collectives.state() {
+                self.runtime
+                    .stream()
+                    .copy_word_to_host(state, 0, &self.abort_words, index)
+                    .map_err(RuntimeError::driver(rank))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The abort words as last copied, as an error if any kernel gave up.
+    fn check_seen(&self) -> Result<(), ServeError> {
+        for index in 0..self.served.len() {
+            if let Some(abort) = Abort::decode(self.abort_words.get(index)) {
+                return Err(abort_error(self.rank(), abort));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every package's abort word now (waiting only for the copy, not for the caller's
+    /// streams): [`ServeError::PeerTimeout`] naming the peer when a kernel gave up waiting for
+    /// it. [`Handle::all_reduce`] also checks, against the words as copied after the previous
+    /// call, except while the stream is being captured.
+    pub fn check(&self) -> Result<(), ServeError> {
+        self.check_seen()?;
+        for served in &self.served {
+            served
+                .collectives
+                .check_abort(self.runtime.stream(), "serving")?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes an NCCL unique id for [`crate::runtime::Rendezvous::UniqueId`]: call it on one rank
+/// and give the bytes to every rank.
+pub fn unique_id() -> Result<[u8; 128], ServeError> {
+    Ok(crate::gpu::nccl::UniqueId::new()
+        .map_err(RuntimeError::from)?
+        .to_bytes())
+}
