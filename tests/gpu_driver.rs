@@ -157,9 +157,9 @@ fn refuses_kernels_that_do_not_take_the_launch_contract() {
     ];
     let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
     insta::assert_snapshot!(messages.join("\n"), @r"
-    kernel driver_two_parameters on GPU 0 takes more than one parameter, but the launch contract passes one AllReduceParams of 176 bytes by value (kernels/prepare_abi.cuh)
-    kernel driver_small_parameter on GPU 0 takes one parameter of 4 bytes at offset 0, but the launch contract passes one AllReduceParams of 176 bytes by value (kernels/prepare_abi.cuh)
-    kernel driver_no_parameters on GPU 0 takes no parameters, but the launch contract passes one AllReduceParams of 176 bytes by value (kernels/prepare_abi.cuh)
+    kernel driver_two_parameters on GPU 0 takes more than one parameter, but the launch contract passes one AllReduceParams of 184 bytes by value (kernels/prepare_abi.cuh)
+    kernel driver_small_parameter on GPU 0 takes one parameter of 4 bytes at offset 0, but the launch contract passes one AllReduceParams of 184 bytes by value (kernels/prepare_abi.cuh)
+    kernel driver_no_parameters on GPU 0 takes no parameters, but the launch contract passes one AllReduceParams of 184 bytes by value (kernels/prepare_abi.cuh)
     cuModuleGetFunction on GPU 0 failed: CUDA_ERROR_NOT_FOUND (named symbol not found)
     ");
 
