@@ -724,11 +724,28 @@ impl Collectives {
         elements: usize,
         ops: u32,
     ) -> Result<Graph, RuntimeError> {
+        let operands = Operands {
+            input: CallerMemory::whole(self.input()),
+            output: CallerMemory::whole(&self.output),
+        };
+        self.capture_operands(runtime, stream, id, elements, operands, ops)
+    }
+
+    /// Like [`Collectives::capture`], on operands (see [`Collectives::enqueue_operands`]).
+    pub fn capture_operands(
+        &self,
+        runtime: &Runtime,
+        stream: &mut Stream,
+        id: EntryId,
+        elements: usize,
+        operands: Operands,
+        ops: u32,
+    ) -> Result<Graph, RuntimeError> {
         let rank = self.rank;
         let graph = stream
             .capture(|capture| {
                 for _ in 0..ops {
-                    self.enqueue(runtime, capture.stream(), id, elements)
+                    self.enqueue_operands(runtime, capture.stream(), id, elements, operands)
                         .map_err(CaptureFailure::Runtime)?;
                 }
                 Ok(())

@@ -5,7 +5,7 @@
 //! ranks start it together. Samples are microseconds per operation; every rank's samples are
 //! gathered, so every rank returns the same matrix.
 
-use crate::collective::{Collectives, EntryId};
+use crate::collective::{Collectives, EntryId, Operands};
 use crate::gpu::driver::{DeviceBuffer, Event, Graph, Stream};
 use crate::runtime::{Runtime, RuntimeError};
 
@@ -147,6 +147,19 @@ impl Timer {
         entries: &[(EntryId, usize)],
         options: TimingOptions,
     ) -> Result<GroupSamples, RuntimeError> {
+        let entries: Vec<Timed> = entries.iter().map(|&entry| entry.into()).collect();
+        self.time_operands(runtime, collectives, &entries, options)
+    }
+
+    /// Like [`Timer::time`], each entry on the operands it names (the serving path on a
+    /// caller's memory) or, without, on the registered buffer into the private output.
+    pub fn time_operands(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[Timed],
+        options: TimingOptions,
+    ) -> Result<GroupSamples, RuntimeError> {
         let ops = self.calibrate(runtime, collectives, entries, options)?;
         self.time_graphs(runtime, collectives, entries, &ops, options)
     }
@@ -162,7 +175,8 @@ impl Timer {
         options: TimingOptions,
     ) -> Result<GroupSamples, RuntimeError> {
         let ops = vec![ops.max(1); entries.len()];
-        self.time_graphs(runtime, collectives, entries, &ops, options)
+        let entries: Vec<Timed> = entries.iter().map(|&entry| entry.into()).collect();
+        self.time_graphs(runtime, collectives, &entries, &ops, options)
     }
 
     /// Operations per replay for each entry: about `sample_us` on the slowest rank.
@@ -170,19 +184,19 @@ impl Timer {
         &mut self,
         runtime: &Runtime,
         collectives: &Collectives,
-        entries: &[(EntryId, usize)],
+        entries: &[Timed],
         options: TimingOptions,
     ) -> Result<Vec<u32>, RuntimeError> {
         let world = runtime.world() as usize;
         // Calibration: one operation per replay, the slowest rank's estimate decides how many
         // operations a sample replays, so every rank captures the same graphs.
         let mut single = Vec::with_capacity(entries.len());
-        for &(id, elements) in entries {
-            single.push(collectives.capture(runtime, &mut self.stream, id, elements, 1)?);
+        for entry in entries {
+            single.push(entry.capture(runtime, collectives, &mut self.stream, 1)?);
         }
         let views: Vec<(EntryId, &Graph)> = entries
             .iter()
-            .map(|(id, _)| *id)
+            .map(|entry| entry.id)
             .zip(single.iter())
             .collect();
         let mut estimate = vec![0.0_f64; entries.len()];
@@ -215,18 +229,18 @@ impl Timer {
         &mut self,
         runtime: &Runtime,
         collectives: &Collectives,
-        entries: &[(EntryId, usize)],
+        entries: &[Timed],
         ops: &[u32],
         options: TimingOptions,
     ) -> Result<GroupSamples, RuntimeError> {
         let world = runtime.world() as usize;
         let mut graphs = Vec::with_capacity(entries.len());
-        for (&(id, elements), &count) in entries.iter().zip(ops) {
-            graphs.push(collectives.capture(runtime, &mut self.stream, id, elements, count)?);
+        for (entry, &count) in entries.iter().zip(ops) {
+            graphs.push(entry.capture(runtime, collectives, &mut self.stream, count)?);
         }
         let views: Vec<(EntryId, &Graph)> = entries
             .iter()
-            .map(|(id, _)| *id)
+            .map(|entry| entry.id)
             .zip(graphs.iter())
             .collect();
         let mut local: Vec<Vec<f32>> = vec![Vec::new(); entries.len()];
@@ -265,6 +279,45 @@ impl Timer {
             ops: ops.to_vec(),
             samples,
         })
+    }
+}
+
+/// One thing to time: an entry at a message size, on the registered buffer into the private
+/// output, or on operands of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timed {
+    /// The entry.
+    pub id: EntryId,
+    /// The message size, in elements.
+    pub elements: usize,
+    /// Where the message is and the sum goes; `None` for the collectives' own buffers.
+    pub operands: Option<Operands>,
+}
+
+impl From<(EntryId, usize)> for Timed {
+    fn from((id, elements): (EntryId, usize)) -> Timed {
+        Timed {
+            id,
+            elements,
+            operands: None,
+        }
+    }
+}
+
+impl Timed {
+    fn capture(
+        &self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        stream: &mut Stream,
+        ops: u32,
+    ) -> Result<Graph, RuntimeError> {
+        match self.operands {
+            None => collectives.capture(runtime, stream, self.id, self.elements, ops),
+            Some(operands) => {
+                collectives.capture_operands(runtime, stream, self.id, self.elements, operands, ops)
+            }
+        }
     }
 }
 

@@ -110,6 +110,7 @@ fn report() -> BenchReport {
         sizes,
         decode_shape: Some(shape),
         decode,
+        serving: Vec::new(),
     }
 }
 

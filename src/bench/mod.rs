@@ -97,4 +97,29 @@ pub struct BenchReport {
     pub decode_shape: Option<DecodeShape>,
     /// The decode emulation, batch ascending.
     pub decode: Vec<DecodeRow>,
+    /// The serving path at every size a bucket covers, sizes ascending.
+    #[serde(default)]
+    pub serving: Vec<ServingRow>,
+}
+
+/// The chosen candidate at one size through the serving handle's paths, timed in one
+/// interleaved group: on the registered buffer (zero copy, into the private output or in
+/// place) and on a server's own memory (any tensor, out of place or in place). Medians of the
+/// slowest rank per round, microseconds per all-reduce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServingRow {
+    /// Message size, bytes.
+    pub bytes: u64,
+    /// The bucket's index.
+    pub bucket: usize,
+    /// The chosen profile.
+    pub profile: String,
+    /// Zero copy: the message in the registered buffer, the sum into the private output.
+    pub zero_copy_us: f64,
+    /// Zero copy in place: the sum over the message in the registered buffer.
+    pub zero_copy_in_place_us: Option<f64>,
+    /// Any tensor: the message in the server's memory, the sum into another of its buffers.
+    pub any_tensor_us: f64,
+    /// Any tensor in place.
+    pub any_tensor_in_place_us: f64,
 }

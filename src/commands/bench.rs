@@ -14,12 +14,12 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Context as _};
-use prepare::bench::{BenchReport, DecodeRow, DecodeShape, SizeRow};
-use prepare::collective::Collectives;
+use prepare::bench::{BenchReport, DecodeRow, DecodeShape, ServingRow, SizeRow};
+use prepare::collective::{Collectives, Operands};
 use prepare::package::Outcome;
 use prepare::qualify::{qualify, QualifyOptions};
 use prepare::select::SelectOptions;
-use prepare::timing::{Timer, TimingOptions};
+use prepare::timing::{Timed, Timer, TimingOptions};
 use prepare::tune::choice::Choice;
 use prepare::tune::{
     decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, Policy, SizeFigures,
@@ -113,6 +113,21 @@ fn default_sizes(ladder: &prepare::ladder::Ladder) -> Vec<u64> {
     sizes.sort_unstable();
     sizes.dedup();
     sizes
+}
+
+/// The median over rounds of the slowest rank's time (`[rank][round]`); rounds where a rank
+/// has no sample are left out.
+fn slowest_median(samples: &[Vec<Option<f64>>]) -> f64 {
+    let mut figures: Vec<f64> = (0..samples.first().map_or(0, Vec::len))
+        .filter_map(|round| {
+            samples
+                .iter()
+                .map(|rank| rank[round])
+                .try_fold(0.0_f64, |slowest, value| value.map(|v| slowest.max(v)))
+        })
+        .collect();
+    figures.sort_by(f64::total_cmp);
+    figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Per bucket, the profile the choice takes.
@@ -366,6 +381,99 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
     }
     log("* the tuned choice at that size; vs_nccl: NCCL's median over the candidate's".to_owned());
 
+    // The serving path: the chosen candidate on the registered buffer and on a server's own
+    // memory, in one interleaved group per size, so the copies the handle adds show.
+    let largest = sizes
+        .iter()
+        .filter(|&&bytes| ladder.bucket_for(bytes).is_some())
+        .max()
+        .copied()
+        .unwrap_or(0) as usize;
+    let device = runtime.device();
+    let own_input = device
+        .allocate(largest.max(16))
+        .map_err(|error| Failure::runtime(anyhow::Error::from(error)))?;
+    let own_output = device
+        .allocate(largest.max(16))
+        .map_err(|error| Failure::runtime(anyhow::Error::from(error)))?;
+    let region = collectives.input_region();
+    let mut serving = Vec::new();
+    log(format!(
+        "serving path of the chosen candidate (us): zero copy, zero copy in place, any tensor, \
+         any tensor in place\n{:>10} {:>6}  {:<22} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "bytes", "bucket", "chosen", "zero_cp", "zc_inpl", "any", "any_inpl", "extra"
+    ));
+    for &bytes in &sizes {
+        let Some(bucket) = ladder.bucket_for(bytes) else {
+            continue;
+        };
+        let Some(id) = collectives.find(bucket, &chosen[bucket]) else {
+            continue;
+        };
+        let elements = bytes.div_ceil(ladder.dtype.size_bytes()) as usize;
+        let message = elements as u64 * ladder.dtype.size_bytes();
+        let own = |buffer: &prepare::gpu::driver::DeviceBuffer| {
+            prepare::gpu::driver::CallerMemory::prefix(buffer, message)
+        };
+        let mut entries = vec![
+            Timed::from((id, elements)),
+            Timed {
+                id,
+                elements,
+                operands: Some(Operands {
+                    input: own(&own_input),
+                    output: own(&own_output),
+                }),
+            },
+            Timed {
+                id,
+                elements,
+                operands: Some(Operands {
+                    input: own(&own_output),
+                    output: own(&own_output),
+                }),
+            },
+        ];
+        if let Some(region) = region {
+            entries.push(Timed {
+                id,
+                elements,
+                operands: Some(Operands {
+                    input: region,
+                    output: region,
+                }),
+            });
+        }
+        let group = timer
+            .time_operands(&runtime, &collectives, &entries, options)
+            .map_err(Failure::runtime)?;
+        let medians: Vec<f64> = group
+            .samples
+            .iter()
+            .map(|samples| slowest_median(samples))
+            .collect();
+        let row = ServingRow {
+            bytes,
+            bucket,
+            profile: chosen[bucket].clone(),
+            zero_copy_us: medians[0],
+            any_tensor_us: medians[1],
+            any_tensor_in_place_us: medians[2],
+            zero_copy_in_place_us: medians.get(3).copied(),
+        };
+        log(format!(
+            "{bytes:>10} {bucket:>6}  {:<22} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>+9.2}",
+            row.profile,
+            row.zero_copy_us,
+            row.zero_copy_in_place_us.unwrap_or(f64::NAN),
+            row.any_tensor_us,
+            row.any_tensor_in_place_us,
+            row.any_tensor_us - row.zero_copy_us,
+        ));
+        serving.push(row);
+    }
+    log("extra: any tensor minus zero copy".to_owned());
+
     let shape = DecodeShape::default();
     let mut decode = Vec::new();
     let batches: Vec<usize> = args
@@ -404,18 +512,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
             let group = timer
                 .time_with_ops(&runtime, &collectives, &entries, ops, options)
                 .map_err(Failure::runtime)?;
-            let step = |samples: &Vec<Vec<Option<f64>>>| {
-                let mut figures: Vec<f64> = (0..samples.first().map_or(0, Vec::len))
-                    .filter_map(|round| {
-                        samples
-                            .iter()
-                            .map(|rank| rank[round])
-                            .try_fold(0.0_f64, |slowest, value| value.map(|v| slowest.max(v)))
-                    })
-                    .collect();
-                figures.sort_by(f64::total_cmp);
-                figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN) * f64::from(ops)
-            };
+            let step = |samples: &Vec<Vec<Option<f64>>>| slowest_median(samples) * f64::from(ops);
             let tuned_us = step(&group.samples[0]);
             let nccl_us = group.samples.get(1).map_or(tuned_us, step);
             let row = DecodeRow {
@@ -450,6 +547,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
             sizes: rows,
             decode_shape: (!decode.is_empty()).then_some(shape),
             decode,
+            serving,
         };
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot make {}", dir.display()))
