@@ -58,6 +58,9 @@ struct Kernel {
     void (*entry)(AllReduceParams);
     Scratch scratch;
     bool cluster;
+    // Reads this rank's message only locally, through params.input (prepare::kernels::
+    // InputAccess::Local): the message may be anywhere, the output may be the input.
+    bool local_input;
     // A copy-engine kernel's start and end barriers: the host copies the peers' chunks between
     // them (copy_engine_launch); null for every other kernel.
     void (*start)(AllReduceParams) = nullptr;
@@ -65,17 +68,18 @@ struct Kernel {
 };
 
 const Kernel kKernels[] = {
-    {"one_shot_copy_engine", all_reduce_one_shot_copy_engine_bf16, Scratch::None, false,
+    {"one_shot_copy_engine", all_reduce_one_shot_copy_engine_bf16, Scratch::None, false, false,
      all_reduce_one_shot_copy_engine_start_bf16, all_reduce_one_shot_copy_engine_end_bf16},
-    {"one_shot_pull", all_reduce_one_shot_pull_bf16, Scratch::None, false},
-    {"one_shot_push", all_reduce_one_shot_push_bf16, Scratch::MessageSlots, false},
-    {"one_shot_push_ll", all_reduce_one_shot_push_ll_bf16, Scratch::DoubleBufferedLines, false},
+    {"one_shot_pull", all_reduce_one_shot_pull_bf16, Scratch::None, false, false},
+    {"one_shot_push", all_reduce_one_shot_push_bf16, Scratch::MessageSlots, false, true},
+    {"one_shot_push_ll", all_reduce_one_shot_push_ll_bf16, Scratch::DoubleBufferedLines, false,
+     true},
     {"one_shot_push_simple", all_reduce_one_shot_push_simple_bf16,
-     Scratch::DoubleBufferedMessageSlots, false},
-    {"rsag_pull", all_reduce_rsag_pull_bf16, Scratch::Message, false},
-    {"rsag_push", all_reduce_rsag_push_bf16, Scratch::SliceSlotsThenMessage, false},
-    {"rsag_phased", all_reduce_rsag_phased_bf16, Scratch::SliceSlotsThenMessage, true},
-    {"full_phased", all_reduce_full_phased_bf16, Scratch::MessageSlots, true},
+     Scratch::DoubleBufferedMessageSlots, false, true},
+    {"rsag_pull", all_reduce_rsag_pull_bf16, Scratch::Message, false, false},
+    {"rsag_push", all_reduce_rsag_push_bf16, Scratch::SliceSlotsThenMessage, false, true},
+    {"rsag_phased", all_reduce_rsag_phased_bf16, Scratch::SliceSlotsThenMessage, true, true},
+    {"full_phased", all_reduce_full_phased_bf16, Scratch::MessageSlots, true, true},
 };
 
 u64 round_up(u64 value, u64 multiple) {
@@ -175,8 +179,17 @@ struct Rank {
     std::vector<u64> state = std::vector<u64>(PREPARE_STATE_WORDS, 0);
 };
 
+// Where a launch's message is and its sum goes, as the serving handle passes a server's memory
+// to a kernel that reads its message only locally.
+enum class Operands {
+    Registered,  // the message in the registered buffer, the sum into a separate output
+    Separate,    // the message in memory of its own, the registered input region poisoned
+    InPlace,     // the message in the output, summed over itself, the input region poisoned
+};
+
 struct Options {
     std::vector<bool> present;  // ranks that launch at all
+    Operands operands = Operands::Registered;
     u64 timeout_ns = 10'000'000'000ull;
     u64 extra_offset = 0;  // input region beyond the largest message
     // When not 0, double-buffered regions are sized for messages up to this many elements alone,
@@ -317,14 +330,22 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 const Launch& launch = sequence[index];
                 if (rank == world - 1)
                     std::this_thread::sleep_for(options.last_rank_late);
-                for (u64 e = 0; e < launch.elements; ++e) {
-                    const unsigned short value = input_value(seed, index, rank, e);
-                    std::memcpy(buffers[rank].get() + 2 * e, &value, 2);
-                }
                 const u64 output_bytes = launch.elements * 2;
                 std::unique_ptr<unsigned char[]> output(
                     new (std::align_val_t(16)) unsigned char[output_bytes + kGuard]);
                 std::memset(output.get(), 0xCC, output_bytes + kGuard);
+                std::unique_ptr<unsigned char[]> own_input(
+                    new (std::align_val_t(16)) unsigned char[output_bytes + 16]);
+                unsigned char* input = buffers[rank].get();
+                if (options.operands != Operands::Registered) {
+                    // A kernel that read the registered input region would sum this poison.
+                    std::memset(buffers[rank].get(), 0x5A, output_bytes);
+                    input = options.operands == Operands::InPlace ? output.get() : own_input.get();
+                }
+                for (u64 e = 0; e < launch.elements; ++e) {
+                    const unsigned short value = input_value(seed, index, rank, e);
+                    std::memcpy(input + 2 * e, &value, 2);
+                }
                 AllReduceParams params;
                 std::memset(&params, 0, sizeof params);
                 for (unsigned q = 0; q < world; ++q) {
@@ -333,7 +354,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 }
                 params.state = ranks[rank].state.data();
                 params.output = output.get();
-                params.input = buffers[rank].get();
+                params.input = input;
                 params.elements = launch.elements;
                 params.scratch_offset = double_buffered(launch.kernel->scratch)
                                             ? own_offsets[launch.kernel - kKernels]
@@ -370,9 +391,10 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                       "wrong, first at %llu",
                       launch.kernel->name, world, launch.elements, launch.blocks, launch.threads,
                       index, rank, wrong, first);
-                for (u64 e = 0; e < launch.elements; ++e) {
+                for (u64 e = 0; options.operands != Operands::InPlace && e < launch.elements;
+                     ++e) {
                     unsigned short kept;
-                    std::memcpy(&kept, buffers[rank].get() + 2 * e, 2);
+                    std::memcpy(&kept, input + 2 * e, 2);
                     CHECK(kept == input_value(seed, index, rank, e),
                           "%s rank %u: input element %llu changed", launch.kernel->name, rank, e);
                     if (kept != input_value(seed, index, rank, e))
@@ -543,17 +565,39 @@ void exactness() {
     }
 }
 
+// Every kernel that reads its message only locally, on a server's memory: the message in a
+// buffer of its own, and in place in the output, at every world size given.
+void operands(const std::vector<unsigned>& worlds) {
+    for (unsigned world : worlds) {
+        std::vector<Rank> ranks(world);
+        for (const Kernel& kernel : kKernels) {
+            if (!kernel.local_input)
+                continue;
+            for (Operands mode : {Operands::Separate, Operands::InPlace}) {
+                for (u64 elements : {1ull, 8ull * world + 7, 1001ull}) {
+                    Options options;
+                    options.present.assign(world, true);
+                    options.operands = mode;
+                    run(ranks, {geometry(kernel, 0, elements)}, options, random_source());
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "quick";
     if (mode == "quick") {
         single_launches({2, 3, 8}, 1);
+        operands({2, 3, 8});
         chunk_edges();
         timeouts();
         invalid_launches();
     } else if (mode == "full") {
         single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
+        operands({2, 3, 4, 5, 6, 7, 8});
         chunk_edges();
         timeouts();
         invalid_launches();
