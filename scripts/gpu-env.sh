@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the GPU scripts (gpu-tests.sh, gpu-bench.sh) on the GPU machine, with `carry` set
-# to the folder scripts/build-gpu-tests.sh gathered. It sets up NVRTC (CUDA's lib64), NCCL
-# (PyTorch's wheel, linked as libnccl.so for cudarc's loader), requires GPUs
+# to the folder scripts/build-gpu-tests.sh gathered. It sets up NVRTC (CUDA's lib64), says which
+# NCCL the tool should find (PyTorch's wheel, which it finds by itself), requires GPUs
 # (PREPARE_REQUIRE_GPU=1, so a run that finds none fails) and keeps NVLink multicast off.
 export PREPARE_REQUIRE_GPU=1
 # NVLink multicast can take a shared host's GPUs out of service: never turn it on.
@@ -25,15 +25,13 @@ else
     echo "warning: no libnvrtc.so.13 in $cuda_lib; kernels cannot be compiled" >&2
 fi
 
+# NCCL needs no setup: the tool finds PyTorch's wheel in the Python environment itself. This
+# only says which one it should find.
 nccl_dir=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null ||
     python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
-if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/lib/libnccl.so.2" ]; then
-    links=$(mktemp -d)
-    trap 'rm -rf "$links"' EXIT
-    ln -s "$nccl_dir/lib/libnccl.so.2" "$links/libnccl.so"
-    export LD_LIBRARY_PATH=$links:$nccl_dir/lib:$LD_LIBRARY_PATH
-else
-    echo "warning: NCCL (python3 -c 'import nvidia.nccl') not found; NCCL tests will fail" >&2
+if [ -z "$nccl_dir" ] || [ ! -e "$nccl_dir/lib/libnccl.so.2" ]; then
+    nccl_dir=
+    echo "warning: no NCCL wheel (python3 -c 'import nvidia.nccl'); NCCL tests need libnccl.so.2" >&2
 fi
 
 if [ -x "$carry/bin/prepare" ]; then

@@ -4,9 +4,9 @@
 #   bash .device-carry/scripts/gpu-tests.sh [TEST-FILTER...]
 # PREPARE_TEST_SECONDS (default 300) bounds each test binary, so one that hangs cannot take the
 # others' time.
-# It sets up NVRTC (CUDA's lib64), NCCL (PyTorch's wheel, linked as libnccl.so for cudarc's
-# loader), requires GPUs (PREPARE_REQUIRE_GPU=1, so a run that finds none fails) and keeps
-# NVLink multicast off. Exits non-zero when any test binary fails.
+# It sets up NVRTC (CUDA's lib64), requires GPUs (PREPARE_REQUIRE_GPU=1, so a run that finds
+# none fails) and keeps NVLink multicast off; the tool finds NCCL (PyTorch's wheel) itself.
+# Exits non-zero when any test binary fails.
 set -uo pipefail
 
 carry=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -11,3 +11,4 @@ pub mod abort;
 pub mod driver;
 pub mod nccl;
 pub mod nvrtc;
+mod search;

@@ -1,9 +1,10 @@
-//! NCCL through cudarc's `sys` layer: a nonblocking communicator for the bounded bootstrap,
-//! blocking communicators split from it for the collectives (a nonblocking communicator's
-//! collectives are slower), and a watchdog that aborts a communicator when a deadline passes,
-//! since no NCCL call can time out by itself.
+//! NCCL, found and opened by [`library()`] and called with cudarc's `nccl::sys` types: a
+//! nonblocking communicator for the bounded bootstrap, blocking communicators split from it for
+//! the collectives (a nonblocking communicator's collectives are slower), and a watchdog that
+//! aborts a communicator when a deadline passes, since no NCCL call can time out by itself.
 
-use std::ffi::CStr;
+use std::ffi::{c_int, c_void, CStr};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -13,18 +14,57 @@ use cudarc::nccl::sys;
 
 use super::driver::{DeviceMemory, DriverError, Stream};
 
+mod library;
+
+use library::{Api, HOW_TO_GET, MIN_VERSION};
+pub use library::{Found, LibraryInfo, OVERRIDE_VARIABLE};
+
 /// How often a nonblocking operation is polled.
 const POLL_INTERVAL: Duration = Duration::from_micros(200);
 
 /// Why an NCCL call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NcclError {
-    /// The library could not be loaded.
-    #[error(
-        "NCCL (libnccl.so) could not be loaded: install NCCL (the nvidia-nccl-cu13 wheel or a \
-         system package) and put the directory holding libnccl.so on LD_LIBRARY_PATH"
-    )]
-    Missing,
+    /// No library in any place searched.
+    #[error("NCCL (libnccl.so.2) was not found; {HOW_TO_GET}. Looked in: {}", .looked.join("; "))]
+    NotFound {
+        /// The places searched, in order.
+        looked: Vec<String>,
+    },
+    /// `PREPARE_NCCL` is set but does not lead to a library.
+    #[error("{OVERRIDE_VARIABLE} names {}, which {problem}; point it at libnccl.so.2 or the directory holding it", .path.display())]
+    BadOverride {
+        /// The value of the variable.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The library was found but the loader refused it.
+    #[error("cannot load NCCL from {}: {message}; {HOW_TO_GET}", .path.display())]
+    Open {
+        /// The file or name opened.
+        path: PathBuf,
+        /// The loader's message.
+        message: String,
+    },
+    /// The library lacks an entry point this module calls.
+    #[error("NCCL at {} has no {symbol} ({message}): NCCL {}.{} or newer is needed; {HOW_TO_GET}", .path.display(), MIN_VERSION.0, MIN_VERSION.1)]
+    Symbol {
+        /// The library.
+        path: PathBuf,
+        /// The missing function.
+        symbol: &'static str,
+        /// The loader's message.
+        message: String,
+    },
+    /// The library is older than the communicator config this module fills.
+    #[error("NCCL at {} is version {version}; {}.{} or newer is needed; {HOW_TO_GET}", .path.display(), MIN_VERSION.0, MIN_VERSION.1)]
+    TooOld {
+        /// The library.
+        path: PathBuf,
+        /// The version it reports.
+        version: String,
+    },
     /// A call returned an error.
     #[error("{call} failed on rank {rank}: {message}")]
     Call {
@@ -66,21 +106,37 @@ pub enum NcclError {
     },
 }
 
-/// Whether libnccl can be loaded.
+/// The NCCL this process uses, found and opened on first use: one already loaded in the process,
+/// then `PREPARE_NCCL`, a Python environment's `nvidia-nccl-cu*` wheel, the loader's search.
+pub fn library() -> Result<LibraryInfo, NcclError> {
+    Ok(library::load()?.info.clone())
+}
+
+/// The file of the NCCL this process uses, if one can be loaded.
+pub fn library_path() -> Option<PathBuf> {
+    library::load().ok().map(|nccl| nccl.info.path.clone())
+}
+
+/// Whether NCCL can be loaded.
 pub fn is_available() -> bool {
-    // SAFETY: is_culib_present only tries to open the library by name.
-    unsafe { sys::is_culib_present() }
+    library::load().is_ok()
 }
 
-fn ensure_available() -> Result<(), NcclError> {
-    if is_available() {
-        Ok(())
-    } else {
-        Err(NcclError::Missing)
-    }
+/// NCCL's version as (major, minor, patch).
+pub fn version() -> Result<(u32, u32, u32), NcclError> {
+    Ok(library::load()?.info.version)
 }
 
-fn error_message(result: sys::ncclResult_t, comm: sys::ncclComm_t) -> String {
+fn api() -> Result<&'static Api, NcclError> {
+    Ok(&library::load()?.api)
+}
+
+/// `ncclSuccess`.
+const SUCCESS: c_int = sys::ncclResult_t::ncclSuccess as c_int;
+/// `ncclInProgress`: a nonblocking call has not finished yet.
+const IN_PROGRESS: c_int = sys::ncclResult_t::ncclInProgress as c_int;
+
+fn error_message(api: &Api, result: c_int, comm: sys::ncclComm_t) -> String {
     // SAFETY: both functions return pointers to static or communicator-owned NUL-terminated
     // strings (or null), which are copied before any other NCCL call.
     unsafe {
@@ -91,8 +147,8 @@ fn error_message(result: sys::ncclResult_t, comm: sys::ncclComm_t) -> String {
                 CStr::from_ptr(pointer).to_string_lossy().into_owned()
             }
         };
-        let general = describe(sys::ncclGetErrorString(result));
-        let last = describe(sys::ncclGetLastError(comm));
+        let general = describe((api.get_error_string)(result));
+        let last = describe((api.get_last_error)(comm));
         if last.is_empty() {
             general
         } else {
@@ -102,30 +158,49 @@ fn error_message(result: sys::ncclResult_t, comm: sys::ncclComm_t) -> String {
 }
 
 fn check(
+    api: &Api,
     call: &'static str,
     rank: u32,
-    result: sys::ncclResult_t,
+    result: c_int,
     comm: sys::ncclComm_t,
 ) -> Result<(), NcclError> {
     match result {
-        sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(()),
+        SUCCESS | IN_PROGRESS => Ok(()),
         error => Err(NcclError::Call {
             call,
             rank,
-            message: error_message(error, comm),
+            message: error_message(api, error, comm),
         }),
     }
 }
 
-/// NCCL's version as (major, minor, patch).
-pub fn version() -> Result<(u32, u32, u32), NcclError> {
-    ensure_available()?;
-    let mut code = 0;
-    // SAFETY: ncclGetVersion writes one int through the pointer.
-    let result = unsafe { sys::ncclGetVersion(&raw mut code) };
-    check("ncclGetVersion", 0, result, std::ptr::null_mut())?;
-    let code = code as u32;
-    Ok((code / 10_000, code / 100 % 100, code % 100))
+/// The element types NCCL sums here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NcclDataType {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half precision.
+    F16,
+    /// IEEE single precision.
+    F32,
+}
+
+impl NcclDataType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            NcclDataType::Bf16 | NcclDataType::F16 => 2,
+            NcclDataType::F32 => 4,
+        }
+    }
+
+    fn raw(self) -> sys::ncclDataType_t {
+        match self {
+            NcclDataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+            NcclDataType::F16 => sys::ncclDataType_t::ncclFloat16,
+            NcclDataType::F32 => sys::ncclDataType_t::ncclFloat32,
+        }
+    }
 }
 
 /// The 128-byte identity every rank of a communicator starts from.
@@ -142,11 +217,11 @@ impl UniqueId {
     /// A new id. When `NCCL_COMM_ID` (host:port) is set, every rank derives the same id from it
     /// and rank 0 serves the rendezvous there.
     pub fn new() -> Result<UniqueId, NcclError> {
-        ensure_available()?;
+        let api = api()?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
         // SAFETY: ncclGetUniqueId fills the 128-byte struct it is given.
-        let result = unsafe { sys::ncclGetUniqueId(&raw mut id) };
-        check("ncclGetUniqueId", 0, result, std::ptr::null_mut())?;
+        let result = unsafe { (api.get_unique_id)(&raw mut id) };
+        check(api, "ncclGetUniqueId", 0, result, std::ptr::null_mut())?;
         Ok(UniqueId(id))
     }
 
@@ -239,6 +314,10 @@ impl Handle {
         if self.aborted.swap(true, Ordering::SeqCst) {
             return;
         }
+        // A communicator exists only once NCCL is loaded, and it stays loaded.
+        let Ok(api) = api() else {
+            return;
+        };
         let raw = RawComm(self.raw);
         let (done, finished) = std::sync::mpsc::channel();
         let spawned = thread::Builder::new()
@@ -248,7 +327,7 @@ impl Handle {
                 // SAFETY: the communicator is live (never destroyed, aborted only here, once:
                 // the swap above) and nothing else frees it.
                 unsafe {
-                    sys::ncclCommAbort(raw.0);
+                    (api.comm_abort)(raw.0);
                 }
                 let _ = done.send(());
             });
@@ -259,7 +338,7 @@ impl Handle {
             // No thread to spare: abort here, which may wait for the graphs.
             // SAFETY: as above.
             Err(_) => unsafe {
-                sys::ncclCommAbort(self.raw);
+                (api.comm_abort)(self.raw);
             },
         }
     }
@@ -312,13 +391,13 @@ impl Communicator {
         config: CommConfig,
         deadline: Instant,
     ) -> Result<Communicator, NcclError> {
-        ensure_available()?;
+        let api = api()?;
         let nonblocking = config.nonblocking;
         let mut config = config.raw();
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: raw and config are valid for the call; the id is passed by value.
         let result = unsafe {
-            sys::ncclCommInitRankConfig(
+            (api.comm_init_rank_config)(
                 &raw mut raw,
                 world as i32,
                 id.0,
@@ -337,14 +416,14 @@ impl Communicator {
             owned: true,
         };
         if raw.is_null() {
-            check("ncclCommInitRankConfig", rank, result, raw)?;
+            check(api, "ncclCommInitRankConfig", rank, result, raw)?;
             return Err(NcclError::Call {
                 call: "ncclCommInitRankConfig",
                 rank,
                 message: "no communicator was returned".to_owned(),
             });
         }
-        if let Err(error) = check("ncclCommInitRankConfig", rank, result, raw) {
+        if let Err(error) = check(api, "ncclCommInitRankConfig", rank, result, raw) {
             communicator.handle.abort();
             return Err(error);
         }
@@ -355,17 +434,24 @@ impl Communicator {
     /// Polls a nonblocking communicator until its pending operation ends or `deadline` passes
     /// (then it is aborted).
     fn wait_ready(&self, step: &'static str, deadline: Instant) -> Result<(), NcclError> {
+        let api = api()?;
         let started = Instant::now();
         loop {
-            let mut state = sys::ncclResult_t::ncclSuccess;
+            let mut state: c_int = SUCCESS;
             // SAFETY: the handle is live; the call writes one result.
-            let result = unsafe { sys::ncclCommGetAsyncError(self.handle.raw, &raw mut state) };
-            check("ncclCommGetAsyncError", self.rank, result, self.handle.raw)?;
+            let result = unsafe { (api.comm_get_async_error)(self.handle.raw, &raw mut state) };
+            check(
+                api,
+                "ncclCommGetAsyncError",
+                self.rank,
+                result,
+                self.handle.raw,
+            )?;
             match state {
-                sys::ncclResult_t::ncclSuccess => return Ok(()),
-                sys::ncclResult_t::ncclInProgress => {}
+                SUCCESS => return Ok(()),
+                IN_PROGRESS => {}
                 error => {
-                    let message = error_message(error, self.handle.raw);
+                    let message = error_message(api, error, self.handle.raw);
                     self.handle.abort();
                     return Err(NcclError::Call {
                         call: step,
@@ -392,6 +478,7 @@ impl Communicator {
     /// thread. Past `deadline` this communicator is aborted, which ends the split.
     pub fn split(&self, config: CommConfig, deadline: Instant) -> Result<Communicator, NcclError> {
         self.ensure_live()?;
+        let api = api()?;
         let rank = self.rank;
         // NCCL writes the child into this slot when the split completes, possibly after the
         // call returns or after the caller gave up: it is never freed (eight bytes a split).
@@ -401,13 +488,11 @@ impl Communicator {
             let mut raw_config = config.raw();
             // SAFETY: the parent is live (its handle is held by the caller); the slot lives for
             // ever; the config is read during the call.
-            unsafe {
-                sys::ncclCommSplit(parent, 0, rank as i32, slot.as_ptr(), &raw mut raw_config)
-            }
+            unsafe { (api.comm_split)(parent, 0, rank as i32, slot.as_ptr(), &raw mut raw_config) }
         };
         if self.nonblocking {
             let result = split(self.handle.raw);
-            check("ncclCommSplit", rank, result, self.handle.raw)?;
+            check(api, "ncclCommSplit", rank, result, self.handle.raw)?;
             self.wait_ready("communicator split", deadline)?;
         } else {
             let parent = Arc::clone(&self.handle);
@@ -425,7 +510,7 @@ impl Communicator {
                     seconds: timeout.as_secs_f64(),
                 });
             };
-            check("ncclCommSplit", rank, result, self.handle.raw)?;
+            check(api, "ncclCommSplit", rank, result, self.handle.raw)?;
         }
         let child = slot.load(Ordering::Acquire);
         if child.is_null() {
@@ -515,6 +600,20 @@ impl Communicator {
         Watchdog::arm(Arc::clone(&self.handle), deadline)
     }
 
+    /// `count` x `size` bytes, or an error when that overflows.
+    fn message_bytes(
+        &self,
+        call: &'static str,
+        count: usize,
+        size: usize,
+    ) -> Result<usize, NcclError> {
+        count.checked_mul(size).ok_or_else(|| NcclError::Buffers {
+            call,
+            rank: self.rank,
+            message: format!("{count} elements of {size} bytes overflow the address space"),
+        })
+    }
+
     fn check_buffers(
         &self,
         call: &'static str,
@@ -548,9 +647,39 @@ impl Communicator {
         Ok(stream.bound_raw()?.cast())
     }
 
-    /// Enqueues a sum all-reduce of `count` bf16 elements from `send` into `recv` (they may be
-    /// the same buffer) on `stream`. The buffers free themselves only after their device's
+    /// Enqueues a sum all-reduce of `count` elements of `dtype` from `send` into `recv` (they may
+    /// be the same buffer) on `stream`. The buffers free themselves only after their device's
     /// work is done, so they outlive the operation.
+    pub fn all_reduce(
+        &self,
+        stream: &Stream,
+        send: &dyn DeviceMemory,
+        recv: &dyn DeviceMemory,
+        count: usize,
+        dtype: NcclDataType,
+    ) -> Result<(), NcclError> {
+        let api = api()?;
+        let bytes = self.message_bytes("ncclAllReduce", count, dtype.size_bytes())?;
+        let raw_stream =
+            self.check_buffers("ncclAllReduce", stream, &[(send, bytes), (recv, bytes)])?;
+        // SAFETY: both buffers hold `count` elements of `dtype` on the stream's device (checked
+        // above) and are freed only after that device's work completes; the stream is live and
+        // its context current.
+        let result = unsafe {
+            (api.all_reduce)(
+                send.address() as *const c_void,
+                recv.address() as *mut c_void,
+                count,
+                dtype.raw(),
+                sys::ncclRedOp_t::ncclSum,
+                self.handle.raw,
+                raw_stream,
+            )
+        };
+        check(api, "ncclAllReduce", self.rank, result, self.handle.raw)
+    }
+
+    /// Enqueues a sum all-reduce of `count` bf16 elements (see [`Communicator::all_reduce`]).
     pub fn all_reduce_bf16(
         &self,
         stream: &Stream,
@@ -558,24 +687,7 @@ impl Communicator {
         recv: &dyn DeviceMemory,
         count: usize,
     ) -> Result<(), NcclError> {
-        let bytes = count * 2;
-        let raw_stream =
-            self.check_buffers("ncclAllReduce", stream, &[(send, bytes), (recv, bytes)])?;
-        // SAFETY: both buffers hold `count` bf16 elements on the stream's device (checked
-        // above) and are freed only after that device's work completes; the stream is live and
-        // its context current.
-        let result = unsafe {
-            sys::ncclAllReduce(
-                send.address() as *const std::ffi::c_void,
-                recv.address() as *mut std::ffi::c_void,
-                count,
-                sys::ncclDataType_t::ncclBfloat16,
-                sys::ncclRedOp_t::ncclSum,
-                self.handle.raw,
-                raw_stream,
-            )
-        };
-        check("ncclAllReduce", self.rank, result, self.handle.raw)
+        self.all_reduce(stream, send, recv, count, NcclDataType::Bf16)
     }
 
     /// Enqueues an all-gather of `bytes` bytes per rank from `send` into `recv` (world x
@@ -587,23 +699,24 @@ impl Communicator {
         recv: &dyn DeviceMemory,
         bytes: usize,
     ) -> Result<(), NcclError> {
-        let total = bytes * self.world as usize;
+        let api = api()?;
+        let total = self.message_bytes("ncclAllGather", bytes, self.world as usize)?;
         let raw_stream =
             self.check_buffers("ncclAllGather", stream, &[(send, bytes), (recv, total)])?;
         // SAFETY: `send` holds `bytes` and `recv` world x `bytes` bytes on the stream's device
         // (checked above), freed only after that device's work completes; the stream is live and
         // its context current.
         let result = unsafe {
-            sys::ncclAllGather(
-                send.address() as *const std::ffi::c_void,
-                recv.address() as *mut std::ffi::c_void,
+            (api.all_gather)(
+                send.address() as *const c_void,
+                recv.address() as *mut c_void,
                 bytes,
                 sys::ncclDataType_t::ncclUint8,
                 self.handle.raw,
                 raw_stream,
             )
         };
-        check("ncclAllGather", self.rank, result, self.handle.raw)
+        check(api, "ncclAllGather", self.rank, result, self.handle.raw)
     }
 }
 
@@ -692,5 +805,20 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_types_have_their_sizes_and_nccl_codes() {
+        let types = [NcclDataType::Bf16, NcclDataType::F16, NcclDataType::F32];
+        let sizes: Vec<usize> = types.iter().map(|dtype| dtype.size_bytes()).collect();
+        assert_eq!(sizes, [2, 2, 4]);
+        let codes: Vec<u32> = types.iter().map(|dtype| dtype.raw() as u32).collect();
+        // nccl.h: ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9.
+        assert_eq!(codes, [9, 6, 7]);
     }
 }

@@ -12,6 +12,8 @@ use std::sync::Mutex;
 
 use libloading::Library;
 
+use super::search;
+
 /// What to tell someone without NVRTC.
 const HOW_TO_GET: &str = "install it with `pip install nvidia-cuda-nvrtc==13.0.*` (into the \
      active virtual environment), install a CUDA 13 toolkit, or set PREPARE_NVRTC to the library \
@@ -118,44 +120,15 @@ pub struct NvrtcSearch {
 impl NvrtcSearch {
     /// The usual places, from this process's environment.
     pub fn from_env() -> NvrtcSearch {
-        let variable = |name: &str| {
-            std::env::var_os(name)
-                .filter(|value| !value.is_empty())
-                .map(PathBuf::from)
-        };
-        let mut python_prefixes: Vec<PathBuf> = Vec::new();
-        python_prefixes.extend(variable("VIRTUAL_ENV"));
-        python_prefixes.extend(variable("CONDA_PREFIX"));
-        if let Some(path) = std::env::var_os("PATH") {
-            for directory in std::env::split_paths(&path) {
-                if directory.join("python3").is_file() {
-                    python_prefixes.extend(directory.parent().map(Path::to_path_buf));
-                }
-            }
-        }
-        // A shim (pyenv) on PATH hides the real prefix; python3 knows it.
-        if let Ok(output) = std::process::Command::new("python3")
-            .args(["-c", "import sys; print(sys.prefix)"])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-        {
-            let prefix = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-            if output.status.success() && !prefix.is_empty() {
-                python_prefixes.push(PathBuf::from(prefix));
-            }
-        }
-        python_prefixes.extend(variable("HOME").map(|home| home.join(".local")));
-        python_prefixes.push(PathBuf::from("/usr/local"));
-        python_prefixes.push(PathBuf::from("/usr"));
+        let variable = |name: &str| std::env::var_os(name);
         let mut toolkit_roots: Vec<PathBuf> = Vec::new();
-        toolkit_roots.extend(variable("CUDA_HOME"));
-        toolkit_roots.extend(variable("CUDA_PATH"));
+        toolkit_roots.extend(search::variable_path(&variable, "CUDA_HOME"));
+        toolkit_roots.extend(search::variable_path(&variable, "CUDA_PATH"));
         toolkit_roots.push(PathBuf::from("/usr/local/cuda"));
         NvrtcSearch {
-            explicit: variable(OVERRIDE_VARIABLE),
-            python_prefixes: deduplicated(python_prefixes),
-            toolkit_roots: deduplicated(toolkit_roots),
+            explicit: search::variable_path(&variable, OVERRIDE_VARIABLE),
+            python_prefixes: search::python_prefixes_from_env(),
+            toolkit_roots: search::deduplicated(toolkit_roots),
             loader_path: true,
         }
     }
@@ -167,12 +140,11 @@ impl NvrtcSearch {
         }
         let mut searched = Vec::new();
         for prefix in &self.python_prefixes {
-            searched.push(format!(
-                "{}/lib*/python3*/{{site,dist}}-packages/{{{}}}",
-                prefix.display(),
-                WHEEL_DIRECTORIES.join(",")
+            searched.push(search::describe_wheel_directories(
+                prefix,
+                &WHEEL_DIRECTORIES,
             ));
-            for directory in wheel_directories(prefix) {
+            for directory in search::wheel_directories(prefix, &WHEEL_DIRECTORIES) {
                 if let Some(file) = library_in(&directory) {
                     return Ok(Location::File(file));
                 }
@@ -215,16 +187,6 @@ impl Location {
     }
 }
 
-fn deduplicated(paths: Vec<PathBuf>) -> Vec<PathBuf> {
-    let mut seen = Vec::new();
-    for path in paths {
-        if !seen.contains(&path) {
-            seen.push(path);
-        }
-    }
-    seen
-}
-
 fn locate_explicit(path: &Path) -> Result<Location, NvrtcError> {
     let problem = |problem: &str| NvrtcError::BadOverride {
         path: path.to_path_buf(),
@@ -241,46 +203,8 @@ fn locate_explicit(path: &Path) -> Result<Location, NvrtcError> {
     }
 }
 
-/// Directories matching `prefix/lib*/python3*/{site,dist}-packages/<wheel directory>` that
-/// exist, in a fixed order (newest Python first).
-fn wheel_directories(prefix: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    for lib in ["lib", "lib64"] {
-        let mut pythons = entries_starting_with(&prefix.join(lib), "python3");
-        pythons.sort_by(|a, b| b.cmp(a));
-        for python in pythons {
-            for packages in ["site-packages", "dist-packages"] {
-                for wheel in WHEEL_DIRECTORIES {
-                    let directory = python.join(packages).join(wheel);
-                    if directory.is_dir() {
-                        found.push(directory);
-                    }
-                }
-            }
-        }
-    }
-    found
-}
-
-/// Entries of `directory` whose name starts with `prefix`, sorted; none if it cannot be read.
-fn entries_starting_with(directory: &Path, prefix: &str) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(directory) else {
-        return Vec::new();
-    };
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with(prefix))
-        .map(|entry| entry.path())
-        .collect();
-    paths.sort();
-    paths
-}
-
 fn library_in(directory: &Path) -> Option<PathBuf> {
-    LIBRARY_NAMES
-        .iter()
-        .map(|name| directory.join(name))
-        .find(|path| path.is_file())
+    search::first_file_in(directory, &LIBRARY_NAMES)
 }
 
 /// The `libnvrtc-builtins` that belongs beside `library` (same version; the wheel's `.alt.`
@@ -300,7 +224,7 @@ fn builtins_beside(library: &Path) -> Option<PathBuf> {
     }
     let wanted = format!("libnvrtc-builtins.so{version}");
     directories.iter().find_map(|directory| {
-        entries_starting_with(directory, &wanted)
+        search::entries_starting_with(directory, &wanted)
             .into_iter()
             .filter(|path| !path.to_string_lossy().contains(".alt."))
             .max()
