@@ -16,9 +16,9 @@ use crate::gpu::driver::{
     CallerMemory, DeviceBuffer, DeviceMemory, Event, Geometry, Graph, LoadedKernel, ModuleImage,
     Stream,
 };
-use crate::gpu::nccl::Communicator;
+use crate::gpu::nccl::{Communicator, NcclDataType};
 use crate::kernels::{self, InputAccess};
-use crate::ladder::{Bucket, Ladder, Profile};
+use crate::ladder::{Bucket, Dtype, Ladder, Profile};
 use crate::package::Package;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
 
@@ -120,6 +120,7 @@ pub struct Collectives {
     capacity: usize,
     // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
     input_region: u64,
+    dtype: Dtype,
     element_bytes: u64,
     // Each bucket's largest message, in elements: the most its candidates' scratch holds.
     bucket_capacity: Vec<usize>,
@@ -235,6 +236,13 @@ pub fn plan_operands(
             output
         },
         bounce,
+    }
+}
+
+/// NCCL's name for a ladder's element type.
+pub fn nccl_type(dtype: Dtype) -> NcclDataType {
+    match dtype {
+        Dtype::Bf16 => NcclDataType::Bf16,
     }
 }
 
@@ -444,6 +452,7 @@ impl Collectives {
             copy_engine,
             capacity,
             input_region,
+            dtype: ladder.dtype,
             element_bytes: ladder.dtype.size_bytes(),
             bucket_capacity: ladder
                 .buckets
@@ -596,7 +605,13 @@ impl Collectives {
             }),
             Some(Launch::Nccl { .. }) => self
                 .communicator(runtime, id)
-                .all_reduce_bf16(stream, &operands.input, &operands.output, elements)
+                .all_reduce(
+                    stream,
+                    &operands.input,
+                    &operands.output,
+                    elements,
+                    nccl_type(self.dtype),
+                )
                 .map_err(RuntimeError::from),
             Some(Launch::Custom {
                 kernel,

@@ -380,6 +380,12 @@ impl Handle {
         &self.runtime
     }
 
+    /// The NCCL library this process uses (the one already loaded, such as PyTorch's, when
+    /// there was one).
+    pub fn nccl_library(&self) -> Option<std::path::PathBuf> {
+        crate::gpu::nccl::library_path()
+    }
+
     /// The dtypes served, in the order the packages were given.
     pub fn dtypes(&self) -> impl Iterator<Item = Dtype> + '_ {
         self.served.iter().map(|served| served.dtype)
@@ -581,7 +587,13 @@ impl Handle {
             None => self
                 .runtime
                 .communicator()
-                .all_reduce_bf16(stream, &operands.input, &operands.output, elements)
+                .all_reduce(
+                    stream,
+                    &operands.input,
+                    &operands.output,
+                    elements,
+                    crate::collective::nccl_type(served.dtype),
+                )
                 .map_err(RuntimeError::from)?,
         }
         if !capturing {
