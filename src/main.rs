@@ -20,7 +20,10 @@ fn main() -> ExitCode {
         Err(failure) => {
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("error: {:#}", failure.error());
+                // Errors quote files (a ladder's keys, a manifest's names): escaped for the
+                // terminal.
+                let message = format!("{:#}", failure.error());
+                eprintln!("error: {}", prepare::files::escape_control(&message));
             }
             ExitCode::from(failure.exit_code())
         }

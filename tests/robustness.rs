@@ -68,6 +68,7 @@ fn force_keeps_a_package_with_an_extra_file_and_replaces_a_damaged_one() {
 #[test]
 fn leftovers_of_killed_exports_are_removed_by_the_next_export_to_the_same_place() {
     let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
     for leftover in [".pkg.staging-k1ll3d", ".pkg.replaced-k1ll3d"] {
         fs::create_dir_all(scratch.path().join(leftover).join("old/kernels")).unwrap();
         fs::write(scratch.path().join(leftover).join("old/manifest.json"), "{}").unwrap();
@@ -79,6 +80,25 @@ fn leftovers_of_killed_exports_are_removed_by_the_next_export_to_the_same_place(
         package_support::names(scratch.path()),
         vec![".other.staging-k1ll3d".to_owned(), "pkg".to_owned()]
     );
+
+    // A kill between the two renames of the fallback swap leaves the old package aside and
+    // none in place: the next export moves it back before deciding anything.
+    let aside = scratch.path().join(".pkg.replaced-k1ll3d");
+    fs::create_dir(&aside).unwrap();
+    fs::rename(&out, aside.join("old")).unwrap();
+    let ladder = ladder(LADDER);
+    let error = write_package(
+        &out,
+        LADDER,
+        &ladder,
+        &compilation(&ladder, Arch::Sm120),
+        Arch::Sm120,
+        false,
+    )
+    .expect_err("the restored package is there");
+    assert!(matches!(error, PackageError::Exists { .. }), "{error}");
+    open_package(&out).expect("the previous package is back in place");
+    assert!(!aside.exists());
 }
 
 /// Rewrites the package's manifest with `change` and reseals its checksum, as someone who

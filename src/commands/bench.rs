@@ -13,7 +13,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Context as _};
+use anyhow::Context as _;
 use prepare::bench::{BenchReport, DecodeRow, DecodeShape, SizeRow};
 use prepare::collective::Collectives;
 use prepare::package::Outcome;
@@ -41,10 +41,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     sizes: Option<Vec<u64>>,
     /// Interleaved rounds per size.
-    #[arg(long, default_value_t = 25, value_name = "N")]
+    #[arg(long, default_value_t = 25, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=10_000))]
     rounds: u32,
     /// Each sample replays enough operations to take about this many microseconds.
-    #[arg(long, default_value_t = 150.0, value_name = "US")]
+    #[arg(long, default_value_t = 150.0, value_name = "US", value_parser = parse_sample_us)]
     sample_us: f64,
     /// The tuned choice to mark and to emulate decode with (from `prepare tune --out`); by
     /// default the cache's, or one selected now (and cached).
@@ -67,6 +67,15 @@ pub struct Args {
     out: Option<PathBuf>,
 }
 
+/// Microseconds per sample: from 1 to a second.
+fn parse_sample_us(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|us| us.is_finite() && (1.0..=1e6).contains(us))
+        .ok_or_else(|| format!("{text} is not a number of microseconds from 1 to 1000000"))
+}
+
 /// A size with an optional K, M or G suffix (powers of 1024).
 fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
@@ -87,9 +96,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 /// Runs `prepare bench`.
 pub fn run(args: &Args) -> Result<(), Failure> {
     args.ranks.timeout()?;
-    if args.rounds < 3 {
-        return Err(Failure::refused(anyhow!("--rounds must be at least 3")));
-    }
+    ranks::check_writable("--out", args.out.as_deref())?;
     match ranks::role()? {
         Role::Rank(environment) => run_rank(args, &environment),
         Role::Launcher => {

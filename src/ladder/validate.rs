@@ -322,7 +322,7 @@ pub enum LadderError {
 
 /// Reads and validates a ladder file.
 pub fn validate_ladder_file(path: &Path) -> Result<Ladder, LadderError> {
-    let bytes = std::fs::read(path).map_err(|source| LadderError::Io {
+    let bytes = crate::files::read_limited(path, crate::files::LADDER).map_err(|source| LadderError::Io {
         path: path.to_path_buf(),
         source,
     })?;
