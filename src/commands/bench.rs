@@ -101,7 +101,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         Role::Rank(environment) => run_rank(args, &environment),
         Role::Launcher => {
             // Refuse a bad package before starting any rank.
-            prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+            prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
             ranks::launch_ranks("bench", &args.ranks, args.ranks.gpu_list()?, Vec::new())
         }
     }
@@ -148,7 +148,7 @@ fn nccl_profile(ladder: &prepare::ladder::Ladder, bucket: usize) -> Option<Strin
 
 #[allow(clippy::print_stdout, clippy::too_many_lines)]
 fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
-    let package = prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+    let package = prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let ladder = package.ladder();
     let given_choice = match &args.choice {
         Some(path) => {

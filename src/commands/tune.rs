@@ -117,7 +117,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         Role::Rank(environment) => run_rank(args, &options, &environment),
         Role::Launcher => {
             // Refuse a bad package before starting any rank.
-            prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+            prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
             ranks::launch_ranks("tune", &args.ranks, args.ranks.gpu_list()?, Vec::new())
         }
     }
@@ -163,7 +163,7 @@ fn run_rank(
     options: &SelectOptions,
     environment: &prepare::launch::RankEnvironment,
 ) -> Result<(), Failure> {
-    let package = prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+    let package = prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let runtime = ranks::start_rank(&args.ranks, environment)?;
     ranks::check_architecture(&runtime, &package)?;
     let rank = runtime.rank();

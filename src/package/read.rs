@@ -26,6 +26,10 @@ use crate::ladder::Ladder;
 /// the schema and its checksum, every file's sha256 and size, no missing or extra file, a valid
 /// ladder that agrees with the manifest.
 pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
+    open_observed(dir, &|| {})
+}
+
+fn open_observed(dir: &Path, after_manifest: &dyn Fn()) -> Result<Package, PackageError> {
     let handle = fs::File::open(dir).map_err(|source| PackageError::Io {
         action: "open the package",
         path: dir.to_path_buf(),
@@ -41,7 +45,7 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
             path: dir.to_path_buf(),
         });
     }
-    open_through(dir, &handle).map_err(|error| {
+    open_through(dir, &handle, after_manifest).map_err(|error| {
         // A file that went missing or changed may be a package swapped in meanwhile, not a
         // damaged one: said as such, never as a false report about a file.
         if matches!(error, PackageError::Files { .. } | PackageError::NoManifest { .. })
@@ -77,7 +81,13 @@ fn swapped(dir: &Path, handle: &fs::File) -> bool {
     }
 }
 
-fn open_through(dir: &Path, handle: &fs::File) -> Result<Package, PackageError> {
+/// `after_manifest` runs between reading the manifest and the other files (tests swap the
+/// package there).
+fn open_through(
+    dir: &Path,
+    handle: &fs::File,
+    after_manifest: &dyn Fn(),
+) -> Result<Package, PackageError> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let manifest_bytes = match read_limited_at(handle, Path::new(MANIFEST_FILE), files::MANIFEST)
     {
@@ -110,6 +120,7 @@ fn open_through(dir: &Path, handle: &fs::File) -> Result<Package, PackageError> 
         });
     }
     check_manifest(&manifest_path, &manifest)?;
+    after_manifest();
 
     let mut contents = verify_files(dir, handle, &manifest)?;
     let ladder_bytes = contents
@@ -723,4 +734,61 @@ fn ladder_problems(manifest: &Manifest, ladder: &Ladder) -> Vec<Problem> {
         );
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::Compilation;
+    use crate::ladder::Arch;
+
+    /// A package of an NCCL-only ladder (it needs no kernel) named `name`, written at `out`.
+    fn write_nccl_package(out: &Path, name: &str) {
+        let text = format!(
+            r#"{{ "format_version": 1, "name": "{name}", "collective": "all_reduce",
+  "dtype": "bf16", "world_size": 2, "targets": ["sm_90"],
+  "profiles": [ {{ "id": "nccl", "algorithm": "nccl" }} ],
+  "buckets": [ {{ "max_bytes": 65536, "threads": 512, "blocks": 8, "candidates": ["nccl"],
+    "default": "nccl" }} ] }}"#
+        );
+        let ladder = crate::ladder::validate_ladder_text(&text).unwrap();
+        let compilation = Compilation {
+            nvrtc_version: (13, 0),
+            options: Vec::new(),
+            kernels: Vec::new(),
+        };
+        super::super::write_package(out, &text, &ladder, &compilation, Arch::Sm90, false).unwrap();
+    }
+
+    fn swap(staged: &Path, out: &Path) {
+        let here = nix::fcntl::AT_FDCWD;
+        nix::fcntl::renameat2(here, staged, here, out, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_reader_racing_a_swap_gets_the_old_package_or_a_changed_refusal() {
+        let scratch = tempfile::tempdir().unwrap();
+        let out = scratch.path().join("pkg");
+        let staged = scratch.path().join("staged");
+        write_nccl_package(&out, "old");
+        write_nccl_package(&staged, "new");
+
+        // Swapped after the manifest was read, the old package still whole: it is what is read.
+        let package = open_observed(&out, &|| swap(&staged, &out)).unwrap();
+        assert_eq!(package.ladder().name, "old");
+        assert_eq!(open_package(&out).unwrap().ladder().name, "new");
+
+        // Swapped and the old one removed, as an export does: a refusal that says so, and the
+        // retry at serve start reads the new one.
+        swap(&staged, &out);
+        let error = open_observed(&out, &|| {
+            swap(&staged, &out);
+            std::fs::remove_dir_all(&staged).unwrap();
+        })
+        .unwrap_err();
+        assert!(matches!(error, PackageError::Changed { .. }), "{error}");
+        assert!(error.to_string().contains("changed while it was read"));
+        assert_eq!(open_package_retrying(&out).unwrap().ladder().name, "new");
+    }
 }
