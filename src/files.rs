@@ -87,7 +87,11 @@ pub fn read_limited_at(directory: impl AsFd, name: &Path, limit: Limit) -> io::R
     let descriptor = nix::fcntl::openat(
         directory,
         name,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .map_err(io::Error::from)?;
@@ -117,10 +121,7 @@ fn read_opened(file: File, limit: Limit) -> io::Result<Vec<u8>> {
     let too_large = |size: String| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "{size} is more than {} may hold ({limit})",
-                limit.what
-            ),
+            format!("{size} is more than {} may hold ({limit})", limit.what),
         )
     };
     if metadata.len() > limit.bytes {
@@ -223,13 +224,16 @@ pub fn check_writable_directory(dir: &Path) -> io::Result<()> {
             Err(error) => return Err(error),
         }
     }
-    nix::unistd::access(existing, nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK)
-        .map_err(|errno| {
-            io::Error::new(
-                io::Error::from(errno).kind(),
-                format!("{} is not writable: {errno}", existing.display()),
-            )
-        })
+    nix::unistd::access(
+        existing,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    )
+    .map_err(|errno| {
+        io::Error::new(
+            io::Error::from(errno).kind(),
+            format!("{} is not writable: {errno}", existing.display()),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -328,7 +328,10 @@ pub fn cached_choice(
             |(index, (chosen, bucket))| {
                 let decision = &chosen.decision;
                 let winner = &decision.winner;
-                let timed = decision.candidates.iter().find(|result| &result.profile == winner);
+                let timed = decision
+                    .candidates
+                    .iter()
+                    .find(|result| &result.profile == winner);
                 let qualified = qualification
                     .and_then(|qualification| qualification.buckets.get(index))
                     .map_or(Some(true), |qualified| {

@@ -162,13 +162,45 @@ fn out_of_range_numbers_are_usage_errors_never_panics() {
     let (scratch, out) = scratch_with_package();
     let package = out.to_str().unwrap();
     let runs: [&[&str]; 7] = [
-        &["tune", "--package", package, "--gpus", "0,1", "--timeout", "1e18"],
-        &["tune", "--package", package, "--gpus", "0,1", "--timeout", "inf"],
+        &[
+            "tune",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "1e18",
+        ],
+        &[
+            "tune",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "inf",
+        ],
         &["tune", "--package", package, "--timeout", "0"],
         &["tune", "--package", package, "--margin", "NaN"],
         &["tune", "--package", package, "--rounds", "4"],
-        &["check", "--package", package, "--gpus", "0,1", "--timeout", "1e18"],
-        &["bench", "--package", package, "--gpus", "0,1", "--timeout", "1e300"],
+        &[
+            "check",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "1e18",
+        ],
+        &[
+            "bench",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "1e300",
+        ],
     ];
     for args in runs {
         let (code, _, stderr) = run_in(scratch.path(), args);
@@ -210,7 +242,10 @@ fn an_unwritable_out_or_cache_is_refused_before_any_rank_starts() {
         );
         assert_eq!(code, Some(1), "{flag}: {stderr}");
         assert!(stderr.contains(flag), "{flag}: {stderr}");
-        assert!(!stderr.contains("[rank"), "{flag}: a rank started: {stderr}");
+        assert!(
+            !stderr.contains("[rank"),
+            "{flag}: a rank started: {stderr}"
+        );
     }
 }
 
@@ -270,10 +305,18 @@ fn control_characters_from_files_are_printed_escaped() {
     fs::write(&file, choice.to_bytes()).unwrap();
     let (code, stdout, stderr) = run_in(
         scratch.path(),
-        &["show", out.to_str().unwrap(), "--choice", file.to_str().unwrap()],
+        &[
+            "show",
+            out.to_str().unwrap(),
+            "--choice",
+            file.to_str().unwrap(),
+        ],
     );
     assert_eq!(code, Some(0), "{stderr}");
-    assert!(!stdout.contains('\u{1b}') && !stdout.contains('\u{7}'), "{stdout}");
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
+        "{stdout}"
+    );
     assert!(stdout.contains("\\u{1b}[31m red \\u{7}"), "{stdout}");
 }
 
@@ -291,7 +334,12 @@ fn a_choice_with_a_huge_format_version_is_reported_as_such() {
     fs::write(&file, text).unwrap();
     let (code, _, stderr) = run_in(
         scratch.path(),
-        &["show", out.to_str().unwrap(), "--choice", file.to_str().unwrap()],
+        &[
+            "show",
+            out.to_str().unwrap(),
+            "--choice",
+            file.to_str().unwrap(),
+        ],
     );
     assert_eq!(code, Some(1), "{stderr}");
     // serde_json holds a number this large as a float, and prints it as one.

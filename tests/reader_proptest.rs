@@ -100,8 +100,9 @@ fn any_leaf() -> impl Strategy<Value = Value> {
     prop_oneof![
         any::<u64>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_map(|number| serde_json::Number::from_f64(number)
-            .map_or(Value::Null, Value::Number)),
+        any::<f64>().prop_map(
+            |number| serde_json::Number::from_f64(number).map_or(Value::Null, Value::Number)
+        ),
         Just(Value::Null),
         any::<bool>().prop_map(Value::from),
         "[a-z_0-9/.\u{1b}]{0,12}".prop_map(Value::from),

@@ -71,7 +71,11 @@ fn leftovers_of_killed_exports_are_removed_by_the_next_export_to_the_same_place(
     write_fixture(&out, Arch::Sm120);
     for leftover in [".pkg.staging-k1ll3d", ".pkg.replaced-k1ll3d"] {
         fs::create_dir_all(scratch.path().join(leftover).join("old/kernels")).unwrap();
-        fs::write(scratch.path().join(leftover).join("old/manifest.json"), "{}").unwrap();
+        fs::write(
+            scratch.path().join(leftover).join("old/manifest.json"),
+            "{}",
+        )
+        .unwrap();
     }
     // Another output's leftovers are not this export's to remove.
     fs::create_dir(scratch.path().join(".other.staging-k1ll3d")).unwrap();

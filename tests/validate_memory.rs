@@ -15,8 +15,8 @@ const LIMIT_BYTES: i64 = 300 * 1024 * 1024;
 fn nested(depth: usize, key_length: usize, elements: usize) -> String {
     let mut text = String::new();
     for level in 0..depth {
-        let key: String = std::iter::repeat_n(char::from(b'a' + (level % 26) as u8), key_length)
-            .collect();
+        let key: String =
+            std::iter::repeat_n(char::from(b'a' + (level % 26) as u8), key_length).collect();
         let _ = write!(text, "{{\"{key}\":");
     }
     text.push('[');

@@ -148,7 +148,8 @@ fn nccl_profile(ladder: &prepare::ladder::Ladder, bucket: usize) -> Option<Strin
 
 #[allow(clippy::print_stdout, clippy::too_many_lines)]
 fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
-    let package = prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
+    let package =
+        prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let ladder = package.ladder();
     let given_choice = match &args.choice {
         Some(path) => {

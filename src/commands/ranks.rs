@@ -53,7 +53,10 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{text}` is not a number of seconds"))?;
-    if seconds > 0.0 && seconds <= MAX_TIMEOUT_SECONDS && Duration::try_from_secs_f64(seconds).is_ok_and(|timeout| !timeout.is_zero()) {
+    if seconds > 0.0
+        && seconds <= MAX_TIMEOUT_SECONDS
+        && Duration::try_from_secs_f64(seconds).is_ok_and(|timeout| !timeout.is_zero())
+    {
         Ok(seconds)
     } else {
         Err(format!(

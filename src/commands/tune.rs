@@ -163,7 +163,8 @@ fn run_rank(
     options: &SelectOptions,
     environment: &prepare::launch::RankEnvironment,
 ) -> Result<(), Failure> {
-    let package = prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
+    let package =
+        prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let runtime = ranks::start_rank(&args.ranks, environment)?;
     ranks::check_architecture(&runtime, &package)?;
     let rank = runtime.rank();

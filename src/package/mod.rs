@@ -32,7 +32,7 @@ pub use manifest::{
     CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
     QualifiedGpu,
 };
-pub use read::{open_package, open_package_retrying};
+pub use read::{open_package, open_package_retrying, parse_manifest_bytes};
 pub use write::{build_manifest, check_output, write_package, write_qualified_package};
 
 /// The package contract this tool writes.

@@ -14,11 +14,11 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::manifest::{kernel_file, Manifest};
-use crate::files::{self, read_limited_at};
 use super::{
     manifest_schema, sha256_hex, FileProblem, FileProblemKind, Package, PackageError, Problem,
     KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
 };
+use crate::files::{self, read_limited_at};
 use crate::kernels;
 use crate::ladder::Ladder;
 
@@ -48,8 +48,10 @@ fn open_observed(dir: &Path, after_manifest: &dyn Fn()) -> Result<Package, Packa
     open_through(dir, &handle, after_manifest).map_err(|error| {
         // A file that went missing or changed may be a package swapped in meanwhile, not a
         // damaged one: said as such, never as a false report about a file.
-        if matches!(error, PackageError::Files { .. } | PackageError::NoManifest { .. })
-            && swapped(dir, &handle)
+        if matches!(
+            error,
+            PackageError::Files { .. } | PackageError::NoManifest { .. }
+        ) && swapped(dir, &handle)
         {
             PackageError::Changed {
                 dir: dir.to_path_buf(),
@@ -89,8 +91,7 @@ fn open_through(
     after_manifest: &dyn Fn(),
 ) -> Result<Package, PackageError> {
     let manifest_path = dir.join(MANIFEST_FILE);
-    let manifest_bytes = match read_limited_at(handle, Path::new(MANIFEST_FILE), files::MANIFEST)
-    {
+    let manifest_bytes = match read_limited_at(handle, Path::new(MANIFEST_FILE), files::MANIFEST) {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return Err(PackageError::NoManifest {
@@ -153,6 +154,24 @@ fn open_through(
         ladder,
         cubins,
     })
+}
+
+/// Parses and checks manifest bytes on their own (contract, schema, checksum, consistency), as
+/// opening a package does before it reads any other file; `path` names it in errors.
+pub fn parse_manifest_bytes(path: &Path, bytes: &[u8]) -> Result<Manifest, PackageError> {
+    let manifest = parse_manifest(path, bytes)?;
+    let found = manifest.compute_checksum();
+    if found != manifest.checksum {
+        return Err(PackageError::ManifestInconsistent {
+            path: path.to_path_buf(),
+            problems: vec![Problem {
+                pointer: "/checksum".to_string(),
+                message: format!("is {}; the content gives {found}", manifest.checksum),
+            }],
+        });
+    }
+    check_manifest(path, &manifest)?;
+    Ok(manifest)
 }
 
 /// JSON syntax, then the contract (read before anything else), then the schema, then types.
@@ -555,8 +574,12 @@ fn list(
         } else {
             format!("{relative}/{name}")
         };
-        let status = fstatat(root, path.as_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|error| (path.clone(), std::io::Error::from(error)))?;
+        let status = fstatat(
+            root,
+            path.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|error| (path.clone(), std::io::Error::from(error)))?;
         let format = SFlag::from_bits_truncate(status.st_mode) & SFlag::S_IFMT;
         let kind = if format == SFlag::S_IFREG {
             EntryKind::File
@@ -762,8 +785,14 @@ mod tests {
 
     fn swap(staged: &Path, out: &Path) {
         let here = nix::fcntl::AT_FDCWD;
-        nix::fcntl::renameat2(here, staged, here, out, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
-            .unwrap();
+        nix::fcntl::renameat2(
+            here,
+            staged,
+            here,
+            out,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
     }
 
     #[test]

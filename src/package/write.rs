@@ -156,7 +156,8 @@ fn write_and_install(
 /// Test builds end the process here when `PREPARE_FAULT` names `step`, as a kill would, so that
 /// tests can see what each step leaves behind; release builds never read it.
 fn fault_point(step: &str) {
-    if cfg!(debug_assertions) && std::env::var_os("PREPARE_FAULT").is_some_and(|fault| fault == step)
+    if cfg!(debug_assertions)
+        && std::env::var_os("PREPARE_FAULT").is_some_and(|fault| fault == step)
     {
         std::process::abort();
     }
@@ -204,8 +205,8 @@ fn remove_leftovers(parent: &Path, name: &str) -> Result<(), PackageError> {
             fs::rename(&old, &out)
                 .map_err(|source| io_error("restore the previous package from", &old, source))?;
         }
-        let metadata =
-            fs::symlink_metadata(leftover).map_err(|source| io_error("inspect", leftover, source))?;
+        let metadata = fs::symlink_metadata(leftover)
+            .map_err(|source| io_error("inspect", leftover, source))?;
         let removed = if metadata.is_dir() {
             fs::remove_dir_all(leftover)
         } else {
@@ -417,8 +418,16 @@ fn split_output(out: &Path) -> Result<(PathBuf, String), PackageError> {
     {
         use std::os::unix::ffi::OsStrExt as _;
         let written = out.as_os_str().as_bytes();
-        let end = written.len() - written.iter().rev().take_while(|&&byte| byte == b'/').count();
-        let last = written[..end].rsplit(|&byte| byte == b'/').next().unwrap_or_default();
+        let end = written.len()
+            - written
+                .iter()
+                .rev()
+                .take_while(|&&byte| byte == b'/')
+                .count();
+        let last = written[..end]
+            .rsplit(|&byte| byte == b'/')
+            .next()
+            .unwrap_or_default();
         if last.is_empty() || last == b"." || last == b".." {
             return Err(bad());
         }
@@ -461,8 +470,7 @@ pub fn check_output(out: &Path, force: bool) -> Result<bool, PackageError> {
     if entries.is_empty() {
         return Ok(true);
     }
-    let named = match crate::files::read_limited(&out.join(MANIFEST_FILE), crate::files::MANIFEST)
-    {
+    let named = match crate::files::read_limited(&out.join(MANIFEST_FILE), crate::files::MANIFEST) {
         Ok(bytes) => named_files(&bytes).ok_or_else(|| {
             let others: Vec<&str> = entries
                 .iter()
@@ -526,7 +534,9 @@ fn named_files(bytes: &[u8]) -> Option<Vec<String>> {
             .file
             .strip_prefix(KERNELS_DIR)
             .and_then(|rest| rest.strip_prefix('/'))
-            .is_some_and(|file| !file.is_empty() && !file.contains('/') && file != "." && file != "..");
+            .is_some_and(|file| {
+                !file.is_empty() && !file.contains('/') && file != "." && file != ".."
+            });
         if inside {
             named.push(kernel.file);
         }
@@ -566,7 +576,10 @@ fn list_entries(
         } else if !is_file {
             // Anything but a regular file or the kernels directory is foreign: named so that the
             // check refuses it.
-            entries.push((format!("{name}{}", if is_directory { "/" } else { "" }), false));
+            entries.push((
+                format!("{name}{}", if is_directory { "/" } else { "" }),
+                false,
+            ));
         } else {
             entries.push((name, false));
         }
@@ -614,7 +627,9 @@ fn replace(
             drop(staging);
             Ok(())
         }
-        Err(error) if exchange_unsupported(&error) => replace_by_renames(out, parent, name, staging),
+        Err(error) if exchange_unsupported(&error) => {
+            replace_by_renames(out, parent, name, staging)
+        }
         Err(source) => Err(io_error("swap in the staged package at", out, source)),
     }
 }
@@ -622,8 +637,14 @@ fn replace(
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn exchange(staged: &Path, out: &Path) -> std::io::Result<()> {
     let here = nix::fcntl::AT_FDCWD;
-    nix::fcntl::renameat2(here, staged, here, out, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
-        .map_err(std::io::Error::from)
+    nix::fcntl::renameat2(
+        here,
+        staged,
+        here,
+        out,
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .map_err(std::io::Error::from)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]

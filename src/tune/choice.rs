@@ -126,16 +126,23 @@ impl Choice {
 
     /// Reads a choice file.
     pub fn read(path: &Path) -> Result<Choice, ChoiceError> {
-        let bytes = crate::files::read_limited(path, crate::files::CHOICE).map_err(|source| ChoiceError::Io {
-            path: path.to_path_buf(),
-            source,
+        let bytes = crate::files::read_limited(path, crate::files::CHOICE).map_err(|source| {
+            ChoiceError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
+        Choice::from_bytes(path, &bytes)
+    }
+
+    /// Parses a choice file's bytes; `path` names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Choice, ChoiceError> {
         let invalid = |message: String| ChoiceError::Invalid {
             path: path.to_path_buf(),
             message,
         };
         let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|error| invalid(error.to_string()))?;
         // Any number is reported as the version it claims, however large: only a missing or
         // non-numeric field is "missing".
         match value.get("format_version") {
