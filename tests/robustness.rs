@@ -144,8 +144,7 @@ fn qualification(gpus: usize) -> Qualification {
 
 #[test]
 fn a_resealed_manifest_that_contradicts_its_ladder_is_refused_at_open() {
-    type Change = Box<dyn Fn(&mut Manifest)>;
-    let changes: Vec<(&str, Change)> = vec![
+    let changes: Vec<(&str, ManifestChange)> = vec![
         (
             "/buckets/0/candidates/0/kernel",
             Box::new(|manifest| {
@@ -216,6 +215,12 @@ fn a_qualified_package_for_the_ladders_world_opens() {
     open_package(&out).unwrap();
 }
 
+/// A change to a manifest that must make it refused.
+type ManifestChange = Box<dyn Fn(&mut Manifest)>;
+
+/// A change to a cache entry that must make it miss.
+type ChoiceChange = Box<dyn Fn(&mut Choice)>;
+
 const KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 
 fn timed(profile: &str, exact: bool) -> CandidateResult {
@@ -285,8 +290,7 @@ fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
         );
     }
 
-    type Change = Box<dyn Fn(&mut Choice)>;
-    let changes: Vec<(&str, Policy, Change)> = vec![
+    let changes: Vec<(&str, Policy, ChoiceChange)> = vec![
         (
             "an excluded winner",
             Policy::default(),

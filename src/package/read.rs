@@ -426,7 +426,9 @@ fn verify_files(
     handle: &fs::File,
     manifest: &Manifest,
 ) -> Result<BTreeMap<String, Vec<u8>>, PackageError> {
-    let mut expected: BTreeMap<String, (&str, Option<(usize, u64)>)> = BTreeMap::new();
+    // Per file: its sha256 and, for a cubin, its kernel's index and recorded size.
+    type Expected<'manifest> = (&'manifest str, Option<(usize, u64)>);
+    let mut expected: BTreeMap<String, Expected> = BTreeMap::new();
     expected.insert(LADDER_FILE.to_string(), (&manifest.ladder.sha256, None));
     for (index, kernel) in manifest.kernels.iter().enumerate() {
         expected.insert(
