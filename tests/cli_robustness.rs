@@ -161,7 +161,7 @@ fn devices_and_huge_files_are_refused_naming_the_limit() {
 fn out_of_range_numbers_are_usage_errors_never_panics() {
     let (scratch, out) = scratch_with_package();
     let package = out.to_str().unwrap();
-    let runs: [&[&str]; 7] = [
+    let runs: [&[&str]; 9] = [
         &[
             "tune",
             "--package",
@@ -201,6 +201,14 @@ fn out_of_range_numbers_are_usage_errors_never_panics() {
             "--timeout",
             "1e300",
         ],
+        &[
+            "bench",
+            "--package",
+            package,
+            "--batches",
+            "18446744073709551615",
+        ],
+        &["bench", "--package", package, "--sample-us", "inf"],
     ];
     for args in runs {
         let (code, _, stderr) = run_in(scratch.path(), args);

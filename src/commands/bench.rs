@@ -59,12 +59,23 @@ pub struct Args {
         long,
         value_delimiter = ',',
         default_value = "1,2,4,8,16,32,64",
-        value_name = "LIST"
+        value_name = "LIST",
+        value_parser = parse_batch
     )]
     batches: Vec<usize>,
     /// Rank 0 writes bench.json and the SVG plots here.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+}
+
+/// A decode batch: 0 to 65536 rows, so that rows times the hidden size cannot overflow (any
+/// batch past the last bucket is skipped anyway).
+fn parse_batch(text: &str) -> Result<usize, String> {
+    text.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&batch| batch <= 65_536)
+        .ok_or_else(|| format!("`{text}` is not a batch size from 0 to 65536"))
 }
 
 /// Microseconds per sample: from 1 to a second.
