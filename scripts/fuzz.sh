@@ -29,6 +29,14 @@ seed() {
             cp ladders/*.json tests/fixtures/ladders/valid/*.json "$corpus/" 2>/dev/null || true
             ;;
     esac
+    if [ "$target" = ladder_shapes ]; then
+        # depth, key length, width, array length (in eights), duplicate keys: the worst shapes.
+        printf '\x64\x07\xd0\x00\x00\x04\xe2\x00' >"$corpus/deep-long-keys-around-an-array"
+        printf '\x00\x00\x00\x9c\x40\x00\x00\x00' >"$corpus/wide"
+        printf '\x28\x4e\x1f\x00\x00\x00\x00\x00' >"$corpus/long-keys"
+        printf '\x00\x00\x00\x00\x00\x75\x30\x00' >"$corpus/long-array"
+        printf '\x7f\x00\x01\x9c\x40\x00\x10\x01' >"$corpus/deep-duplicates"
+    fi
     if [ -d fuzz/seed-package ]; then
         case "$target" in
             manifest) cp fuzz/seed-package/manifest.json "$corpus/seed-manifest.json" ;;
