@@ -113,7 +113,7 @@ impl Cache {
     /// The entry's bytes, or `None` on a miss.
     pub fn load(&self, key: &str) -> Result<Option<Vec<u8>>, CacheError> {
         let path = self.path(key);
-        match std::fs::read(&path) {
+        match crate::files::read_limited(&path, crate::files::CACHE_ENTRY) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(CacheError::Io { path, source }),

@@ -112,13 +112,14 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
-    /// The exit code the launcher should end with: the failed rank's own code when it exited
-    /// with one in 1..=255, otherwise 3 (a runtime failure).
+    /// The exit code the launcher should end with: the failed rank's own code when it is one
+    /// of the tool's (1 refused, 2 usage, 3 runtime), otherwise 3 (a runtime failure: a rank
+    /// that panicked, was killed or is another program), so the command's code is always 0-3.
     pub fn exit_code(&self) -> u8 {
         match self {
             LaunchError::RankFailed {
                 code: Some(code), ..
-            } if (1..=255).contains(code) => *code as u8,
+            } if (1..=3).contains(code) => *code as u8,
             _ => 3,
         }
     }

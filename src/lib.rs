@@ -11,6 +11,7 @@ pub mod check;
 pub mod collective;
 pub mod compile;
 pub mod device;
+pub mod files;
 pub mod gpu;
 pub mod kernels;
 pub mod ladder;

@@ -15,12 +15,25 @@ fn main() -> ExitCode {
         std::env::set_var("CUDA_CACHE_DISABLE", "1");
     }
     let cli = commands::Cli::parse();
-    match commands::run(cli) {
+    // A panic is a bug, but the exit code stays one of the four documented: 3, after the
+    // panic's own message.
+    let Ok(result) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commands::run(cli)))
+    else {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("error: internal error (a bug in prepare; the message above says where)");
+        }
+        return ExitCode::from(3);
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("error: {:#}", failure.error());
+                // Errors quote files (a ladder's keys, a manifest's names): escaped for the
+                // terminal.
+                let message = format!("{:#}", failure.error());
+                eprintln!("error: {}", prepare::files::escape_control(&message));
             }
             ExitCode::from(failure.exit_code())
         }

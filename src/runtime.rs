@@ -241,23 +241,27 @@ fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeEr
                 message,
             };
             if setup.rank == 0 {
+                // Only an id file this tool wrote is replaced.
+                crate::files::check_id_file_ours(path)
+                    .map_err(|error| file_error(error.to_string()))?;
                 let id = UniqueId::new()?;
-                crate::cache::write_atomically(path, &id.to_bytes())
+                crate::cache::write_atomically(path, &crate::files::encode_id_file(&id.to_bytes()))
                     .map_err(|error| file_error(error.to_string()))?;
                 return Ok(id);
             }
             loop {
-                match std::fs::read(path) {
-                    Ok(bytes) if bytes.len() == 128 => {
-                        let mut id = [0; 128];
-                        id.copy_from_slice(&bytes);
-                        return Ok(UniqueId::from_bytes(id));
-                    }
+                match crate::files::read_limited(path, crate::files::ID_FILE) {
                     Ok(bytes) => {
-                        return Err(file_error(format!(
-                            "holds {} bytes, not the 128 of an NCCL id",
-                            bytes.len()
-                        )))
+                        let id = crate::files::decode_id_file(&bytes)
+                            .and_then(|id| <[u8; 128]>::try_from(id).ok())
+                            .ok_or_else(|| {
+                                file_error(
+                                    "is not an id file prepare wrote (a header line and the \
+                                     128 bytes of an NCCL id)"
+                                        .to_owned(),
+                                )
+                            })?;
+                        return Ok(UniqueId::from_bytes(id));
                     }
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
                     Err(error) => return Err(file_error(error.to_string())),

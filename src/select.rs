@@ -156,7 +156,10 @@ fn topology_text(topology: &Topology) -> String {
 
 /// A cached choice that fits: it parses, is in this tool's choice format (an entry of an older
 /// format is a miss, and is timed again and replaced), names this package, fingerprint and
-/// policy, was timed, and has one entry per bucket naming one of the bucket's candidates.
+/// policy, was timed, and has one entry per bucket whose winner is one of the bucket's
+/// candidates, was timed there (not excluded), is exact when the policy asks for exactness, and
+/// was not dropped by the package's qualification. An entry is a file anyone may have edited,
+/// so it is checked as strictly as a choice made here.
 pub fn cached_choice(
     bytes: &[u8],
     package: &Package,
@@ -165,6 +168,7 @@ pub fn cached_choice(
 ) -> Option<Choice> {
     let choice: Choice = serde_json::from_slice(bytes).ok()?;
     let ladder = package.ladder();
+    let qualification = package.manifest().qualification.as_ref();
     let fits = choice.format_version == crate::tune::choice::CHOICE_FORMAT_VERSION
         && choice.package == package.identity()
         && choice.fingerprint == key
@@ -173,9 +177,33 @@ pub fn cached_choice(
         && choice.buckets.len() == ladder.buckets.len()
         && choice.buckets.iter().zip(&ladder.buckets).enumerate().all(
             |(index, (chosen, bucket))| {
-                chosen.decision.index == index
+                let decision = &chosen.decision;
+                let winner = &decision.winner;
+                let timed = decision
+                    .candidates
+                    .iter()
+                    .find(|result| &result.profile == winner);
+                let qualified = qualification
+                    .and_then(|qualification| qualification.buckets.get(index))
+                    .map_or(Some(true), |qualified| {
+                        qualified
+                            .candidates
+                            .iter()
+                            .find(|candidate| &candidate.profile == winner)
+                            .map(|candidate| match candidate.outcome {
+                                Outcome::Qualified { exact } => exact || !policy.exact_only,
+                                Outcome::Dropped(_) => false,
+                            })
+                    });
+                decision.index == index
                     && chosen.max_bytes == bucket.max_bytes
-                    && bucket.candidates.contains(&chosen.decision.winner)
+                    && bucket.candidates.contains(winner)
+                    && timed.is_some_and(|result| {
+                        matches!(result.outcome, CandidateOutcome::Timed { .. })
+                            && result.exact == decision.bit_exact
+                    })
+                    && (decision.bit_exact || !policy.exact_only)
+                    && qualified == Some(true)
             },
         );
     fits.then_some(choice)

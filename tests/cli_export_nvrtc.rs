@@ -212,3 +212,53 @@ fn export_is_deterministic_and_force_replaces_atomically() {
         "nothing else is left behind"
     );
 }
+
+/// A kill at each step of `--force` (injected by `PREPARE_FAULT`, which debug builds read)
+/// leaves `--out` holding a whole package, the old one or the new one, never nothing; the next
+/// export to the same place removes what the killed one left.
+#[test]
+fn a_kill_at_any_step_of_force_leaves_a_whole_package_in_place() {
+    if !nvrtc_present() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let tp2 = repository::root().join("ladders/h200_nvlink_tp2.json");
+    let tp4 = repository::root().join("ladders/h200_nvlink_tp4.json");
+    assert_eq!(export(scratch.path(), &tp2, "sm_90", "pkg", false).0, 0);
+    // Each step starts from the tp2 package: written first, then by the export that cleans up.
+    for (step, expected) in [
+        ("staged", "h200_nvlink_tp2"),
+        ("exchanged", "h200_nvlink_tp4"),
+    ] {
+        let output = Command::cargo_bin("prepare")
+            .unwrap()
+            .current_dir(scratch.path())
+            .env("PREPARE_FAULT", step)
+            .args([
+                "export",
+                "--collective-ladder",
+                tp4.to_str().unwrap(),
+                "--arch",
+                "sm_90",
+                "--out",
+                "pkg",
+                "--force",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            None,
+            "{step}: the export is killed there: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let package = open_package(&scratch.path().join("pkg")).unwrap();
+        assert_eq!(package.ladder().name, expected, "{step}");
+        assert!(
+            names(scratch.path()).len() > 1,
+            "{step}: the killed export leaves its staging or the old package"
+        );
+        assert_eq!(export(scratch.path(), &tp2, "sm_90", "pkg", true).0, 0);
+        assert_eq!(names(scratch.path()), ["pkg"], "{step}: leftovers removed");
+    }
+}

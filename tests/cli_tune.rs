@@ -1,10 +1,19 @@
-//! `prepare tune` and `prepare bench` refuse bad flags and packages before starting any rank,
-//! with exit code 1 and a message naming what is wrong (no GPU needed).
+//! `prepare tune` and `prepare bench` refuse bad flags (exit code 2) and packages (exit code 1)
+//! before starting any rank, with a message naming what is wrong (no GPU needed).
 
 use assert_cmd::Command;
 
 fn prepare() -> Command {
     Command::cargo_bin("prepare").unwrap()
+}
+
+/// Runs a command that must fail as a usage error (exit 2) before starting any rank.
+fn usage_error(args: &[&str]) -> String {
+    let output = prepare().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(output.stdout.is_empty(), "{args:?}");
+    stderr
 }
 
 fn refused(args: &[&str]) -> String {
@@ -18,7 +27,7 @@ fn refused(args: &[&str]) -> String {
 #[test]
 fn a_margin_outside_zero_to_a_hundred_percent_is_refused() {
     for margin in ["-1", "100", "NaN"] {
-        let stderr = refused(&["tune", "--package", "pkg", &format!("--margin={margin}")]);
+        let stderr = usage_error(&["tune", "--package", "pkg", &format!("--margin={margin}")]);
         assert!(
             stderr.contains(&format!("--margin {margin} is not a percentage")),
             "{stderr}"
@@ -28,15 +37,15 @@ fn a_margin_outside_zero_to_a_hundred_percent_is_refused() {
 
 #[test]
 fn too_few_rounds_are_refused() {
-    let stderr = refused(&["tune", "--package", "pkg", "--rounds", "4"]);
+    let stderr = usage_error(&["tune", "--package", "pkg", "--rounds", "4"]);
     assert!(stderr.contains("--rounds 4 is too few"), "{stderr}");
 }
 
 #[test]
 fn a_bad_timeout_is_refused() {
-    let stderr = refused(&["tune", "--package", "pkg", "--timeout", "0"]);
+    let stderr = usage_error(&["tune", "--package", "pkg", "--timeout", "0"]);
     assert!(
-        stderr.contains("--timeout 0 is not a positive number"),
+        stderr.contains("0 is not a positive number of seconds up to 86400"),
         "{stderr}"
     );
 }

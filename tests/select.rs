@@ -7,7 +7,9 @@ mod package_support;
 use prepare::package::open_package;
 use prepare::select::cached_choice;
 use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
-use prepare::tune::{BucketDecision, DecisionReason, Policy};
+use prepare::tune::{
+    BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
+};
 
 /// A change to a choice that must make it miss.
 type Change = Box<dyn Fn(&mut Choice)>;
@@ -40,7 +42,24 @@ fn choice(package: &prepare::package::Package) -> Choice {
                     baseline: bucket.default.clone(),
                     reason: DecisionReason::BaselineFastest,
                     bit_exact: true,
-                    candidates: Vec::new(),
+                    candidates: bucket
+                        .candidates
+                        .iter()
+                        .map(|profile| CandidateResult {
+                            profile: profile.clone(),
+                            exact: true,
+                            outcome: CandidateOutcome::Timed {
+                                slowdown: 1.0,
+                                sizes: vec![SizeFigures {
+                                    bytes: bucket.max_bytes,
+                                    median_us: 5.0,
+                                    min_us: 4.5,
+                                    max_us: 5.5,
+                                    rounds: 25,
+                                }],
+                            },
+                        })
+                        .collect(),
                 },
             })
             .collect(),

@@ -13,7 +13,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Context as _};
+use anyhow::Context as _;
 use prepare::bench::{BenchReport, DecodeRow, DecodeShape, ServingRow, SizeRow};
 use prepare::collective::{Collectives, Operands};
 use prepare::package::Outcome;
@@ -41,10 +41,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     sizes: Option<Vec<u64>>,
     /// Interleaved rounds per size.
-    #[arg(long, default_value_t = 25, value_name = "N")]
+    #[arg(long, default_value_t = 25, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=10_000))]
     rounds: u32,
     /// Each sample replays enough operations to take about this many microseconds.
-    #[arg(long, default_value_t = 150.0, value_name = "US")]
+    #[arg(long, default_value_t = 150.0, value_name = "US", value_parser = parse_sample_us)]
     sample_us: f64,
     /// The tuned choice to mark and to emulate decode with (from `prepare tune --out`); by
     /// default the cache's, or one selected now (and cached).
@@ -59,12 +59,32 @@ pub struct Args {
         long,
         value_delimiter = ',',
         default_value = "1,2,4,8,16,32,64",
-        value_name = "LIST"
+        value_name = "LIST",
+        value_parser = parse_batch
     )]
     batches: Vec<usize>,
     /// Rank 0 writes bench.json and the SVG plots here.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+}
+
+/// A decode batch: 0 to 65536 rows, so that rows times the hidden size cannot overflow (any
+/// batch past the last bucket is skipped anyway).
+fn parse_batch(text: &str) -> Result<usize, String> {
+    text.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&batch| batch <= 65_536)
+        .ok_or_else(|| format!("`{text}` is not a batch size from 0 to 65536"))
+}
+
+/// Microseconds per sample: from 1 to a second.
+fn parse_sample_us(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|us| us.is_finite() && (1.0..=1e6).contains(us))
+        .ok_or_else(|| format!("{text} is not a number of microseconds from 1 to 1000000"))
 }
 
 /// A size with an optional K, M or G suffix (powers of 1024).
@@ -87,14 +107,12 @@ fn parse_size(text: &str) -> Result<u64, String> {
 /// Runs `prepare bench`.
 pub fn run(args: &Args) -> Result<(), Failure> {
     args.ranks.timeout()?;
-    if args.rounds < 3 {
-        return Err(Failure::refused(anyhow!("--rounds must be at least 3")));
-    }
+    ranks::check_writable("--out", args.out.as_deref())?;
     match ranks::role()? {
         Role::Rank(environment) => run_rank(args, &environment),
         Role::Launcher => {
             // Refuse a bad package before starting any rank.
-            prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+            prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
             ranks::launch_ranks("bench", &args.ranks, args.ranks.gpu_list()?, Vec::new())
         }
     }
@@ -156,7 +174,8 @@ fn nccl_profile(ladder: &prepare::ladder::Ladder, bucket: usize) -> Option<Strin
 
 #[allow(clippy::print_stdout, clippy::too_many_lines)]
 fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
-    let package = prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+    let package =
+        prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let ladder = package.ladder();
     let given_choice = match &args.choice {
         Some(path) => {

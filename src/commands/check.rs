@@ -54,7 +54,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 #[allow(clippy::print_stdout)]
 fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
     let package = match &args.package {
-        Some(dir) => Some(prepare::package::open_package(dir).map_err(Failure::refused)?),
+        Some(dir) => Some(prepare::package::open_package_retrying(dir).map_err(Failure::refused)?),
         None => None,
     };
     let runtime = ranks::start_rank(&args.ranks, environment)?;

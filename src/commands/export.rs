@@ -61,7 +61,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 
     let gpus = match (args.arch, &args.ranks.gpus) {
         (Some(_), _) => None,
-        (None, Some(gpus)) => Some(gpus.clone()),
+        (None, Some(gpus)) => {
+            ranks::check_distinct_gpus(gpus)?;
+            Some(gpus.clone())
+        }
         (None, None) => {
             let visible = prepare::gpu::driver::visible_devices().unwrap_or(0);
             if visible == 0 {
@@ -100,12 +103,9 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     });
     prepare::device::check_export_target(&ladder, arch).map_err(Failure::refused)?;
 
-    // Refused before compiling, so the answer does not wait on NVRTC.
-    if !args.force && std::fs::symlink_metadata(&args.out).is_ok() {
-        return Err(write_failure(PackageError::Exists {
-            path: args.out.clone(),
-        }));
-    }
+    // Refused before compiling, so the answer does not wait on NVRTC (and checked again when
+    // the package is written).
+    package::check_output(&args.out, args.force).map_err(write_failure)?;
 
     let reporter = BarReporter::new();
     let compilation = prepare::compile::compile_ladder(&ladder, arch, &reporter)
@@ -135,7 +135,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     writeln!(
         out,
         "Exported `{}` for {} to {}{replaced}",
-        ladder.name,
+        prepare::files::escape_control(&ladder.name),
         summary.arch,
         summary.dir.display()
     )
@@ -306,7 +306,7 @@ fn qualify_rank(
 /// The ladder file's text as given, and the ladder it validates to; an invalid ladder gets the
 /// report `prepare validate` prints.
 fn read_ladder(path: &Path) -> Result<(String, Ladder), Failure> {
-    let bytes = std::fs::read(path)
+    let bytes = prepare::files::read_limited(path, prepare::files::LADDER)
         .map_err(|source| LadderError::Io {
             path: path.to_path_buf(),
             source,
@@ -329,9 +329,8 @@ fn write_failure(error: PackageError) -> Failure {
         PackageError::Exists { .. } => {
             Failure::refused(anyhow!("{error}; pass --force to replace it"))
         }
-        PackageError::NotAPackage { .. } | PackageError::BadOutput { .. } => {
-            Failure::refused(error)
-        }
+        PackageError::NotAPackage { .. } => Failure::refused(error),
+        PackageError::BadOutput { .. } => Failure::usage(error),
         _ => Failure::runtime(anyhow::Error::new(error).context("cannot write the package")),
     }
 }

@@ -56,6 +56,8 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
 pub enum Failure {
     /// The input was refused: invalid ladder, tampered or mismatched package, unfit device.
     Refused(anyhow::Error),
+    /// The flags are wrong in a way clap cannot see (a GPU named twice).
+    Usage(anyhow::Error),
     /// The driver, NVRTC, NCCL or a peer failed.
     Runtime(anyhow::Error),
 }
@@ -66,6 +68,11 @@ impl Failure {
         Failure::Refused(error.into())
     }
 
+    /// Exit code 2: the flags are wrong.
+    pub fn usage(error: impl Into<anyhow::Error>) -> Failure {
+        Failure::Usage(error.into())
+    }
+
     /// Exit code 3: something failed at run time.
     pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
         Failure::Runtime(error.into())
@@ -74,7 +81,7 @@ impl Failure {
     /// The error to print.
     pub fn error(&self) -> &anyhow::Error {
         match self {
-            Failure::Refused(error) | Failure::Runtime(error) => error,
+            Failure::Refused(error) | Failure::Usage(error) | Failure::Runtime(error) => error,
         }
     }
 
@@ -82,6 +89,7 @@ impl Failure {
     pub fn exit_code(&self) -> u8 {
         match self {
             Failure::Refused(_) => 1,
+            Failure::Usage(_) => 2,
             Failure::Runtime(_) => 3,
         }
     }

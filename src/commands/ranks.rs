@@ -19,11 +19,13 @@ pub struct RankArgs {
     /// GPUs to use, one rank each (`0,1`); all visible GPUs when omitted.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub gpus: Option<Vec<u32>>,
-    /// Seconds any step may take before the rank gives up and names who is missing.
-    #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+    /// Seconds any step may take before the rank gives up and names who is missing (at most a
+    /// day).
+    #[arg(long, default_value_t = 60.0, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: f64,
     /// Rank 0 writes the NCCL id here and the others read it, instead of NCCL_COMM_ID. The
     /// launcher removes a file left by an earlier run; ranks started by hand need it removed.
+    /// Only a file prepare wrote (it starts with a header line) is ever removed or replaced.
     #[arg(long, value_name = "FILE")]
     pub id_file: Option<PathBuf>,
 }
@@ -41,15 +43,60 @@ impl OutputSink for PrefixedOutput {
     }
 }
 
+/// The longest `--timeout`, seconds. Every bound computed from it (deadlines from now, the
+/// launcher's twenty steps and ten minutes) stays far inside `Duration` and `Instant`.
+const MAX_TIMEOUT_SECONDS: f64 = 86_400.0;
+
+/// A timeout above zero and at most a day, in seconds.
+fn parse_timeout(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if seconds > 0.0
+        && seconds <= MAX_TIMEOUT_SECONDS
+        && Duration::try_from_secs_f64(seconds).is_ok_and(|timeout| !timeout.is_zero())
+    {
+        Ok(seconds)
+    } else {
+        Err(format!(
+            "{text} is not a positive number of seconds up to {MAX_TIMEOUT_SECONDS} (a day)"
+        ))
+    }
+}
+
+/// Refuses a GPU named twice: two ranks on one GPU would deadlock in their first collective.
+pub fn check_distinct_gpus(gpus: &[u32]) -> Result<(), Failure> {
+    for (position, gpu) in gpus.iter().enumerate() {
+        if gpus[..position].contains(gpu) {
+            return Err(Failure::usage(anyhow::anyhow!(
+                "--gpus names GPU {gpu} twice; each rank needs a GPU of its own"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a directory the ranks would fail to write only after their GPU work: a file, or one
+/// this process may not write. `flag` names it in the refusal.
+pub fn check_writable(flag: &str, dir: Option<&std::path::Path>) -> Result<(), Failure> {
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    prepare::files::check_writable_directory(dir)
+        .with_context(|| format!("{flag} {} cannot be written", dir.display()))
+        .map_err(Failure::refused)
+}
+
 impl RankArgs {
-    /// The timeout as a duration; zero, negative or not a number is refused.
+    /// The timeout as a duration (its range was checked when the flags were parsed).
     pub fn timeout(&self) -> Result<Duration, Failure> {
         Duration::try_from_secs_f64(self.timeout)
             .ok()
-            .filter(|timeout| !timeout.is_zero())
+            .filter(|timeout| !timeout.is_zero() && self.timeout <= MAX_TIMEOUT_SECONDS)
             .ok_or_else(|| {
-                Failure::refused(anyhow::anyhow!(
-                    "--timeout {} is not a positive number of seconds",
+                Failure::usage(anyhow::anyhow!(
+                    "--timeout {} is not a positive number of seconds up to a day",
                     self.timeout
                 ))
             })
@@ -58,6 +105,7 @@ impl RankArgs {
     /// The GPUs to launch on: `--gpus`, else every visible GPU.
     pub fn gpu_list(&self) -> Result<Vec<u32>, Failure> {
         if let Some(gpus) = &self.gpus {
+            check_distinct_gpus(gpus)?;
             return Ok(gpus.clone());
         }
         let count = prepare::gpu::driver::visible_devices().map_err(Failure::runtime)?;
@@ -107,18 +155,11 @@ pub fn launch_ranks(
             .map_err(Failure::runtime)?,
     };
     // A file left by an earlier run would hand the other ranks its stale id before rank 0
-    // writes the new one.
+    // writes the new one; only a file this tool wrote is removed.
     if let Some(path) = &args.id_file {
-        match std::fs::remove_file(path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => {
-                return Err(Failure::runtime(anyhow::anyhow!(
-                    "cannot remove the previous id file {}: {error}",
-                    path.display()
-                )))
-            }
-        }
+        prepare::files::remove_id_file(path)
+            .with_context(|| format!("--id-file {}", path.display()))
+            .map_err(Failure::refused)?;
     }
     let spec = LaunchSpec {
         program: std::env::current_exe()
@@ -131,7 +172,11 @@ pub fn launch_ranks(
         env,
         // The ranks bound every step themselves; this only catches a rank that cannot. A long
         // command (qualification, tuning) takes many steps, so the bound is generous.
-        deadline: Some(timeout * 20 + Duration::from_secs(600)),
+        deadline: Some(
+            timeout
+                .saturating_mul(20)
+                .saturating_add(Duration::from_secs(600)),
+        ),
     };
     let sink: Arc<dyn OutputSink> = Arc::new(PrefixedOutput);
     launch(&spec, &sink).map_err(|error| {

@@ -46,9 +46,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         }
         text
     };
+    // Names, versions and a choice's text come from files: escaped for the terminal.
     std::io::stdout()
         .lock()
-        .write_all(output.as_bytes())
+        .write_all(prepare::files::escape_control(&output).as_bytes())
         .context("cannot write to standard output")
         .map_err(Failure::runtime)
 }

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::anyhow;
 use prepare::ladder::Dtype;
 use prepare::select::SelectOptions;
 use prepare::serve::Handle;
@@ -33,7 +32,7 @@ pub struct Args {
     /// A candidate replaces the bucket's default only when faster by more than this percentage:
     /// its slowdown (its worst median over the best, at the bucket's smallest and largest
     /// message) lower than the default's by more than this.
-    #[arg(long, default_value_t = 3.0, value_name = "PCT")]
+    #[arg(long, default_value_t = 3.0, value_name = "PCT", value_parser = parse_margin)]
     margin: f64,
     /// The cache directory (default `$XDG_CACHE_HOME/prepare`, else `~/.cache/prepare`).
     #[arg(long, value_name = "DIR")]
@@ -44,8 +43,9 @@ pub struct Args {
     /// Every rank writes its choice here as `choice.rank<r>.json`.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Interleaved timing rounds per bucket (each round times every candidate at both sizes).
-    #[arg(long, default_value_t = 25, value_name = "N")]
+    /// Interleaved timing rounds per bucket (each round times every candidate at both sizes);
+    /// 5 to 10000.
+    #[arg(long, default_value_t = 25, value_name = "N", value_parser = parse_rounds)]
     rounds: u32,
 }
 
@@ -55,22 +55,43 @@ enum TuningKind {
     Static,
 }
 
+/// A percentage from 0 to below 100.
+fn parse_margin(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|margin| margin.is_finite() && (0.0..100.0).contains(margin))
+        .ok_or_else(|| format!("--margin {text} is not a percentage from 0 to below 100"))
+}
+
+/// Enough rounds for the significance test, and few enough that the gathered matrix stays
+/// small.
+fn parse_rounds(text: &str) -> Result<u32, String> {
+    let rounds: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("--rounds {text} is not a count"))?;
+    match rounds {
+        0..5 => Err(format!(
+            "--rounds {rounds} is too few for a significance test; use at least 5"
+        )),
+        5..=10_000 => Ok(rounds),
+        _ => Err(format!("--rounds {rounds} is more than 10000")),
+    }
+}
+
 /// The checked options, or why they are refused.
 fn options(args: &Args) -> Result<SelectOptions, Failure> {
     args.ranks.timeout()?;
-    if !(args.margin.is_finite() && (0.0..100.0).contains(&args.margin)) {
-        return Err(Failure::refused(anyhow!(
-            "--margin {} is not a percentage from 0 to below 100",
-            args.margin
-        )));
-    }
-    if args.rounds < 5 {
-        return Err(Failure::refused(anyhow!(
-            "--rounds {} is too few for a significance test; use at least 5",
-            args.rounds
-        )));
-    }
     let defaults = SelectOptions::default();
+    ranks::check_writable("--out", args.out.as_deref())?;
+    let cache_flag = if args.cache_dir.is_some() {
+        "--cache-dir"
+    } else {
+        "the cache directory (--cache-dir)"
+    };
+    let cache_dir = args.cache_dir.clone().or(defaults.cache_dir);
+    ranks::check_writable(cache_flag, cache_dir.as_deref())?;
     Ok(SelectOptions {
         tuning: match args.collective_tuning {
             TuningKind::Runtime => Tuning::Runtime,
@@ -81,7 +102,7 @@ fn options(args: &Args) -> Result<SelectOptions, Failure> {
             exact_only: args.exact_only,
             ..Policy::default()
         },
-        cache_dir: args.cache_dir.clone().or(defaults.cache_dir),
+        cache_dir,
         retune: args.retune,
         timing: TimingOptions {
             rounds: args.rounds,
@@ -98,7 +119,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         Role::Rank(environment) => run_rank(args, &options, &environment),
         Role::Launcher => {
             // Refuse a bad package before starting any rank.
-            prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+            prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
             ranks::launch_ranks("tune", &args.ranks, args.ranks.gpu_list()?, Vec::new())
         }
     }
@@ -144,7 +165,8 @@ fn run_rank(
     options: &SelectOptions,
     environment: &prepare::launch::RankEnvironment,
 ) -> Result<(), Failure> {
-    let package = prepare::package::open_package(&args.package).map_err(Failure::refused)?;
+    let package =
+        prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let runtime = ranks::start_rank(&args.ranks, environment)?;
     ranks::check_architecture(&runtime, &package)?;
     let rank = runtime.rank();

@@ -115,9 +115,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     } else {
         verdicts.iter().map(human).collect()
     };
+    // Diagnostics quote the ladder's keys and values: escaped for the terminal.
     std::io::stdout()
         .lock()
-        .write_all(text.as_bytes())
+        .write_all(prepare::files::escape_control(&text).as_bytes())
         .map_err(|error| {
             Failure::runtime(anyhow::Error::new(error).context("cannot write the report"))
         })?;

@@ -1051,7 +1051,8 @@ pub enum ModuleImage<'a> {
 
 /// Checks that a cubin's ELF header, section table and segment table, and every section and
 /// segment they name, lie inside the slice: `cuModuleLoadData` takes no length and trusts them.
-fn check_cubin(image: &[u8]) -> Result<(), String> {
+/// Public for the fuzz targets.
+pub fn check_cubin(image: &[u8]) -> Result<(), String> {
     const HEADER_BYTES: usize = 64;
     const SECTION_HEADER_BYTES: usize = 64;
     const PROGRAM_HEADER_BYTES: usize = 56;

@@ -149,9 +149,10 @@ pub struct PeerMemoryRecord {
 }
 
 impl PeerMemoryRecord {
-    /// Buffer and signal flags together.
+    /// Buffer and signal flags together; saturating, since the fields come from a file (an
+    /// opened package's are checked against its ladder, so there it never saturates).
     pub fn total_bytes(&self) -> u64 {
-        self.buffer_bytes + self.signal_bytes
+        self.buffer_bytes.saturating_add(self.signal_bytes)
     }
 }
 

@@ -32,8 +32,8 @@ pub use manifest::{
     CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
     QualifiedGpu,
 };
-pub use read::open_package;
-pub use write::{build_manifest, write_package, write_qualified_package};
+pub use read::{open_package, open_package_retrying, parse_manifest_bytes};
+pub use write::{build_manifest, check_output, write_package, write_qualified_package};
 
 /// The package contract this tool writes.
 pub const PACKAGE_FORMAT_VERSION: u32 = 1;
@@ -160,14 +160,17 @@ pub enum PackageError {
         /// The output directory.
         path: PathBuf,
     },
-    /// Replacing was asked for, but the output is not a package.
+    /// Replacing was asked for, but the output is not an empty directory or a package this
+    /// tool wrote.
     #[error(
-        "refusing to replace {}: it is not a package (no {MANIFEST_FILE} in it)",
+        "refusing to replace {}: {reason}; --force replaces only an empty directory or a package prepare wrote, with nothing else in it",
         path.display()
     )]
     NotAPackage {
         /// The output path.
         path: PathBuf,
+        /// Why it is not (naming the first entry that is not the package's).
+        reason: String,
     },
     /// The output path names no directory (empty, `/` or `..`).
     #[error("{} does not name a directory to write", path.display())]
@@ -289,6 +292,12 @@ pub enum PackageError {
         dir: PathBuf,
         /// Each changed, missing or extra file.
         problems: Vec<FileProblem>,
+    },
+    /// The package was replaced (by an export) while it was being read.
+    #[error("package {} changed while it was read (an export replaced it); open it again", dir.display())]
+    Changed {
+        /// The package directory.
+        dir: PathBuf,
     },
     /// `ladder.json` matches its hash but is not a valid ladder.
     #[error("{} is not a valid ladder:\n{report}", path.display())]

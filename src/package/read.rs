@@ -1,9 +1,14 @@
 //! Opening a package: the manifest's contract, schema and checksum first, then every file
 //! against the manifest, then the ladder, then the manifest against the ladder.
+//!
+//! Every file is read through one handle on the package directory, so an export swapping a new
+//! package in meanwhile cannot mix two packages: the reader gets the old package, or, when the
+//! old files are removed under it, a refusal that says the package changed while it was read
+//! (which [`open_package_retrying`] answers by opening it once more).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -13,13 +18,24 @@ use super::{
     manifest_schema, sha256_hex, FileProblem, FileProblemKind, Package, PackageError, Problem,
     KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
 };
+use crate::files::{self, read_limited_at};
+use crate::kernels;
 use crate::ladder::Ladder;
 
 /// Opens the package in `dir` and verifies it: a contract this tool reads, a manifest that fits
-/// the schema and its checksum, every file's sha256, no missing or extra file, a valid ladder
-/// that agrees with the manifest.
+/// the schema and its checksum, every file's sha256 and size, no missing or extra file, a valid
+/// ladder that agrees with the manifest.
 pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
-    let metadata = fs::metadata(dir).map_err(|source| PackageError::Io {
+    open_observed(dir, &|| {})
+}
+
+fn open_observed(dir: &Path, after_manifest: &dyn Fn()) -> Result<Package, PackageError> {
+    let handle = fs::File::open(dir).map_err(|source| PackageError::Io {
+        action: "open the package",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let metadata = handle.metadata().map_err(|source| PackageError::Io {
         action: "open the package",
         path: dir.to_path_buf(),
         source,
@@ -29,9 +45,53 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
             path: dir.to_path_buf(),
         });
     }
+    open_through(dir, &handle, after_manifest).map_err(|error| {
+        // A file that went missing or changed may be a package swapped in meanwhile, not a
+        // damaged one: said as such, never as a false report about a file.
+        if matches!(
+            error,
+            PackageError::Files { .. } | PackageError::NoManifest { .. }
+        ) && swapped(dir, &handle)
+        {
+            PackageError::Changed {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            error
+        }
+    })
+}
 
+/// Opens the package as [`open_package`] does, once more when it changed while it was read (an
+/// export replaced it): what a server opens its package with at start.
+pub fn open_package_retrying(dir: &Path) -> Result<Package, PackageError> {
+    match open_package(dir) {
+        Err(PackageError::Changed { .. }) => open_package(dir),
+        other => other,
+    }
+}
+
+/// Whether the directory open as `handle` is no longer the one at `dir`, or was removed.
+fn swapped(dir: &Path, handle: &fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(opened) = handle.metadata() else {
+        return true;
+    };
+    match fs::metadata(dir) {
+        Ok(now) => (now.dev(), now.ino()) != (opened.dev(), opened.ino()) || opened.nlink() == 0,
+        Err(_) => true,
+    }
+}
+
+/// `after_manifest` runs between reading the manifest and the other files (tests swap the
+/// package there).
+fn open_through(
+    dir: &Path,
+    handle: &fs::File,
+    after_manifest: &dyn Fn(),
+) -> Result<Package, PackageError> {
     let manifest_path = dir.join(MANIFEST_FILE);
-    let manifest_bytes = match fs::read(&manifest_path) {
+    let manifest_bytes = match read_limited_at(handle, Path::new(MANIFEST_FILE), files::MANIFEST) {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return Err(PackageError::NoManifest {
@@ -61,8 +121,9 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
         });
     }
     check_manifest(&manifest_path, &manifest)?;
+    after_manifest();
 
-    let mut contents = verify_files(dir, &manifest)?;
+    let mut contents = verify_files(dir, handle, &manifest)?;
     let ladder_bytes = contents
         .remove(LADDER_FILE)
         .expect("verified files include the ladder");
@@ -93,6 +154,24 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
         ladder,
         cubins,
     })
+}
+
+/// Parses and checks manifest bytes on their own (contract, schema, checksum, consistency), as
+/// opening a package does before it reads any other file; `path` names it in errors.
+pub fn parse_manifest_bytes(path: &Path, bytes: &[u8]) -> Result<Manifest, PackageError> {
+    let manifest = parse_manifest(path, bytes)?;
+    let found = manifest.compute_checksum();
+    if found != manifest.checksum {
+        return Err(PackageError::ManifestInconsistent {
+            path: path.to_path_buf(),
+            problems: vec![Problem {
+                pointer: "/checksum".to_string(),
+                message: format!("is {}; the content gives {found}", manifest.checksum),
+            }],
+        });
+    }
+    check_manifest(path, &manifest)?;
+    Ok(manifest)
 }
 
 /// JSON syntax, then the contract (read before anything else), then the schema, then types.
@@ -281,6 +360,17 @@ fn manifest_problems(manifest: &Manifest) -> Vec<Problem> {
     }
 
     if let Some(qualification) = &manifest.qualification {
+        // One GPU per rank: this also bounds the list.
+        if qualification.gpus.len() != manifest.ladder.world_size as usize {
+            problem(
+                "/qualification/gpus".to_string(),
+                format!(
+                    "has {} GPUs for a world of {} ranks",
+                    qualification.gpus.len(),
+                    manifest.ladder.world_size
+                ),
+            );
+        }
         if qualification.buckets.len() != manifest.buckets.len() {
             problem(
                 "/qualification/buckets".to_string(),
@@ -329,24 +419,30 @@ fn manifest_problems(manifest: &Manifest) -> Vec<Problem> {
     problems
 }
 
-/// Compares every file under `dir` with the manifest; returns the contents of the ladder and
-/// the cubins by relative path.
+/// Compares every file of the package open as `handle` with the manifest; returns the contents
+/// of the ladder and the cubins by relative path.
 fn verify_files(
     dir: &Path,
+    handle: &fs::File,
     manifest: &Manifest,
 ) -> Result<BTreeMap<String, Vec<u8>>, PackageError> {
-    let mut expected: BTreeMap<String, &str> = BTreeMap::new();
-    expected.insert(LADDER_FILE.to_string(), &manifest.ladder.sha256);
-    for kernel in &manifest.kernels {
-        expected.insert(kernel.file.clone(), &kernel.sha256);
+    // Per file: its sha256 and, for a cubin, its kernel's index and recorded size.
+    type Expected<'manifest> = (&'manifest str, Option<(usize, u64)>);
+    let mut expected: BTreeMap<String, Expected> = BTreeMap::new();
+    expected.insert(LADDER_FILE.to_string(), (&manifest.ladder.sha256, None));
+    for (index, kernel) in manifest.kernels.iter().enumerate() {
+        expected.insert(
+            kernel.file.clone(),
+            (&kernel.sha256, Some((index, kernel.size_bytes))),
+        );
     }
 
     let mut problems = Vec::new();
     let mut present = BTreeSet::new();
     let mut listing = Vec::new();
-    list(dir, dir, &mut listing).map_err(|(path, source)| PackageError::Io {
+    list(handle, "", &mut listing).map_err(|(relative, source)| PackageError::Io {
         action: "list",
-        path,
+        path: dir.join(relative),
         source,
     })?;
     for (relative, kind) in listing {
@@ -374,7 +470,8 @@ fn verify_files(
     }
 
     let mut contents = BTreeMap::new();
-    for (relative, expected_sha) in expected {
+    let mut sizes = Vec::new();
+    for (relative, (expected_sha, size)) in expected {
         if !present.contains(&relative) {
             if !problems.iter().any(|problem| problem.path == relative) {
                 problems.push(FileProblem {
@@ -384,12 +481,15 @@ fn verify_files(
             }
             continue;
         }
-        match fs::read(dir.join(&relative)) {
+        let limit = if relative == LADDER_FILE {
+            files::LADDER
+        } else {
+            files::CUBIN
+        };
+        match read_limited_at(handle, Path::new(&relative), limit) {
             Ok(bytes) => {
                 let found = sha256_hex(&bytes);
-                if found == expected_sha {
-                    contents.insert(relative, bytes);
-                } else {
+                if found != expected_sha {
                     problems.push(FileProblem {
                         path: relative,
                         kind: FileProblemKind::Changed {
@@ -397,7 +497,20 @@ fn verify_files(
                             found,
                         },
                     });
+                    continue;
                 }
+                if let Some((index, recorded)) = size {
+                    if recorded != bytes.len() as u64 {
+                        sizes.push(Problem {
+                            pointer: format!("/kernels/{index}/size_bytes"),
+                            message: format!(
+                                "is {recorded}; {relative}, whose sha256 it records, holds {} bytes",
+                                bytes.len()
+                            ),
+                        });
+                    }
+                }
+                contents.insert(relative, bytes);
             }
             Err(error) => problems.push(FileProblem {
                 path: relative,
@@ -406,15 +519,20 @@ fn verify_files(
         }
     }
 
-    if problems.is_empty() {
-        Ok(contents)
-    } else {
+    if !problems.is_empty() {
         problems.sort_by(|left, right| left.path.cmp(&right.path));
-        Err(PackageError::Files {
+        return Err(PackageError::Files {
             dir: dir.to_path_buf(),
             problems,
-        })
+        });
     }
+    if !sizes.is_empty() {
+        return Err(PackageError::ManifestInconsistent {
+            path: dir.join(MANIFEST_FILE),
+            problems: sizes,
+        });
+    }
+    Ok(contents)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,36 +542,58 @@ enum EntryKind {
     Other,
 }
 
-/// Every entry under `dir`, links not followed; only the kernels directory is descended into,
-/// since nothing else in a package is a directory.
+/// Every entry under the directory `relative` of the package open as `root`, links not
+/// followed; only the kernels directory is descended into, since nothing else in a package is
+/// a directory.
 fn list(
-    root: &Path,
-    dir: &Path,
+    root: &fs::File,
+    relative: &str,
     entries: &mut Vec<(String, EntryKind)>,
-) -> Result<(), (PathBuf, std::io::Error)> {
-    let reader = fs::read_dir(dir).map_err(|error| (dir.to_path_buf(), error))?;
-    for entry in reader {
-        let entry = entry.map_err(|error| (dir.to_path_buf(), error))?;
-        let path = entry.path();
-        let file_type = entry.file_type().map_err(|error| (path.clone(), error))?;
-        let relative = path
-            .strip_prefix(root)
-            .expect("entries lie under the root")
-            .components()
-            .map(|component| component.as_os_str().to_string_lossy())
-            .collect::<Vec<_>>()
-            .join("/");
-        let kind = if file_type.is_file() {
+) -> Result<(), (String, std::io::Error)> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::{fstatat, Mode, SFlag};
+    let at = if relative.is_empty() { "." } else { relative };
+    let fail = |error: nix::errno::Errno| (relative.to_string(), std::io::Error::from(error));
+    let mut directory = nix::dir::Dir::openat(
+        root,
+        at,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(fail)?;
+    let mut names = Vec::new();
+    for entry in directory.iter() {
+        let entry = entry.map_err(fail)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        names.push(name);
+    }
+    for name in names {
+        let path = if relative.is_empty() {
+            name
+        } else {
+            format!("{relative}/{name}")
+        };
+        let status = fstatat(
+            root,
+            path.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|error| (path.clone(), std::io::Error::from(error)))?;
+        let format = SFlag::from_bits_truncate(status.st_mode) & SFlag::S_IFMT;
+        let kind = if format == SFlag::S_IFREG {
             EntryKind::File
-        } else if file_type.is_dir() {
+        } else if format == SFlag::S_IFDIR {
             EntryKind::Directory
         } else {
             EntryKind::Other
         };
-        if kind == EntryKind::Directory && relative == KERNELS_DIR {
+        if kind == EntryKind::Directory && path == KERNELS_DIR {
             list(root, &path, entries)?;
         }
-        entries.push((relative, kind));
+        entries.push((path, kind));
     }
     Ok(())
 }
@@ -564,18 +704,122 @@ fn ladder_problems(manifest: &Manifest, ladder: &Ladder) -> Vec<Problem> {
             continue;
         }
         for (slot, candidate) in record.candidates.iter().enumerate() {
-            if let Some(profile) = ladder.profile(&candidate.profile) {
-                if profile.algorithm != candidate.algorithm
-                    || profile.is_nccl() != candidate.kernel.is_none()
-                {
-                    problem(
-                        &at(&format!("candidates/{slot}/algorithm")),
-                        candidate.algorithm.name().to_string(),
-                        profile.algorithm.name().to_string(),
-                    );
-                }
+            let Some(profile) = ladder.profile(&candidate.profile) else {
+                continue;
+            };
+            let at_candidate = |field: &str| at(&format!("candidates/{slot}/{field}"));
+            if profile.algorithm != candidate.algorithm
+                || profile.is_nccl() != candidate.kernel.is_none()
+            {
+                problem(
+                    &at_candidate("algorithm"),
+                    candidate.algorithm.name().to_string(),
+                    profile.algorithm.name().to_string(),
+                );
+            }
+            // What the writer records for this profile in this bucket, so that a candidate can
+            // never launch another profile's kernel or geometry.
+            let spec = kernels::kernel_for(profile, ladder.dtype);
+            let kernel = spec.as_ref().map(|spec| spec.name.as_str());
+            if !profile.is_nccl() && candidate.kernel.as_deref() != kernel {
+                problem(
+                    &at_candidate("kernel"),
+                    format!("{:?}", candidate.kernel),
+                    format!("profile `{}` needs kernel {kernel:?}", profile.id),
+                );
+            }
+            let blocks = match (profile.is_nccl(), profile.blocks) {
+                (true, _) => None,
+                (false, Some(blocks)) if bucket.cluster_size.is_none() => Some(blocks),
+                (false, _) => Some(bucket.blocks),
+            };
+            if candidate.blocks != blocks {
+                problem(
+                    &at_candidate("blocks"),
+                    format!("{:?}", candidate.blocks),
+                    format!("{blocks:?} for profile `{}` in this bucket", profile.id),
+                );
             }
         }
     }
+    let required = super::write::peer_memory(ladder, &manifest.buckets);
+    let memory = &manifest.peer_memory;
+    if memory.buffer_bytes != required.buffer_bytes {
+        problem(
+            "/peer_memory/buffer_bytes",
+            memory.buffer_bytes.to_string(),
+            format!("the buckets need {}", required.buffer_bytes),
+        );
+    }
+    if memory.signal_bytes != required.signal_bytes {
+        problem(
+            "/peer_memory/signal_bytes",
+            memory.signal_bytes.to_string(),
+            format!("the candidates need {}", required.signal_bytes),
+        );
+    }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::Compilation;
+    use crate::ladder::Arch;
+
+    /// A package of an NCCL-only ladder (it needs no kernel) named `name`, written at `out`.
+    fn write_nccl_package(out: &Path, name: &str) {
+        let text = format!(
+            r#"{{ "format_version": 1, "name": "{name}", "collective": "all_reduce",
+  "dtype": "bf16", "world_size": 2, "targets": ["sm_90"],
+  "profiles": [ {{ "id": "nccl", "algorithm": "nccl" }} ],
+  "buckets": [ {{ "max_bytes": 65536, "threads": 512, "blocks": 8, "candidates": ["nccl"],
+    "default": "nccl" }} ] }}"#
+        );
+        let ladder = crate::ladder::validate_ladder_text(&text).unwrap();
+        let compilation = Compilation {
+            nvrtc_version: (13, 0),
+            options: Vec::new(),
+            kernels: Vec::new(),
+        };
+        super::super::write_package(out, &text, &ladder, &compilation, Arch::Sm90, false).unwrap();
+    }
+
+    fn swap(staged: &Path, out: &Path) {
+        let here = nix::fcntl::AT_FDCWD;
+        nix::fcntl::renameat2(
+            here,
+            staged,
+            here,
+            out,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_reader_racing_a_swap_gets_the_old_package_or_a_changed_refusal() {
+        let scratch = tempfile::tempdir().unwrap();
+        let out = scratch.path().join("pkg");
+        let staged = scratch.path().join("staged");
+        write_nccl_package(&out, "old");
+        write_nccl_package(&staged, "new");
+
+        // Swapped after the manifest was read, the old package still whole: it is what is read.
+        let package = open_observed(&out, &|| swap(&staged, &out)).unwrap();
+        assert_eq!(package.ladder().name, "old");
+        assert_eq!(open_package(&out).unwrap().ladder().name, "new");
+
+        // Swapped and the old one removed, as an export does: a refusal that says so, and the
+        // retry at serve start reads the new one.
+        swap(&staged, &out);
+        let error = open_observed(&out, &|| {
+            swap(&staged, &out);
+            std::fs::remove_dir_all(&staged).unwrap();
+        })
+        .unwrap_err();
+        assert!(matches!(error, PackageError::Changed { .. }), "{error}");
+        assert!(error.to_string().contains("changed while it was read"));
+        assert_eq!(open_package_retrying(&out).unwrap().ladder().name, "new");
+    }
 }

@@ -1,5 +1,13 @@
 //! Writing a package: build the manifest from the ladder and the compilation, write every file
-//! into a staging directory next to the output, sync, then rename it into place.
+//! into a staging directory next to the output, sync, then move it into place: a rename for a
+//! new output; for `--force`, one atomic exchange with the old package (`renameat2` with
+//! `RENAME_EXCHANGE`), after which the old one is removed. Where the file system cannot
+//! exchange, the old package moves aside and the new one in, two renames: a crash between them
+//! leaves no package at the output, the new one staged beside it and the old one in
+//! `.<name>.replaced-*/old`, which the next export to the same place moves back before it
+//! removes anything. Writers of one directory hold an advisory lock on it while they stage and
+//! swap, so one never removes another's staging, and every staging or replaced directory found
+//! under the lock was left by a killed run and is removed.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -45,23 +53,29 @@ pub fn write_qualified_package(
     force: bool,
 ) -> Result<PackageSummary, PackageError> {
     let (parent, name) = split_output(out)?;
-    let exists = check_output(out, force)?;
+    check_output(out, force)?;
     let manifest = build_manifest(ladder_text, ladder, compilation, arch, qualification)?;
     let manifest_bytes = manifest.to_bytes();
 
     // Missing parent directories are made, and removed again if the export fails, so that a
     // failed export leaves nothing behind.
     let created = create_missing_directories(&parent)?;
-    let written = write_and_install(
-        out,
-        &parent,
-        &name,
-        exists,
-        &manifest,
-        &manifest_bytes,
-        compilation,
-        ladder_text,
-    );
+    let mut exists = false;
+    let written = lock_directory(&parent).and_then(|_lock| {
+        remove_leftovers(&parent, &name)?;
+        // Checked again under the lock: another export may have written it meanwhile.
+        exists = check_output(out, force)?;
+        write_and_install(
+            out,
+            &parent,
+            &name,
+            exists,
+            &manifest,
+            &manifest_bytes,
+            compilation,
+            ladder_text,
+        )
+    });
     if written.is_err() {
         if let Some(created) = created {
             let _ = fs::remove_dir_all(created);
@@ -130,12 +144,77 @@ fn write_and_install(
     sync_directory(&kernels_dir)?;
     sync_directory(root)?;
 
+    fault_point("staged");
     if exists {
         replace(out, parent, name, staging)?;
     } else {
         install(out, staging)?;
     }
     sync_directory(parent)
+}
+
+/// Test builds end the process here when `PREPARE_FAULT` names `step`, as a kill would, so that
+/// tests can see what each step leaves behind; release builds never read it.
+fn fault_point(step: &str) {
+    if cfg!(debug_assertions)
+        && std::env::var_os("PREPARE_FAULT").is_some_and(|fault| fault == step)
+    {
+        std::process::abort();
+    }
+}
+
+/// An exclusive advisory lock on `dir`, held while a package is staged and swapped there and
+/// released when dropped.
+fn lock_directory(dir: &Path) -> Result<nix::fcntl::Flock<File>, PackageError> {
+    let handle = File::open(dir).map_err(|source| io_error("open", dir, source))?;
+    nix::fcntl::Flock::lock(handle, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| io_error("lock", dir, errno.into()))
+}
+
+/// Removes what killed exports to `parent/name` left: staging directories, and replaced
+/// packages, after moving a replaced package back when the output is missing (a kill between
+/// the two renames of the fallback swap). Called under the directory's lock, so nothing found
+/// belongs to a running export.
+fn remove_leftovers(parent: &Path, name: &str) -> Result<(), PackageError> {
+    let staging = format!(".{name}.staging-");
+    let replaced = format!(".{name}.replaced-");
+    let out = parent.join(name);
+    let entries = fs::read_dir(parent).map_err(|source| io_error("list", parent, source))?;
+    let mut leftovers: Vec<PathBuf> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| io_error("list", parent, source))?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if file_name.starts_with(&staging) || file_name.starts_with(&replaced) {
+            leftovers.push(entry.path());
+        }
+    }
+    leftovers.sort();
+    for leftover in &leftovers {
+        let old = leftover.join("old");
+        let is_replaced = leftover
+            .file_name()
+            .and_then(|file_name| file_name.to_str())
+            .is_some_and(|file_name| file_name.starts_with(&replaced));
+        if is_replaced
+            && fs::symlink_metadata(&out).is_err()
+            && fs::symlink_metadata(&old).is_ok_and(|metadata| metadata.is_dir())
+        {
+            fs::rename(&old, &out)
+                .map_err(|source| io_error("restore the previous package from", &old, source))?;
+        }
+        let metadata = fs::symlink_metadata(leftover)
+            .map_err(|source| io_error("inspect", leftover, source))?;
+        let removed = if metadata.is_dir() {
+            fs::remove_dir_all(leftover)
+        } else {
+            fs::remove_file(leftover)
+        };
+        removed.map_err(|source| io_error("remove the leftover", leftover, source))?;
+    }
+    Ok(())
 }
 
 /// The manifest a package for `arch` gets: a pure function of its inputs.
@@ -303,7 +382,8 @@ pub fn build_manifest(
     Ok(manifest)
 }
 
-fn peer_memory(ladder: &Ladder, buckets: &[BucketRecord]) -> PeerMemoryRecord {
+/// The peer memory a package of these buckets needs: also what a reader requires.
+pub(super) fn peer_memory(ladder: &Ladder, buckets: &[BucketRecord]) -> PeerMemoryRecord {
     let custom = buckets
         .iter()
         .flat_map(|bucket| &bucket.candidates)
@@ -333,6 +413,25 @@ fn split_output(out: &Path) -> Result<(PathBuf, String), PackageError> {
     let bad = || PackageError::BadOutput {
         path: out.to_path_buf(),
     };
+    // `Path` drops a trailing `.` (`new/.` has the file name `new`), but renaming onto it fails:
+    // the path as written must end in a name.
+    {
+        use std::os::unix::ffi::OsStrExt as _;
+        let written = out.as_os_str().as_bytes();
+        let end = written.len()
+            - written
+                .iter()
+                .rev()
+                .take_while(|&&byte| byte == b'/')
+                .count();
+        let last = written[..end]
+            .rsplit(|&byte| byte == b'/')
+            .next()
+            .unwrap_or_default();
+        if last.is_empty() || last == b"." || last == b".." {
+            return Err(bad());
+        }
+    }
     let name = out.file_name().ok_or_else(bad)?;
     let name = name.to_str().ok_or_else(bad)?.to_string();
     let parent = match out.parent() {
@@ -342,8 +441,13 @@ fn split_output(out: &Path) -> Result<(PathBuf, String), PackageError> {
     Ok((parent, name))
 }
 
-/// Whether `out` exists; refuses it unless `force` and it is a package or an empty directory.
-fn check_output(out: &Path, force: bool) -> Result<bool, PackageError> {
+/// Whether `out` exists; refuses it unless `force` and it is an empty directory or a package
+/// this tool wrote: a `manifest.json` that parses as a prepare manifest (any format version;
+/// its hashes need not verify, so a damaged package may be replaced) and nothing in the
+/// directory but the manifest, the ladder and the cubins it names. Replacing removes the old
+/// tree, so anything else is refused, naming the first entry that is not the package's.
+pub fn check_output(out: &Path, force: bool) -> Result<bool, PackageError> {
+    split_output(out)?;
     let metadata = match fs::symlink_metadata(out) {
         Ok(metadata) => metadata,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -354,23 +458,133 @@ fn check_output(out: &Path, force: bool) -> Result<bool, PackageError> {
             path: out.to_path_buf(),
         });
     }
-    // Replacing removes the old tree, so only something this tool wrote (or nothing) may go.
-    let not_package = || PackageError::NotAPackage {
+    let refuse = |reason: String| PackageError::NotAPackage {
         path: out.to_path_buf(),
+        reason,
     };
     if !metadata.is_dir() {
-        return Err(not_package());
+        return Err(refuse("it is not a directory".to_string()));
     }
-    let is_package = fs::symlink_metadata(out.join(MANIFEST_FILE)).is_ok_and(|meta| meta.is_file());
-    let is_empty = fs::read_dir(out)
-        .map_err(|source| io_error("read", out, source))?
-        .next()
-        .is_none();
-    if is_package || is_empty {
-        Ok(true)
-    } else {
-        Err(not_package())
+    let mut entries = Vec::new();
+    list_entries(out, Path::new(""), &mut entries)?;
+    if entries.is_empty() {
+        return Ok(true);
     }
+    let named = match crate::files::read_limited(&out.join(MANIFEST_FILE), crate::files::MANIFEST) {
+        Ok(bytes) => named_files(&bytes).ok_or_else(|| {
+            let others: Vec<&str> = entries
+                .iter()
+                .map(|(relative, _)| relative.as_str())
+                .filter(|relative| *relative != MANIFEST_FILE)
+                .take(3)
+                .collect();
+            let holds = if others.is_empty() {
+                String::new()
+            } else {
+                format!(" (it also holds {})", others.join(", "))
+            };
+            refuse(format!(
+                "its {MANIFEST_FILE} is not a prepare package manifest{holds}"
+            ))
+        })?,
+        Err(error) => {
+            return Err(refuse(format!(
+                "it holds {} and no readable {MANIFEST_FILE} ({error})",
+                entries[0].0
+            )))
+        }
+    };
+    for (relative, is_directory) in &entries {
+        let ours = if *is_directory {
+            relative == KERNELS_DIR
+        } else {
+            named.contains(relative)
+        };
+        if !ours {
+            return Err(refuse(format!(
+                "{relative} is not part of the package there"
+            )));
+        }
+    }
+    Ok(true)
+}
+
+/// The files a manifest of any format version names: itself, the ladder and every kernel's
+/// `file`; `None` when the text is not a prepare manifest.
+fn named_files(bytes: &[u8]) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct AnyManifest {
+        #[allow(dead_code)]
+        format_version: u64,
+        #[allow(dead_code)]
+        tool_version: String,
+        #[allow(dead_code)]
+        ladder: serde::de::IgnoredAny,
+        kernels: Vec<AnyKernel>,
+    }
+    #[derive(serde::Deserialize)]
+    struct AnyKernel {
+        file: String,
+    }
+    let manifest: AnyManifest = serde_json::from_slice(bytes).ok()?;
+    let mut named = vec![MANIFEST_FILE.to_string(), LADDER_FILE.to_string()];
+    for kernel in manifest.kernels {
+        // Only a plain file inside the kernels directory can be a package's.
+        let inside = kernel
+            .file
+            .strip_prefix(KERNELS_DIR)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|file| {
+                !file.is_empty() && !file.contains('/') && file != "." && file != ".."
+            });
+        if inside {
+            named.push(kernel.file);
+        }
+    }
+    Some(named)
+}
+
+/// Every entry under `dir` (links not followed, the kernels directory descended into), as a
+/// `/`-separated path relative to the output and whether it is a directory, sorted.
+fn list_entries(
+    root: &Path,
+    relative: &Path,
+    entries: &mut Vec<(String, bool)>,
+) -> Result<(), PackageError> {
+    let dir = root.join(relative);
+    let mut found = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(|source| io_error("list", &dir, source))? {
+        let entry = entry.map_err(|source| io_error("list", &dir, source))?;
+        let file_type = entry
+            .file_type()
+            .map_err(|source| io_error("inspect", &entry.path(), source))?;
+        let name = relative.join(entry.file_name());
+        let name = name
+            .components()
+            .map(|component| component.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/");
+        // A link is not the package's even where its name is: only regular files are written.
+        let is_file = file_type.is_file();
+        found.push((name, file_type.is_dir(), is_file));
+    }
+    found.sort();
+    for (name, is_directory, is_file) in found {
+        if is_directory && name == KERNELS_DIR {
+            entries.push((name.clone(), true));
+            list_entries(root, Path::new(KERNELS_DIR), entries)?;
+        } else if !is_file {
+            // Anything but a regular file or the kernels directory is foreign: named so that the
+            // check refuses it.
+            entries.push((
+                format!("{name}{}", if is_directory { "/" } else { "" }),
+                false,
+            ));
+        } else {
+            entries.push((name, false));
+        }
+    }
+    Ok(())
 }
 
 /// Renames the staged package to `out`, which did not exist.
@@ -396,9 +610,61 @@ fn install(out: &Path, staging: tempfile::TempDir) -> Result<(), PackageError> {
     }
 }
 
-/// Replaces the existing `out` with the staged package: the old one moves aside, the new one
-/// moves in, the old one is removed; if the new one cannot move in, the old one moves back.
+/// Replaces the existing `out` with the staged package in one atomic exchange, then removes the
+/// old one (now at the staging path); where the file system cannot exchange, with two renames.
 fn replace(
+    out: &Path,
+    parent: &Path,
+    name: &str,
+    staging: tempfile::TempDir,
+) -> Result<(), PackageError> {
+    match exchange(staging.path(), out) {
+        Ok(()) => {
+            // A reader that opened the old package keeps its directory handle; its files go
+            // now, and such a reader reports that the package changed while it was read.
+            fault_point("exchanged");
+            sync_directory(parent)?;
+            drop(staging);
+            Ok(())
+        }
+        Err(error) if exchange_unsupported(&error) => {
+            replace_by_renames(out, parent, name, staging)
+        }
+        Err(source) => Err(io_error("swap in the staged package at", out, source)),
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn exchange(staged: &Path, out: &Path) -> std::io::Result<()> {
+    let here = nix::fcntl::AT_FDCWD;
+    nix::fcntl::renameat2(
+        here,
+        staged,
+        here,
+        out,
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .map_err(std::io::Error::from)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn exchange(_staged: &Path, _out: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
+/// Whether the exchange failed for want of support (old kernels, some file systems) rather
+/// than for a reason that two renames would meet too.
+fn exchange_unsupported(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::Unsupported
+        || matches!(
+            error.raw_os_error(),
+            Some(code) if code == nix::errno::Errno::EINVAL as i32 || code == nix::errno::Errno::ENOSYS as i32
+        )
+}
+
+/// The fallback swap: the old package moves aside, the new one moves in, the old one is
+/// removed; if the new one cannot move in, the old one moves back.
+fn replace_by_renames(
     out: &Path,
     parent: &Path,
     name: &str,

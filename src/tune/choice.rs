@@ -126,22 +126,37 @@ impl Choice {
 
     /// Reads a choice file.
     pub fn read(path: &Path) -> Result<Choice, ChoiceError> {
-        let bytes = std::fs::read(path).map_err(|source| ChoiceError::Io {
-            path: path.to_path_buf(),
-            source,
+        let bytes = crate::files::read_limited(path, crate::files::CHOICE).map_err(|source| {
+            ChoiceError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
+        Choice::from_bytes(path, &bytes)
+    }
+
+    /// Parses a choice file's bytes; `path` names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Choice, ChoiceError> {
         let invalid = |message: String| ChoiceError::Invalid {
             path: path.to_path_buf(),
             message,
         };
         let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))?;
-        match value.get("format_version").and_then(serde_json::Value::as_u64) {
-            Some(version) if version == u64::from(CHOICE_FORMAT_VERSION) => {}
-            Some(version) => {
+            serde_json::from_slice(bytes).map_err(|error| invalid(error.to_string()))?;
+        // Any number is reported as the version it claims, however large: only a missing or
+        // non-numeric field is "missing".
+        match value.get("format_version") {
+            Some(serde_json::Value::Number(version))
+                if version.as_u64() == Some(u64::from(CHOICE_FORMAT_VERSION)) => {}
+            Some(serde_json::Value::Number(version)) => {
                 return Err(invalid(format!(
                     "format_version {version} is not known to prepare {} (it reads {CHOICE_FORMAT_VERSION})",
                     crate::TOOL_VERSION
+                )))
+            }
+            Some(other) => {
+                return Err(invalid(format!(
+                    "format_version is {other}, not a number"
                 )))
             }
             None => return Err(invalid("format_version is missing".to_owned())),

@@ -1,6 +1,10 @@
 //! Where each value of a JSON document sits in its text, keyed by JSON pointer, so that every
 //! diagnostic can name a line and column, and a position reported by serde can name a path.
 //! Also finds duplicate object keys, which `serde_json` silently collapses to the last one.
+//!
+//! Values are kept as a tree (each node knows its parent and its key's place in the text) and
+//! pointers are built only when asked for, so memory grows with the number of values, never
+//! with the length of keys times the depth of nesting.
 
 use std::collections::HashMap;
 
@@ -24,11 +28,38 @@ pub(super) struct DuplicateKey {
     pub first_offset: usize,
 }
 
+/// Duplicate keys reported at most: each names its whole pointer, which a hostile document can
+/// make long.
+const MAX_DUPLICATES: usize = 100;
+
+/// How a value hangs from its parent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Step {
+    /// A member of an object, by its decoded key.
+    Key(Box<str>),
+    /// An element of an array.
+    Index(usize),
+}
+
+#[derive(Debug)]
+struct Node {
+    /// The parent's index; the root is its own parent.
+    parent: usize,
+    /// The key's text (quotes included) for an object member, empty for the root and elements.
+    key: (usize, usize),
+    /// The element's index for an array element.
+    index: usize,
+    span: Span,
+}
+
 /// Positions of every value in a JSON text.
 #[derive(Debug)]
 pub(super) struct SourceMap<'text> {
     text: &'text str,
-    spans: HashMap<String, Span>,
+    nodes: Vec<Node>,
+    /// (parent, step) to the child; a duplicated key maps to its last occurrence, as serde
+    /// reads it.
+    children: HashMap<(usize, Step), usize>,
     line_starts: Vec<usize>,
     duplicates: Vec<DuplicateKey>,
 }
@@ -42,25 +73,36 @@ impl<'text> SourceMap<'text> {
             text,
             position: 0,
             depth: 0,
-            spans: HashMap::new(),
+            nodes: Vec::new(),
+            children: HashMap::new(),
             duplicates: Vec::new(),
         };
         scanner.skip_whitespace();
         let start = scanner.position;
-        let mut pointer = String::new();
-        scanner.value(&mut pointer, start);
+        scanner.value(None, start);
         let line_starts = std::iter::once(0)
             .chain(text.match_indices('\n').map(|(index, _)| index + 1))
             .collect();
-        SourceMap {
+        let mut map = SourceMap {
             text,
-            spans: scanner.spans,
+            nodes: scanner.nodes,
+            children: scanner.children,
             line_starts,
-            duplicates: scanner.duplicates,
-        }
+            duplicates: Vec::new(),
+        };
+        map.duplicates = scanner
+            .duplicates
+            .into_iter()
+            .map(|(node, offset, first_offset)| DuplicateKey {
+                pointer: map.pointer_of(node),
+                offset,
+                first_offset,
+            })
+            .collect();
+        map
     }
 
-    /// Keys that appear twice in one object, in document order.
+    /// Keys that appear twice in one object, in document order (the first hundred).
     pub fn duplicates(&self) -> &[DuplicateKey] {
         &self.duplicates
     }
@@ -80,24 +122,48 @@ impl<'text> SourceMap<'text> {
     /// The line and column of the value at `pointer`, or of its nearest ancestor that exists
     /// (a missing field is looked for in its object).
     pub fn locate(&self, pointer: &str) -> Option<(usize, usize)> {
-        let mut pointer = pointer;
-        loop {
-            if let Some(span) = self.spans.get(pointer) {
-                return Some(self.line_column(span.anchor));
-            }
-            let parent = pointer.rfind('/')?;
-            pointer = &pointer[..parent];
+        if self.nodes.is_empty() {
+            return None;
         }
+        let mut node = 0;
+        if !pointer.is_empty() {
+            let tokens = pointer.strip_prefix('/')?;
+            for token in tokens.split('/') {
+                let token = token.replace("~1", "/").replace("~0", "~");
+                let by_key = self.children.get(&(node, Step::Key(token.clone().into())));
+                let by_index = token
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|index| self.children.get(&(node, Step::Index(index))));
+                match by_key.or(by_index) {
+                    Some(&child) => node = child,
+                    None => break,
+                }
+            }
+        }
+        Some(self.line_column(self.nodes[node].span.anchor))
     }
 
     /// The pointer of the innermost value whose text contains the byte offset, or ends just
     /// before it (serde reports a bad value at its end).
     pub fn pointer_at(&self, offset: usize) -> String {
-        self.spans
+        let containing = |node: &&Node| node.span.start <= offset && offset <= node.span.end;
+        let Some(narrowest) = self
+            .nodes
             .iter()
-            .filter(|(_, span)| span.start <= offset && offset <= span.end)
-            .min_by_key(|(pointer, span)| (span.end - span.start, pointer.as_str()))
-            .map(|(pointer, _)| pointer.clone())
+            .filter(containing)
+            .map(|node| node.span.end - node.span.start)
+            .min()
+        else {
+            return String::new();
+        };
+        // Ties (rare: values of one width around one offset) go to the smallest pointer.
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| containing(node) && node.span.end - node.span.start == narrowest)
+            .map(|(index, _)| self.pointer_of(index))
+            .min()
             .unwrap_or_default()
     }
 
@@ -112,6 +178,28 @@ impl<'text> SourceMap<'text> {
             offset -= 1;
         }
         offset
+    }
+
+    /// The JSON pointer of a node, built from its ancestors' keys.
+    fn pointer_of(&self, node: usize) -> String {
+        let mut path = Vec::new();
+        let mut current = node;
+        while current != 0 {
+            path.push(current);
+            current = self.nodes[current].parent;
+        }
+        let mut pointer = String::new();
+        for &index in path.iter().rev() {
+            let node = &self.nodes[index];
+            if node.key.1 > node.key.0 {
+                let key: String =
+                    serde_json::from_str(&self.text[node.key.0..node.key.1]).unwrap_or_default();
+                push_token(&mut pointer, &key);
+            } else {
+                push_token(&mut pointer, &node.index.to_string());
+            }
+        }
+        pointer
     }
 }
 
@@ -134,13 +222,23 @@ struct Scanner<'text> {
     text: &'text str,
     position: usize,
     depth: usize,
-    spans: HashMap<String, Span>,
-    duplicates: Vec<DuplicateKey>,
+    nodes: Vec<Node>,
+    children: HashMap<(usize, Step), usize>,
+    /// (node, offset of the second key, offset of the first).
+    duplicates: Vec<(usize, usize, usize)>,
 }
 
 /// Deeper documents are refused by `serde_json` (its recursion limit); the scanner stops there
 /// too rather than overflow the stack on text that was never JSON.
 const MAX_DEPTH: usize = 128;
+
+/// Where a value hangs: its parent, the step from it, and the key's text for a member.
+struct Place {
+    parent: usize,
+    step: Step,
+    key: (usize, usize),
+    index: usize,
+}
 
 impl Scanner<'_> {
     fn skip_whitespace(&mut self) {
@@ -153,35 +251,47 @@ impl Scanner<'_> {
         self.bytes.get(self.position).copied()
     }
 
-    /// Scans the value at the current position and records it under `pointer`.
-    fn value(&mut self, pointer: &mut String, anchor: usize) -> bool {
+    /// Scans the value at the current position and records it at `place` (the root without
+    /// one) as the next node; returns whether it was complete.
+    fn value(&mut self, place: Option<Place>, anchor: usize) -> bool {
         let start = self.position;
         if self.depth >= MAX_DEPTH {
             return false;
         }
+        let node = self.nodes.len();
+        let (parent, key, index) = match &place {
+            Some(place) => (place.parent, place.key, place.index),
+            None => (0, (0, 0), 0),
+        };
+        self.nodes.push(Node {
+            parent,
+            key,
+            index,
+            span: Span {
+                anchor,
+                start,
+                end: start,
+            },
+        });
+        if let Some(place) = place {
+            self.children.insert((place.parent, place.step), node);
+        }
         self.depth += 1;
         let complete = match self.peek() {
-            Some(b'{') => self.object(pointer),
-            Some(b'[') => self.array(pointer),
+            Some(b'{') => self.object(node),
+            Some(b'[') => self.array(node),
             Some(b'"') => self.string().is_some(),
             Some(_) => self.scalar(),
             None => false,
         };
         self.depth -= 1;
-        self.spans.insert(
-            pointer.clone(),
-            Span {
-                anchor,
-                start,
-                end: self.position,
-            },
-        );
+        self.nodes[node].span.end = self.position;
         complete
     }
 
-    fn object(&mut self, pointer: &mut String) -> bool {
+    fn object(&mut self, node: usize) -> bool {
         self.position += 1;
-        let mut first_offsets: HashMap<String, usize> = HashMap::new();
+        let mut first_offsets: HashMap<Box<str>, usize> = HashMap::new();
         loop {
             self.skip_whitespace();
             match self.peek() {
@@ -200,32 +310,38 @@ impl Scanner<'_> {
             let Some(key) = self.string() else {
                 return false;
             };
+            let key_end = self.position;
             self.skip_whitespace();
             if self.peek() != Some(b':') {
                 return false;
             }
             self.position += 1;
             self.skip_whitespace();
-            let length = pointer.len();
-            push_token(pointer, &key);
-            if let Some(&first_offset) = first_offsets.get(&key) {
-                self.duplicates.push(DuplicateKey {
-                    pointer: pointer.clone(),
-                    offset: key_offset,
-                    first_offset,
-                });
-            } else {
-                first_offsets.insert(key, key_offset);
+            let key: Box<str> = key.into();
+            let first = first_offsets.get(&key).copied();
+            if first.is_none() {
+                first_offsets.insert(key.clone(), key_offset);
             }
-            let complete = self.value(pointer, key_offset);
-            pointer.truncate(length);
-            if !complete {
+            let place = Place {
+                parent: node,
+                step: Step::Key(key),
+                key: (key_offset, key_end),
+                index: 0,
+            };
+            // The member becomes the next node, unless it is too deep to be recorded.
+            if let Some(first_offset) = first {
+                if self.duplicates.len() < MAX_DUPLICATES && self.depth < MAX_DEPTH {
+                    self.duplicates
+                        .push((self.nodes.len(), key_offset, first_offset));
+                }
+            }
+            if !self.value(Some(place), key_offset) {
                 return false;
             }
         }
     }
 
-    fn array(&mut self, pointer: &mut String) -> bool {
+    fn array(&mut self, node: usize) -> bool {
         self.position += 1;
         let mut index = 0usize;
         loop {
@@ -242,12 +358,14 @@ impl Scanner<'_> {
                 None => return false,
                 Some(_) => {}
             }
-            let length = pointer.len();
-            push_token(pointer, &index.to_string());
             let start = self.position;
-            let complete = self.value(pointer, start);
-            pointer.truncate(length);
-            if !complete {
+            let place = Place {
+                parent: node,
+                step: Step::Index(index),
+                key: (0, 0),
+                index,
+            };
+            if !self.value(Some(place), start) {
                 return false;
             }
             index += 1;

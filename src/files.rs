@@ -1,0 +1,349 @@
+//! Reading the files a user names (ladders, manifests, choices, cache entries, id files): each is
+//! opened once, checked to be a regular file through its open handle, and read with a size
+//! limit, so a FIFO, a device or a huge file is refused by name instead of blocking the tool
+//! or exhausting its memory. Also the escaping of file text before it reaches a terminal.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read as _};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::path::Path;
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+/// The most a file of one kind may hold, and what it is called in the refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// The size limit, bytes.
+    pub bytes: u64,
+    /// What the file is, for the message (`a ladder`).
+    pub what: &'static str,
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Ladders: the shipped ones are under 8 KiB.
+pub const LADDER: Limit = Limit {
+    bytes: MIB,
+    what: "a ladder",
+};
+/// Package manifests.
+pub const MANIFEST: Limit = Limit {
+    bytes: 16 * MIB,
+    what: "a manifest",
+};
+/// Choice files.
+pub const CHOICE: Limit = Limit {
+    bytes: 16 * MIB,
+    what: "a choice",
+};
+/// Cache entries (choices).
+pub const CACHE_ENTRY: Limit = Limit {
+    bytes: 16 * MIB,
+    what: "a cache entry",
+};
+/// Cubins in a package: the largest compiled kernel is a few hundred KiB.
+pub const CUBIN: Limit = Limit {
+    bytes: 64 * MIB,
+    what: "a cubin",
+};
+/// NCCL id files written by this tool: a header line and the 128-byte id.
+pub const ID_FILE: Limit = Limit {
+    bytes: 4096,
+    what: "an id file",
+};
+
+impl fmt::Display for Limit {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.bytes >= MIB && self.bytes % MIB == 0 {
+            write!(formatter, "{} MiB", self.bytes / MIB)
+        } else if self.bytes >= 1024 && self.bytes % 1024 == 0 {
+            write!(formatter, "{} KiB", self.bytes / 1024)
+        } else {
+            write!(formatter, "{} bytes", self.bytes)
+        }
+    }
+}
+
+/// Reads the file at `path` whole: refused (with an error of kind `InvalidInput` that says
+/// why) when it is not a regular file or holds more than `limit`.
+pub fn read_limited(path: &Path, limit: Limit) -> io::Result<Vec<u8>> {
+    // Non-blocking, so that opening a FIFO with no writer returns at once; the handle is then
+    // refused for not being a regular file before anything is read from it.
+    let file = File::options()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    read_opened(file, limit)
+}
+
+/// Reads the file `name` in the directory open as `directory` (relative to that handle, so a
+/// directory renamed meanwhile is still the one read), as [`read_limited`] does. Links are not
+/// followed.
+pub fn read_limited_at(directory: impl AsFd, name: &Path, limit: Limit) -> io::Result<Vec<u8>> {
+    let descriptor = nix::fcntl::openat(
+        directory,
+        name,
+        OFlag::O_RDONLY
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io::Error::from)?;
+    read_opened(File::from(descriptor), limit)
+}
+
+fn read_opened(file: File, limit: Limit) -> io::Result<Vec<u8>> {
+    let metadata = file.metadata()?;
+    let file_type = metadata.file_type();
+    if !file_type.is_file() {
+        let kind = if file_type.is_fifo() {
+            "a FIFO"
+        } else if file_type.is_char_device() || file_type.is_block_device() {
+            "a device"
+        } else if file_type.is_socket() {
+            "a socket"
+        } else if file_type.is_dir() {
+            "a directory"
+        } else {
+            "a special file"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file: it is {kind}"),
+        ));
+    }
+    let too_large = |size: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{size} is more than {} may hold ({limit})", limit.what),
+        )
+    };
+    if metadata.len() > limit.bytes {
+        return Err(too_large(format!("its size, {} bytes,", metadata.len())));
+    }
+    // The file may grow between the stat and the read: one byte past the limit says so.
+    let capacity = usize::try_from(metadata.len()).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(capacity);
+    file.take(limit.bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit.bytes {
+        return Err(too_large("what it holds".to_owned()));
+    }
+    Ok(bytes)
+}
+
+/// The first line of every id file this tool writes; a file without it is never removed or
+/// replaced.
+pub const ID_FILE_HEADER: &[u8] = b"prepare rendezvous id, format 1\n";
+
+/// An id file's bytes: the header line, then the id.
+pub fn encode_id_file(id: &[u8]) -> Vec<u8> {
+    let mut bytes = ID_FILE_HEADER.to_vec();
+    bytes.extend_from_slice(id);
+    bytes
+}
+
+/// The id in an id file this tool wrote; `None` for any other content.
+pub fn decode_id_file(bytes: &[u8]) -> Option<&[u8]> {
+    bytes.strip_prefix(ID_FILE_HEADER)
+}
+
+/// Checks that `path` may be replaced or removed as an id file: it is absent, or it is a regular
+/// file holding what this tool writes there. Anything else is a user's and is refused.
+pub fn check_id_file_ours(path: &Path) -> io::Result<bool> {
+    match read_limited(path, ID_FILE) {
+        Ok(bytes) if decode_id_file(&bytes).is_some() => Ok(true),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "it is not an id file prepare wrote (it lacks its header line), so it is left as it \
+             is; name a new file or remove it yourself",
+        )),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Removes an id file an earlier run wrote at `path`; nothing there is fine, and anything but
+/// an id file this tool wrote is refused and kept.
+pub fn remove_id_file(path: &Path) -> io::Result<()> {
+    if check_id_file_ours(path)? {
+        match std::fs::remove_file(path) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Text from a file made safe for a terminal: every control character but newline and tab is
+/// written as a Rust escape (`\u{1b}`), so a file cannot move the cursor, retitle the window or
+/// hide what is printed.
+pub fn escape_control(text: &str) -> Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|character| character.is_control() && !matches!(character, '\n' | '\t'))
+    {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for character in text.chars() {
+        if character.is_control() && !matches!(character, '\n' | '\t') {
+            escaped.extend(character.escape_unicode());
+        } else {
+            escaped.push(character);
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+/// Checks that files can be made in `dir` (or in the directory that would hold it, when it
+/// does not exist yet): a directory the process may write and enter.
+pub fn check_writable_directory(dir: &Path) -> io::Result<()> {
+    let mut existing = dir;
+    loop {
+        match std::fs::metadata(existing) {
+            Ok(metadata) if metadata.is_dir() => break,
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} is not a directory", existing.display()),
+                ))
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                existing = match existing.parent() {
+                    Some(parent) if !parent.as_os_str().is_empty() => parent,
+                    _ => Path::new("."),
+                };
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    nix::unistd::access(
+        existing,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    )
+    .map_err(|errno| {
+        io::Error::new(
+            io::Error::from(errno).kind(),
+            format!("{} is not writable: {errno}", existing.display()),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_read_as_sizes() {
+        assert_eq!(LADDER.to_string(), "1 MiB");
+        assert_eq!(MANIFEST.to_string(), "16 MiB");
+        assert_eq!(ID_FILE.to_string(), "4 KiB");
+        assert_eq!(
+            Limit {
+                bytes: 100,
+                what: "x"
+            }
+            .to_string(),
+            "100 bytes"
+        );
+    }
+
+    #[test]
+    fn reads_a_regular_file_up_to_its_limit_and_no_further() {
+        let scratch = tempfile::tempdir().unwrap();
+        let path = scratch.path().join("file");
+        let limit = Limit {
+            bytes: 4,
+            what: "a test file",
+        };
+        std::fs::write(&path, b"four").unwrap();
+        assert_eq!(read_limited(&path, limit).unwrap(), b"four");
+        std::fs::write(&path, b"fives").unwrap();
+        let error = read_limited(&path, limit).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "its size, 5 bytes, is more than a test file may hold (4 bytes)"
+        );
+        let directory = File::open(scratch.path()).unwrap();
+        assert_eq!(
+            read_limited_at(&directory, Path::new("file"), limit)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            read_limited_at(&directory, Path::new("missing"), limit)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn refuses_directories_devices_and_links_at() {
+        let scratch = tempfile::tempdir().unwrap();
+        let error = read_limited(scratch.path(), LADDER).unwrap_err();
+        assert_eq!(error.to_string(), "not a regular file: it is a directory");
+        let error = read_limited(Path::new("/dev/null"), LADDER).unwrap_err();
+        assert_eq!(error.to_string(), "not a regular file: it is a device");
+        std::fs::write(scratch.path().join("target"), b"x").unwrap();
+        std::os::unix::fs::symlink("target", scratch.path().join("link")).unwrap();
+        let directory = File::open(scratch.path()).unwrap();
+        assert!(read_limited_at(&directory, Path::new("link"), LADDER).is_err());
+        assert_eq!(
+            read_limited(&scratch.path().join("link"), LADDER).unwrap(),
+            b"x"
+        );
+    }
+
+    #[test]
+    fn only_an_id_file_this_tool_wrote_is_removed() {
+        let scratch = tempfile::tempdir().unwrap();
+        let path = scratch.path().join("id");
+        remove_id_file(&path).unwrap();
+        std::fs::write(&path, encode_id_file(&[7; 128])).unwrap();
+        assert_eq!(
+            decode_id_file(&std::fs::read(&path).unwrap()),
+            Some(&[7; 128][..])
+        );
+        remove_id_file(&path).unwrap();
+        assert!(!path.exists());
+        for foreign in [&b"notes"[..], &[7; 128][..], b""] {
+            std::fs::write(&path, foreign).unwrap();
+            let error = remove_id_file(&path).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{error}");
+            assert_eq!(std::fs::read(&path).unwrap(), foreign);
+        }
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(remove_id_file(&path).is_err());
+        assert!(path.is_dir());
+    }
+
+    #[test]
+    fn escapes_every_control_character_but_newline_and_tab() {
+        assert!(matches!(escape_control("plain\n\ttext"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape_control("a\u{1b}[2Jb\u{7}c\r\u{9b}d\u{7f}"),
+            "a\\u{1b}[2Jb\\u{7}c\\u{d}\\u{9b}d\\u{7f}"
+        );
+    }
+
+    #[test]
+    fn a_file_or_a_missing_parent_under_one_is_not_writable() {
+        let scratch = tempfile::tempdir().unwrap();
+        check_writable_directory(scratch.path()).unwrap();
+        check_writable_directory(&scratch.path().join("new/deeper")).unwrap();
+        let file = scratch.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(check_writable_directory(&file).is_err());
+        assert!(check_writable_directory(&file.join("below")).is_err());
+    }
+}

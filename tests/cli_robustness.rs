@@ -1,0 +1,397 @@
+//! Bad input and faults from the command line, with real files and FIFOs: nothing a user wrote
+//! is removed, no read blocks or runs out of memory, no flag panics, and every refusal exits
+//! with 1 (input) or 2 (usage), naming what is wrong. No GPU or NVRTC is needed.
+
+mod package_support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use assert_cmd::Command;
+use package_support::{scratch, write_fixture, LADDER};
+use prepare::ladder::Arch;
+
+/// Long enough for any of these commands; a read that blocks on a FIFO runs into it.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn prepare() -> Command {
+    let mut command = Command::cargo_bin("prepare").expect("the binary builds");
+    command.timeout(PATIENCE);
+    command
+}
+
+/// Runs `prepare` in `dir` with `args`; returns exit code (None when killed), stdout, stderr.
+fn run_in(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = prepare()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("prepare runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// A scratch directory with the fixture ladder as `ladder.json` and its package as `pkg`.
+fn scratch_with_package() -> (tempfile::TempDir, PathBuf) {
+    let (scratch, out) = scratch();
+    fs::write(scratch.path().join("ladder.json"), LADDER).unwrap();
+    write_fixture(&out, Arch::Sm120);
+    (scratch, out)
+}
+
+#[test]
+fn force_refuses_before_compiling_a_directory_holding_files_the_package_does_not_name() {
+    let (scratch, _) = scratch_with_package();
+    let target = scratch.path().join("p");
+    fs::create_dir_all(target.join("src")).unwrap();
+    fs::write(target.join("manifest.json"), "{}").unwrap();
+    fs::write(target.join("src/main.js"), "code").unwrap();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            "sm_120",
+            "--out",
+            "p",
+            "--force",
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("src"), "{stderr}");
+    assert_eq!(fs::read(target.join("src/main.js")).unwrap(), b"code");
+}
+
+#[test]
+fn the_launcher_never_removes_an_id_file_it_did_not_write() {
+    let (scratch, out) = scratch_with_package();
+    let precious = scratch.path().join("notes.txt");
+    fs::write(&precious, "a user's notes").unwrap();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "tune",
+            "--package",
+            out.to_str().unwrap(),
+            "--gpus",
+            "0,1",
+            "--id-file",
+            precious.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        fs::read_to_string(&precious).ok().as_deref(),
+        Some("a user's notes")
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("notes.txt"), "{stderr}");
+}
+
+#[test]
+fn a_fifo_as_ladder_manifest_or_choice_is_refused_without_blocking() {
+    let (scratch, out) = scratch_with_package();
+    let fifo = scratch.path().join("fifo.json");
+    mkfifo(&fifo);
+    let fifo = fifo.to_str().unwrap();
+    let package = out.to_str().unwrap();
+    let fifo_package = scratch.path().join("fifo-package");
+    fs::create_dir(&fifo_package).unwrap();
+    mkfifo(&fifo_package.join("manifest.json"));
+    let runs: [&[&str]; 4] = [
+        &["validate", fifo],
+        &[
+            "export",
+            "--collective-ladder",
+            fifo,
+            "--arch",
+            "sm_120",
+            "--out",
+            "new",
+        ],
+        &["show", fifo_package.to_str().unwrap()],
+        &["show", package, "--choice", fifo],
+    ];
+    for args in runs {
+        // `validate` reports each file on standard output, the rest on standard error.
+        let (code, stdout, stderr) = run_in(scratch.path(), args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        let output = stdout + &stderr;
+        assert!(output.contains("not a regular file"), "{args:?}: {output}");
+    }
+}
+
+#[test]
+fn devices_and_huge_files_are_refused_naming_the_limit() {
+    let (scratch, out) = scratch_with_package();
+    let huge = scratch.path().join("huge.json");
+    fs::File::create(&huge)
+        .unwrap()
+        .set_len(64 << 30)
+        .expect("a sparse file");
+    let huge = huge.to_str().unwrap();
+    let (code, stdout, _) = run_in(scratch.path(), &["validate", huge]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("1 MiB"), "{stdout}");
+    let (code, stdout, _) = run_in(scratch.path(), &["validate", "/dev/zero"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("not a regular file"), "{stdout}");
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &["show", out.to_str().unwrap(), "--choice", huge],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("16 MiB"), "{stderr}");
+}
+
+#[test]
+fn out_of_range_numbers_are_usage_errors_never_panics() {
+    let (scratch, out) = scratch_with_package();
+    let package = out.to_str().unwrap();
+    let runs: [&[&str]; 9] = [
+        &[
+            "tune",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "1e18",
+        ],
+        &[
+            "tune",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "inf",
+        ],
+        &["tune", "--package", package, "--timeout", "0"],
+        &["tune", "--package", package, "--margin", "NaN"],
+        &["tune", "--package", package, "--rounds", "4"],
+        &[
+            "check",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "1e18",
+        ],
+        &[
+            "bench",
+            "--package",
+            package,
+            "--gpus",
+            "0,1",
+            "--timeout",
+            "1e300",
+        ],
+        &[
+            "bench",
+            "--package",
+            package,
+            "--batches",
+            "18446744073709551615",
+        ],
+        &["bench", "--package", package, "--sample-us", "inf"],
+    ];
+    for args in runs {
+        let (code, _, stderr) = run_in(scratch.path(), args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_crafted_package_is_refused_by_show() {
+    let (_scratch, out) = scratch_with_package();
+    let path = out.join("manifest.json");
+    let mut manifest: prepare::package::Manifest =
+        serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    manifest.peer_memory.buffer_bytes = u64::MAX;
+    manifest.seal();
+    fs::write(&path, manifest.to_bytes()).unwrap();
+    let (code, _, stderr) = run_in(out.parent().unwrap(), &["show", out.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("/peer_memory"), "{stderr}");
+}
+
+#[test]
+fn an_unwritable_out_or_cache_is_refused_before_any_rank_starts() {
+    let (scratch, out) = scratch_with_package();
+    let file = scratch.path().join("a-file");
+    fs::write(&file, "not a directory").unwrap();
+    for flag in ["--out", "--cache-dir"] {
+        let (code, _, stderr) = run_in(
+            scratch.path(),
+            &[
+                "tune",
+                "--package",
+                out.to_str().unwrap(),
+                "--gpus",
+                "0,1",
+                flag,
+                file.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code, Some(1), "{flag}: {stderr}");
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+        assert!(
+            !stderr.contains("[rank"),
+            "{flag}: a rank started: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_same_gpu_twice_is_a_usage_error() {
+    let (scratch, out) = scratch_with_package();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &["tune", "--package", out.to_str().unwrap(), "--gpus", "0,0"],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("GPU 0"), "{stderr}");
+}
+
+#[test]
+fn an_output_that_names_no_directory_is_a_usage_error() {
+    let (scratch, _) = scratch_with_package();
+    for out in ["new/.", "new/..", "/"] {
+        let (code, _, stderr) = run_in(
+            scratch.path(),
+            &[
+                "export",
+                "--collective-ladder",
+                "ladder.json",
+                "--arch",
+                "sm_120",
+                "--out",
+                out,
+            ],
+        );
+        assert_eq!(code, Some(2), "{out}: {stderr}");
+    }
+}
+
+#[test]
+fn control_characters_from_files_are_printed_escaped() {
+    let (scratch, out) = scratch_with_package();
+    let ladder = LADDER.replacen(
+        "\"format_version\": 1,",
+        "\"format_version\": 1, \"\\u001b]0;owned\\u0007\\u001b[2J\": 1,",
+        1,
+    );
+    let bad = scratch.path().join("bad.json");
+    fs::write(&bad, ladder).unwrap();
+    let (code, stdout, stderr) = run_in(scratch.path(), &["validate", bad.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        !stdout.contains('\u{1b}') && !stderr.contains('\u{1b}'),
+        "{stdout}{stderr}"
+    );
+    assert!(stdout.contains("\\u{1b}"), "{stdout}");
+
+    // A choice's free text reaches `show` as written.
+    let package = prepare::package::open_package(&out).unwrap();
+    let choice = package_support_choice(&package, "peer kernels\u{1b}[31m red \u{7}");
+    let file = scratch.path().join("choice.json");
+    fs::write(&file, choice.to_bytes()).unwrap();
+    let (code, stdout, stderr) = run_in(
+        scratch.path(),
+        &[
+            "show",
+            out.to_str().unwrap(),
+            "--choice",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\\u{1b}[31m red \\u{7}"), "{stdout}");
+}
+
+#[test]
+fn a_choice_with_a_huge_format_version_is_reported_as_such() {
+    let (scratch, out) = scratch_with_package();
+    let package = prepare::package::open_package(&out).unwrap();
+    let text = String::from_utf8(package_support_choice(&package, "t").to_bytes()).unwrap();
+    let text = text.replacen(
+        "\"format_version\": 2,",
+        "\"format_version\": 1180591620717411303424,",
+        1,
+    );
+    let file = scratch.path().join("choice.json");
+    fs::write(&file, text).unwrap();
+    let (code, _, stderr) = run_in(
+        scratch.path(),
+        &[
+            "show",
+            out.to_str().unwrap(),
+            "--choice",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    // serde_json holds a number this large as a float, and prints it as one.
+    assert!(
+        stderr.contains("format_version 1.1805916207174113e+21 is not known"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("missing"), "{stderr}");
+}
+
+/// A choice of every bucket's default for the package, with this topology text.
+fn package_support_choice(
+    package: &prepare::package::Package,
+    topology: &str,
+) -> prepare::tune::choice::Choice {
+    use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
+    use prepare::tune::{BucketDecision, DecisionReason, Policy};
+    let ladder = package.ladder();
+    Choice {
+        format_version: CHOICE_FORMAT_VERSION,
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        package: package.identity().to_owned(),
+        ladder: ladder.name.clone(),
+        world_size: ladder.world_size,
+        fingerprint: "0".repeat(64),
+        topology: topology.to_owned(),
+        tuning: Tuning::Static,
+        policy: Policy::default(),
+        buckets: ladder
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(index, bucket)| BucketChoice {
+                min_bytes: ladder.bucket_min_bytes(index),
+                max_bytes: bucket.max_bytes,
+                decision: BucketDecision {
+                    index,
+                    winner: bucket.default.clone(),
+                    baseline: bucket.default.clone(),
+                    reason: DecisionReason::BaselineFastest,
+                    bit_exact: true,
+                    candidates: Vec::new(),
+                },
+            })
+            .collect(),
+    }
+}
