@@ -72,7 +72,7 @@ fn serve() -> anyhow::Result<()> {
     for (name, value) in environment_defaults(|name| std::env::var(name).ok()) {
         std::env::set_var(name, value);
     }
-    let package = prepare::package::open_package(&package_dir)?;
+    let package = prepare::package::open_package_retrying(&package_dir)?;
     let setup = RankSetup {
         rank: environment.rank,
         world: environment.world_size,
