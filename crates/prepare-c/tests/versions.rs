@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 fn read(relative: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
@@ -16,12 +18,16 @@ fn the_python_package_the_c_library_and_the_tool_share_a_version() {
         "Cargo.toml (the tool) is not at {version}"
     );
     assert!(
-        read("python/pyproject.toml").lines().any(|line| line == expected),
+        read("python/pyproject.toml")
+            .lines()
+            .any(|line| line == expected),
         "python/pyproject.toml is not at {version}"
     );
     let python = format!("__version__ = \"{version}\"");
     assert!(
-        read("python/prepare/__init__.py").lines().any(|line| line == python),
+        read("python/prepare/__init__.py")
+            .lines()
+            .any(|line| line == python),
         "python/prepare/__init__.py is not at {version}"
     );
 }
