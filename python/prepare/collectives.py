@@ -9,6 +9,7 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._binding import (
+    DTYPE_CODES,
     InvalidArgument,
     NativeHandle,
     PrepareError,
@@ -331,6 +332,4 @@ class Collectives:
 
 
 def _code(name: str) -> int:
-    from ._binding import DTYPE_CODES
-
     return DTYPE_CODES[name]
