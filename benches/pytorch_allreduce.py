@@ -10,7 +10,11 @@ Contenders, each a bf16 sum all-reduce of the same random data:
 * torch_nccl: torch.distributed.all_reduce (NCCL backend), in place;
 * symm_mem_one_shot: torch.ops.symm_mem.one_shot_all_reduce_out, from a symmetric-memory input
   into a separate output;
-* symm_mem_two_shot: torch.ops.symm_mem.two_shot_all_reduce_, in place in symmetric memory.
+* symm_mem_two_shot: torch.ops.symm_mem.two_shot_all_reduce_, in place in symmetric memory;
+* with --prepare PACKAGE, prepare's Python path (`prepare.Collectives`, the agreed choice):
+  prepare_zero_copy, in place in the zero-copy region from `Collectives.empty` (sizes above the
+  region are reported as errors), and prepare_any_tensor, in place in an ordinary tensor (what
+  peers read is copied into the registered buffer inside the enqueued work).
 
 Method (benches/README.md has the details): per message size and contender, a CUDA graph of K
 back-to-back operations, K chosen so a replay takes about 150 us (at most 200 ops) from the
@@ -43,7 +47,9 @@ import traceback  # noqa: E402
 import warnings  # noqa: E402
 
 DEFAULT_SIZES = "8K,16K,32K,64K,256K,1M,4M,16M,64M"
-CONTENDERS = ("torch_nccl", "symm_mem_one_shot", "symm_mem_two_shot")
+TORCH_CONTENDERS = ("torch_nccl", "symm_mem_one_shot", "symm_mem_two_shot")
+PREPARE_CONTENDERS = ("prepare_zero_copy", "prepare_any_tensor")
+CONTENDERS = TORCH_CONTENDERS + PREPARE_CONTENDERS
 BARRIER_ELEMENTS = 64
 CALIBRATION_ROUNDS = 3
 # torch.cuda._sleep spins for a number of GPU clock cycles; H200 SMs run at up to 1.98 GHz.
@@ -109,8 +115,20 @@ def parse_args(argv):
     parser.add_argument(
         "--contenders",
         type=parse_contenders,
-        default=list(CONTENDERS),
-        help=f"comma-separated subset of {','.join(CONTENDERS)} (default all)",
+        default=None,
+        help=f"comma-separated subset of {','.join(CONTENDERS)} (default all; the prepare "
+        "ones need --prepare)",
+    )
+    parser.add_argument(
+        "--prepare",
+        metavar="PACKAGE",
+        help="also time prepare's Python path (prepare.Collectives) with this package",
+    )
+    parser.add_argument(
+        "--prepare-cache-dir",
+        metavar="DIR",
+        default=None,
+        help="prepare's choice cache (default: its own default)",
     )
     parser.add_argument("--rounds", type=int, default=25, help="timed rounds (default 25)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up rounds (default 2)")
@@ -137,6 +155,10 @@ def parse_args(argv):
         help="seconds any one step may take before the run is ended (default 300)",
     )
     args = parser.parse_args(argv)
+    if args.contenders is None:
+        args.contenders = list(CONTENDERS if args.prepare else TORCH_CONTENDERS)
+    if not args.prepare and any(name in PREPARE_CONTENDERS for name in args.contenders):
+        parser.error("the prepare contenders need --prepare PACKAGE")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.warmup < 0:
@@ -439,10 +461,64 @@ class SymmMemTwoShot(SymmMemBase):
         self.symm = None
 
 
+class PrepareBase(Contender):
+    """prepare's Python path: one `prepare.Collectives` shared by both prepare contenders."""
+
+    def collectives(self):
+        return self.ctx.prepare_collectives()
+
+    def reset(self, pristine):
+        self.view.copy_(pristine)
+
+    def op(self):
+        self.collectives().all_reduce(self.view)
+
+    def result(self):
+        return self.view
+
+    def close(self):
+        super().close()
+        self.view = None
+        self.buffer = None
+
+
+class PrepareZeroCopy(PrepareBase):
+    name = "prepare_zero_copy"
+
+    def allocate(self, max_elements):
+        collectives = self.collectives()
+        capacity = collectives.zero_copy_bytes() // 2
+        self.buffer = collectives.empty(min(max_elements, capacity) if capacity else max_elements)
+        self.view = None
+
+    def bind(self, elements):
+        if elements > self.buffer.numel():
+            raise ValueError(
+                f"{elements * 2} bytes do not fit the zero-copy region "
+                f"({self.buffer.numel() * 2} bytes)"
+            )
+        self.view = self.buffer[:elements]
+
+
+class PrepareAnyTensor(PrepareBase):
+    name = "prepare_any_tensor"
+
+    def allocate(self, max_elements):
+        torch = self.ctx.torch
+        self.collectives()
+        self.buffer = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
+        self.view = None
+
+    def bind(self, elements):
+        self.view = self.buffer[:elements]
+
+
 CONTENDER_TYPES = {
     "torch_nccl": TorchNccl,
     "symm_mem_one_shot": SymmMemOneShot,
     "symm_mem_two_shot": SymmMemTwoShot,
+    "prepare_zero_copy": PrepareZeroCopy,
+    "prepare_any_tensor": PrepareAnyTensor,
 }
 
 
@@ -462,6 +538,7 @@ class Bench:
         self.group_name = None
         self.symm_mem = None
         self.symm_mem_error = None
+        self.prepare = None
         self.rows = []
         self.notes = []
         self.header = {}
@@ -551,6 +628,25 @@ class Bench:
         }
         if self.sleep is None and self.pause_cycles > 0:
             self.notes.append("torch.cuda._sleep is missing: samples ran without the pause")
+
+    def prepare_collectives(self):
+        """The prepare handle, started (collectively) on first use."""
+        if self.prepare is None:
+            import prepare
+
+            self.prepare = prepare.Collectives(
+                self.args.prepare, cache_dir=self.args.prepare_cache_dir
+            )
+            self.header["prepare"] = {
+                "package": self.args.prepare,
+                "version": prepare.__version__,
+                "routes": {
+                    str(nbytes): self.prepare.route(nbytes) for nbytes in self.args.sizes
+                },
+            }
+            for nbytes, route in self.header["prepare"]["routes"].items():
+                self.notes.append(f"prepare routes {format_bytes(int(nbytes))} to {route}")
+        return self.prepare
 
     def import_symm_mem(self):
         error = None
@@ -1012,6 +1108,9 @@ class Bench:
         self.agree(None)
         for contender in self.contenders:
             contender.close()
+        if self.prepare is not None:
+            self.prepare.close()
+            self.prepare = None
         self.barrier_buffer = None
         gc.collect()
         self.torch.cuda.synchronize()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs NVRTC 13.0 from its pip wheel into
-# .venv (no GPU or CUDA toolkit needed to compile kernels), then formatting, lints and tests.
+# .venv (no GPU or CUDA toolkit needed to compile kernels), then formatting, lints and tests of
+# the workspace (the tool and its C ABI, whose C program is compiled with cc), then builds the
+# Python package from the checkout into .venv (without torch) and runs its torch-free tests.
 # GPU tests are ignored here; scripts/gpu-tests.sh runs them on a machine with GPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +22,18 @@ export PREPARE_REQUIRE_NVRTC=1
 export CUDA_CACHE_DISABLE=1
 
 cargo fmt --check
-cargo clippy --all-targets --locked -- -D warnings
-cargo test --locked
+cargo clippy --all-targets --workspace --locked -- -D warnings
+cargo test --workspace --locked
+
+# The Python package, built as a user would (one pip command), in debug: it reuses the
+# workspace's target directory that the tests just filled, and only its error paths run here.
+if ! .venv/bin/python3 -m pip show pytest >/dev/null 2>&1; then
+    .venv/bin/python3 -m pip install --quiet --disable-pip-version-check "pytest>=7"
+fi
+PREPARE_WHEEL_PROFILE=debug .venv/bin/python3 -m pip install --quiet --disable-pip-version-check \
+    --force-reinstall --no-deps ./python
+if .venv/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "torch is installed in .venv: the torch-free tests must run without it" >&2
+    exit 1
+fi
+.venv/bin/python3 -m pytest -q -p no:cacheprovider tests/python/test_no_gpu.py

@@ -1,0 +1,171 @@
+/* The C ABI's error paths on a machine without a GPU (or without a driver or NCCL): every
+ * call returns a status and leaves a message, never crashes.
+ *
+ * no_gpu VERSION MISSING_PACKAGE INVALID_LADDER_PACKAGE NCCL_ONLY_PACKAGE
+ * Started by crates/prepare-c/tests/c_program.rs with no torchrun variables set. */
+#include <stdio.h>
+#include <string.h>
+
+#include "prepare.h"
+
+static int failures = 0;
+
+/* Checks a status and that the last error contains `needle` (NULL: anything non-empty). */
+static void expect(const char *what, PrepareStatus got, PrepareStatus want, const char *needle) {
+    const char *message = prepare_last_error();
+    if (got != want) {
+        fprintf(stderr, "FAIL %s: status %d, expected %d (last error: %s)\n", what, (int)got,
+                (int)want, message);
+        failures++;
+        return;
+    }
+    if (want != PREPARE_STATUS_OK) {
+        if (message == NULL || message[0] == '\0' ||
+            (needle != NULL && strstr(message, needle) == NULL)) {
+            fprintf(stderr, "FAIL %s: last error \"%s\" does not name \"%s\"\n", what,
+                    message ? message : "(null)", needle ? needle : "anything");
+            failures++;
+            return;
+        }
+    }
+    printf("ok   %s: %s\n", what, want == PREPARE_STATUS_OK ? "ok" : message);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: no_gpu VERSION MISSING INVALID_LADDER NCCL_ONLY\n");
+        return 2;
+    }
+    const char *version = argv[1];
+    const char *missing = argv[2];
+    const char *invalid_ladder = argv[3];
+    const char *nccl_only = argv[4];
+
+    if (strcmp(prepare_version(), version) != 0) {
+        fprintf(stderr, "FAIL version: \"%s\", expected \"%s\"\n", prepare_version(), version);
+        failures++;
+    }
+    if (strcmp(prepare_last_error(), "") != 0) {
+        fprintf(stderr, "FAIL last error before any call: \"%s\"\n", prepare_last_error());
+        failures++;
+    }
+
+    expect("options_init(NULL)", prepare_options_init(NULL), PREPARE_STATUS_INVALID_ARGUMENT,
+           "options");
+    PrepareOptions options;
+    memset(&options, 0xAB, sizeof options);
+    expect("options_init", prepare_options_init(&options), PREPARE_STATUS_OK, NULL);
+    if (options.packages != NULL || options.package_count != 0 || options.cache_dir != NULL ||
+        options.timeout_seconds != 60.0 || options.tuning != PREPARE_TUNING_RUNTIME ||
+        options.retune != 0) {
+        fprintf(stderr, "FAIL options_init: not the documented defaults\n");
+        failures++;
+    }
+
+    PrepareHandle *handle = (PrepareHandle *)0x1;
+    /* No torchrun variables: the first one read is named. */
+    expect("open_env without torchrun variables", prepare_open_env(&options, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "WORLD_SIZE is not set");
+    if (handle != (PrepareHandle *)0x1) {
+        fprintf(stderr, "FAIL open_env wrote a handle on failure\n");
+        failures++;
+    }
+
+    uint8_t id[PREPARE_UNIQUE_ID_BYTES] = {0};
+    expect("open_unique_id(NULL options)", prepare_open_unique_id(NULL, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "options is NULL");
+    expect("open_unique_id(NULL id)", prepare_open_unique_id(&options, NULL, 0, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "unique_id is NULL");
+    expect("open_unique_id(world 1)", prepare_open_unique_id(&options, id, 0, 1, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "2 or more ranks");
+    expect("open_unique_id(rank 2 of 2)", prepare_open_unique_id(&options, id, 2, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "rank 2 of 2");
+    expect("open_unique_id(device -1)", prepare_open_unique_id(&options, id, 0, 2, -1, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "device -1");
+    expect("open_unique_id(no package)", prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "options.packages is empty");
+
+    const char *packages[1] = {NULL};
+    options.packages = packages;
+    options.package_count = 1;
+    expect("open_unique_id(NULL package path)",
+           prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "options.packages[0] is NULL");
+
+    packages[0] = missing;
+    expect("open_unique_id(missing package)",
+           prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_PACKAGE_REFUSED, missing);
+    packages[0] = invalid_ladder;
+    expect("open_unique_id(invalid ladder)",
+           prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_PACKAGE_REFUSED, "ladder.json is not a valid ladder");
+    expect("the invalid ladder's error names the JSON path", PREPARE_STATUS_PACKAGE_REFUSED,
+           PREPARE_STATUS_PACKAGE_REFUSED, "/world_size");
+
+    packages[0] = nccl_only;
+    options.timeout_seconds = 0.0;
+    expect("open_unique_id(timeout 0)", prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "timeout_seconds");
+    options.timeout_seconds = 1.0;
+    options.tuning = 7;
+    expect("open_unique_id(tuning 7)", prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "options.tuning is 7");
+    options.tuning = PREPARE_TUNING_STATIC;
+    options.cache_dir = "";
+    expect("open_comm(NULL communicator)",
+           prepare_open_comm(&options, NULL, 0, 2, 0, 0, &handle),
+           PREPARE_STATUS_INVALID_ARGUMENT, "nccl_comm is NULL");
+
+    /* A valid package: the start goes as far as the driver or NCCL. Without them (CI) it is a
+     * runtime failure that says what is missing; with them, the bogus id's bootstrap times out
+     * after 1 s. Never success, never a crash. */
+    PrepareStatus started = prepare_open_unique_id(&options, id, 0, 2, 0, &handle);
+    if (started == PREPARE_STATUS_RUNTIME_FAILURE || started == PREPARE_STATUS_PEER_TIMEOUT) {
+        expect("open_unique_id(valid package, no peer)", started, started, "rank 0");
+    } else {
+        fprintf(stderr, "FAIL open_unique_id(valid package, no peer): status %d (%s)\n",
+                (int)started, prepare_last_error());
+        failures++;
+    }
+
+    uint8_t made[PREPARE_UNIQUE_ID_BYTES];
+    expect("unique_id(NULL)", prepare_unique_id(NULL), PREPARE_STATUS_INVALID_ARGUMENT, "out");
+    PrepareStatus made_status = prepare_unique_id(made);
+    if (made_status == PREPARE_STATUS_RUNTIME_FAILURE) {
+        expect("unique_id without NCCL", made_status, made_status, "NCCL");
+    } else if (made_status != PREPARE_STATUS_OK) {
+        fprintf(stderr, "FAIL unique_id: status %d (%s)\n", (int)made_status,
+                prepare_last_error());
+        failures++;
+    }
+
+    void *address = NULL;
+    size_t bytes = 0;
+    size_t needed = 0;
+    char text[64];
+    expect("all_reduce(NULL handle)", prepare_all_reduce(NULL, text, text, 1, 0, NULL),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    expect("route(NULL handle)", prepare_route(NULL, 0, 2, text, sizeof text, &needed),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    expect("choice_json(NULL handle)",
+           prepare_choice_json(NULL, 0, text, sizeof text, &needed),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    int32_t served = 0;
+    expect("serves(NULL handle)", prepare_serves(NULL, 0, &served),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    expect("zero_copy_region(NULL handle)", prepare_zero_copy_region(NULL, 0, &address, &bytes),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    expect("force(NULL handle)", prepare_force(NULL, 0, 0, "nccl"),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    expect("check(NULL handle)", prepare_check(NULL), PREPARE_STATUS_INVALID_ARGUMENT,
+           "handle is NULL");
+    expect("close(NULL)", prepare_close(NULL), PREPARE_STATUS_OK, NULL);
+
+    if (failures > 0) {
+        fprintf(stderr, "%d checks failed\n", failures);
+        return 1;
+    }
+    printf("every check passed\n");
+    return 0;
+}

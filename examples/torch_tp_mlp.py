@@ -1,0 +1,178 @@
+"""A tensor-parallel MLP decode step served with prepare, next to torch.distributed.
+
+    torchrun --nproc-per-node 2 examples/torch_tp_mlp.py PACKAGE_DIR [--cache-dir DIR]
+
+Each rank holds a column-parallel slice of the up projection and a row-parallel slice of the
+down projection (hidden 7168, intermediate 18432 split over the ranks, bf16). One decode step:
+h = silu(x @ W_up), y = h @ W_down (a partial sum), then the all-reduce of y. The step is
+captured in CUDA graphs at batch 1, 2, 4, 8, 16, 32 and 64, twice: with prepare (y is written
+by `torch.matmul(..., out=y)` straight into the zero-copy region from `Collectives.empty`, then
+`Collectives.all_reduce(y)` in place) and with `torch.distributed.all_reduce(y)`. Graph
+replays of both are timed interleaved (each sample a replay of several steps after a barrier,
+the slowest rank's time per round, the median over rounds). prepare's output is checked bit
+for bit against the reference (all-gather the partial sums, add in fp32 in rank order, round
+once to bf16). Prints one line per batch and exits non-zero on any difference.
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import prepare  # noqa: E402
+
+HIDDEN = 7168
+INTERMEDIATE = 18432
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+STEPS_PER_REPLAY = 10
+ROUNDS = 60
+
+
+def reference_sum(partial):
+    """The partial sums of every rank added in fp32 in rank order, rounded once to bf16."""
+    gathered = [torch.empty_like(partial) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, partial)
+    accumulator = gathered[0].float()
+    for other in gathered[1:]:
+        accumulator = accumulator + other.float()
+    return accumulator.to(torch.bfloat16)
+
+
+def same_bits(got, expected):
+    return bool(((got.view(torch.int16) == expected.view(torch.int16))
+                 | (torch.isnan(got) & torch.isnan(expected))).all())
+
+
+def capture(step, stream):
+    """A graph of STEPS_PER_REPLAY decode steps, after warm-up on the capture stream."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(STEPS_PER_REPLAY):
+            step()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_replay(graph, barrier):
+    """Microseconds per step of one replay, the slowest rank's."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    dist.all_reduce(barrier)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    slowest = torch.tensor([start.elapsed_time(end) * 1e3 / STEPS_PER_REPLAY],
+                           device=barrier.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.item())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package")
+    parser.add_argument("--cache-dir", default=None)
+    args = parser.parse_args()
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if INTERMEDIATE % world:
+        raise SystemExit(f"the intermediate size {INTERMEDIATE} does not split over {world}")
+
+    collectives = prepare.Collectives(args.package, cache_dir=args.cache_dir)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(1234 + rank)
+    shard = INTERMEDIATE // world
+    w_up = (torch.randn(HIDDEN, shard, generator=generator, device=device)
+            / HIDDEN ** 0.5).to(torch.bfloat16)
+    w_down = (torch.randn(shard, HIDDEN, generator=generator, device=device)
+              / INTERMEDIATE ** 0.5).to(torch.bfloat16)
+    stream = torch.cuda.Stream()
+    barrier = torch.zeros(1, device=device)
+    if rank == 0:
+        print(f"{collectives}; hidden {HIDDEN}, intermediate {INTERMEDIATE} over {world} "
+              f"ranks; {STEPS_PER_REPLAY} steps per replay, {ROUNDS} rounds", flush=True)
+        print(f"{'batch':>5} {'prepare us':>11} {'torch us':>9} {'speedup':>8}  "
+              f"{'prepare route':<34} result", flush=True)
+
+    failures = 0
+    for batch in BATCHES:
+        # Every rank draws the same activations: the step's input is replicated in TP.
+        torch.manual_seed(batch)
+        x = torch.randn(batch, HIDDEN, device=device).to(torch.bfloat16)
+        h = torch.empty(batch, shard, dtype=torch.bfloat16, device=device)
+        y_prepare = collectives.empty((batch, HIDDEN), torch.bfloat16)
+        y_torch = torch.empty(batch, HIDDEN, dtype=torch.bfloat16, device=device)
+
+        def step_prepare():
+            torch.matmul(x, w_up, out=h)
+            torch.nn.functional.silu(h, inplace=True)
+            torch.matmul(h, w_down, out=y_prepare)
+            collectives.all_reduce(y_prepare)
+
+        def step_torch():
+            torch.matmul(x, w_up, out=h)
+            torch.nn.functional.silu(h, inplace=True)
+            torch.matmul(h, w_down, out=y_torch)
+            dist.all_reduce(y_torch)
+
+        graphs = {"prepare": capture(step_prepare, stream), "torch": capture(step_torch, stream)}
+
+        # Exactness of the captured step: the partial sum as the same kernels write it,
+        # then one replay, against the reference sum of the partials.
+        torch.matmul(x, w_up, out=h)
+        torch.nn.functional.silu(h, inplace=True)
+        torch.matmul(h, w_down, out=y_prepare)
+        partial = y_prepare.clone()
+        expected = reference_sum(partial)
+        graphs["prepare"].replay()
+        torch.cuda.synchronize()
+        collectives.check()
+        exact = same_bits(y_prepare, expected)
+        flag = torch.tensor([0 if exact else 1], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        exact = flag.item() == 0
+        failures += not exact
+
+        times = {"prepare": [], "torch": []}
+        for _ in range(3):
+            for name in times:
+                time_replay(graphs[name], barrier)
+        for round_index in range(ROUNDS):
+            order = ("prepare", "torch") if round_index % 2 == 0 else ("torch", "prepare")
+            for name in order:
+                times[name].append(time_replay(graphs[name], barrier))
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        if rank == 0:
+            route = collectives.route(batch * HIDDEN * 2)
+            print(f"{batch:>5} {medians['prepare']:>11.2f} {medians['torch']:>9.2f} "
+                  f"{medians['torch'] / medians['prepare']:>7.2f}x  {route:<34} "
+                  f"{'exact' if exact else 'DIFFERS from the reference'}", flush=True)
+        del graphs, y_prepare
+        torch.cuda.synchronize()
+
+    collectives.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0 and failures:
+        print(f"{failures} batches differ from the reference", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

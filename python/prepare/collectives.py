@@ -1,0 +1,335 @@
+"""`Collectives`: prepare's serving handle for a PyTorch tensor-parallel server. torch is
+imported when a `Collectives` is made, never by `import prepare`."""
+
+import itertools
+import json
+import math
+import os
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from ._binding import (
+    DTYPE_CODES,
+    InvalidArgument,
+    NativeHandle,
+    PrepareError,
+    unique_id,
+)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Live handles by integer id: what the custom op `prepare::all_reduce` refers to, so a
+# compiled graph holds a number rather than a Python object.
+_REGISTRY: Dict[int, "Collectives"] = {}
+_NEXT_ID = itertools.count(1)
+_REGISTRY_LOCK = threading.Lock()
+_OP_LOCK = threading.Lock()
+_OP: Any = None
+
+
+_TORCH: Any = None
+
+
+def _torch():
+    """torch, imported on first use (an attribute read afterwards, which tracing follows)."""
+    global _TORCH
+    if _TORCH is None:
+        try:
+            import torch
+            import torch.distributed
+        except ImportError as error:
+            raise ImportError(
+                "prepare.Collectives needs PyTorch (install torch); the rest of prepare does "
+                "not") from error
+        _TORCH = torch
+    return _TORCH
+
+
+def _dtype_names(torch) -> Dict[Any, str]:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _registered_op():
+    """`torch.ops.prepare.all_reduce(handle, output, input)`: mutates `output`; `input` None
+    means in place. Registered once per process, with a fake implementation for tracing."""
+    global _OP
+    with _OP_LOCK:
+        if _OP is not None:
+            return _OP
+        torch = _torch()
+
+        @torch.library.custom_op("prepare::all_reduce", mutates_args=("output",),
+                                 device_types="cuda")
+        def all_reduce(handle: int, output: torch.Tensor,
+                       input: Optional[torch.Tensor]) -> None:
+            with _REGISTRY_LOCK:
+                collectives = _REGISTRY.get(handle)
+            if collectives is None:
+                raise PrepareError(f"prepare handle {handle} is closed")
+            collectives._enqueue(output if input is None else input, output)
+
+        @all_reduce.register_fake
+        def _(handle: int, output: torch.Tensor, input: Optional[torch.Tensor]) -> None:
+            return None
+
+        _OP = all_reduce
+        return _OP
+
+
+class _Region:
+    """One view of the zero-copy region through `__cuda_array_interface__`. torch keeps this
+    object alive as long as any tensor made from it, and it keeps the native handle alive."""
+
+    def __init__(self, native: NativeHandle, address: int, nbytes: int):
+        self.native = native
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+class Collectives:
+    """prepare's all-reduce for the ranks of a `torch.distributed` process group.
+
+    Collective to create: every rank of `group` (default: the default group) calls it with
+    the same packages and options, after `torch.distributed.init_process_group` and
+    `torch.cuda.set_device`. One NCCL bootstrap: rank 0 of the group makes an NCCL unique id
+    and it travels over `group`. `packages` is one package directory or one per dtype.
+    `cache_dir` None uses the default cache (`$XDG_CACHE_HOME/prepare` or
+    `~/.cache/prepare`), "" keeps none. `timeout` (seconds) bounds the bootstrap and every
+    wait for a peer. `tuning` is "runtime" (cache, or check and time on this machine) or
+    "static" (each bucket's default).
+
+    All-reduces must be made in the same order on every rank, one stream at a time.
+    """
+
+    def __init__(self, packages: Union[PathLike, Sequence[PathLike]], group: Any = None,
+                 cache_dir: Optional[PathLike] = None, timeout: float = 60,
+                 tuning: str = "runtime"):
+        torch = _torch()
+        dist = torch.distributed
+        self._native: Optional[NativeHandle] = None
+        self._id: Optional[int] = None
+        if isinstance(packages, (str, bytes, os.PathLike)):
+            packages = [packages]
+        packages = [os.fspath(package) for package in packages]
+        if not packages:
+            raise InvalidArgument("no package was given: give one package directory per dtype")
+        if tuning not in ("runtime", "static"):
+            raise InvalidArgument(f"tuning={tuning!r}: use 'runtime' or 'static'")
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise InvalidArgument(f"timeout={timeout!r}: give seconds above 0")
+        if not torch.cuda.is_available():
+            raise PrepareError("no CUDA GPU is visible to PyTorch; prepare needs one per rank")
+        if not (dist.is_available() and dist.is_initialized()):
+            raise PrepareError(
+                "torch.distributed is not initialized: call "
+                "torch.distributed.init_process_group before prepare.Collectives")
+        if group is None:
+            group = dist.group.WORLD
+        rank = dist.get_rank(group)
+        world = dist.get_world_size(group)
+        if rank < 0:
+            raise InvalidArgument("this process is not a member of the given group")
+        self.group = group
+        self.rank: int = rank
+        self.world_size: int = world
+        self.device: int = torch.cuda.current_device()
+        self._names = _dtype_names(torch)
+
+        # The one bootstrap: rank 0's unique id (or why it has none) over the group.
+        message: List[Any] = [None]
+        if rank == 0:
+            try:
+                message = [("id", unique_id())]
+            except PrepareError as error:
+                message = [("error", f"rank 0 could not make an NCCL unique id: {error}")]
+        root = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+        dist.broadcast_object_list(message, src=root, group=group)
+        kind, payload = message[0]
+        if kind != "id":
+            raise PrepareError(payload)
+        self._native = NativeHandle.open_unique_id(
+            packages, payload, rank, world, self.device, cache_dir=cache_dir,
+            timeout=float(timeout), tuning=tuning)
+        self._served = {dtype: name for dtype, name in self._names.items()
+                        if self._native.serves(_code(name))}
+        _registered_op()
+        with _REGISTRY_LOCK:
+            self._id = next(_NEXT_ID)
+            _REGISTRY[self._id] = self
+
+    # Checks, before anything reaches the library.
+
+    def _live(self) -> NativeHandle:
+        if self._native is None or self._native.closed:
+            raise PrepareError("this prepare.Collectives is closed")
+        return self._native
+
+    def _code(self, dtype: Any) -> int:
+        name = self._names.get(dtype)
+        if dtype not in self._served:
+            served = ", ".join(str(held) for held in self._served) or "nothing"
+            raise InvalidArgument(
+                f"no package holds {dtype}{'' if name else ' (prepare has no such dtype)'}; "
+                f"this handle serves {served}")
+        return _code(name)
+
+    def _check_tensor(self, tensor: Any, what: str) -> None:
+        torch = _torch()
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgument(f"{what} is a {type(tensor).__name__}, not a torch.Tensor")
+        if tensor.device.type != "cuda":
+            raise InvalidArgument(
+                f"{what} is on {tensor.device}: prepare all-reduces CUDA tensors "
+                f"(this rank's GPU is cuda:{self.device})")
+        if tensor.device.index != self.device:
+            raise InvalidArgument(
+                f"{what} is on {tensor.device}, but this handle drives cuda:{self.device}")
+        if not tensor.is_contiguous():
+            raise InvalidArgument(
+                f"{what} is not contiguous (strides {tuple(tensor.stride())}); "
+                "call .contiguous() or all-reduce a contiguous buffer")
+
+    # The all-reduce.
+
+    def all_reduce(self, tensor: Any, out: Any = None) -> Any:
+        """Sums `tensor` over the ranks into `out` (default: in place) on the current CUDA
+        stream; enqueue only, so it is captured by `torch.cuda.graph` and traced by
+        `torch.compile` (as `torch.ops.prepare.all_reduce`). Returns the result tensor. A
+        tensor from `empty()` is reduced without any copy."""
+        self._live()
+        self._check_tensor(tensor, "the tensor")
+        self._code(tensor.dtype)
+        torch = _torch()
+        compiling = torch.compiler.is_compiling()
+        if out is not None and out is not tensor:
+            self._check_tensor(out, "out")
+            if out.shape != tensor.shape or out.dtype != tensor.dtype:
+                raise InvalidArgument(
+                    f"out is {tuple(out.shape)} {out.dtype}, the tensor is "
+                    f"{tuple(tensor.shape)} {tensor.dtype}: they must match")
+            if not compiling:
+                start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
+                out_start, out_end = out.data_ptr(), out.data_ptr() + out.nbytes
+                if out_start == start:
+                    out = None
+                elif out_start < end and start < out_end:
+                    raise InvalidArgument(
+                        "out overlaps the tensor without being the same memory")
+        if compiling:
+            torch.ops.prepare.all_reduce(self._id, tensor if out is None else out,
+                                         None if out is None else tensor)
+        else:
+            self._enqueue(tensor, tensor if out is None else out)
+        return tensor if out is None else out
+
+    def _enqueue(self, input: Any, output: Any) -> None:
+        torch = _torch()
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._live().all_reduce(input.data_ptr(), output.data_ptr(), input.numel(),
+                                self._code(input.dtype), stream)
+
+    # Zero copy.
+
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = None) -> Any:
+        """A tensor in this rank's zero-copy region (peer-visible memory, like
+        `symm_mem.empty`): all-reducing it copies nothing, for every kernel. Every tensor from
+        `empty` starts at the region's first byte: the region holds one message at a time.
+        Where only NCCL runs it is an ordinary `torch.empty`."""
+        torch = _torch()
+        dtype = torch.bfloat16 if dtype is None else dtype
+        native = self._live()
+        code = self._code(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(int(size) for size in shape)
+        if any(size < 0 for size in shape):
+            raise InvalidArgument(f"shape {shape} has a negative size")
+        numel = math.prod(shape)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        address, capacity = native.zero_copy_region(code)
+        if address == 0 or numel == 0:
+            return torch.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
+        if nbytes > capacity:
+            raise InvalidArgument(
+                f"{nbytes} bytes do not fit the {dtype} zero-copy region of {capacity} bytes; "
+                "all-reduce a larger message from any tensor")
+        with torch.cuda.device(self.device):
+            raw = torch.as_tensor(_Region(native, address, nbytes), device=f"cuda:{self.device}")
+        return raw.view(dtype).view(shape)
+
+    def zero_copy_bytes(self, dtype: Any = None) -> int:
+        """Bytes the zero-copy region of `dtype` holds (0 where only NCCL runs)."""
+        torch = _torch()
+        return self._live().zero_copy_region(self._code(torch.bfloat16 if dtype is None
+                                                        else dtype))[1]
+
+    # What was chosen.
+
+    @property
+    def dtypes(self) -> Tuple[Any, ...]:
+        """The torch dtypes this handle serves."""
+        return tuple(self._served)
+
+    @property
+    def choice(self) -> Dict[Any, Dict[str, Any]]:
+        """The agreed choice per torch dtype, as the choice file's JSON: per bucket its
+        winner, and every candidate with its figures or why it was excluded."""
+        native = self._live()
+        return {dtype: json.loads(native.choice_json(_code(name)))
+                for dtype, name in self._served.items()}
+
+    def route(self, nbytes: int, dtype: Any = None) -> str:
+        """Which kernel a message of `nbytes` goes to, e.g. "one_shot_push (bucket 2)"."""
+        torch = _torch()
+        if nbytes < 0:
+            raise InvalidArgument(f"nbytes {nbytes} is negative")
+        return self._live().route(self._code(torch.bfloat16 if dtype is None else dtype),
+                                  int(nbytes))
+
+    def force(self, bucket: int, profile: str, dtype: Any = None) -> None:
+        """Runs candidate `profile` for bucket `bucket` instead of the agreed winner (the
+        override tests use). Every rank must force the same, before the all-reduces."""
+        torch = _torch()
+        self._live().force(self._code(torch.bfloat16 if dtype is None else dtype),
+                           int(bucket), str(profile))
+
+    def check(self) -> None:
+        """Raises `prepare.PeerTimeout`, naming the peer, when a kernel gave up waiting for
+        one (the handle is then unusable on every rank). The next `all_reduce` checks too."""
+        self._live().check()
+
+    # Lifetime.
+
+    def close(self) -> None:
+        """Releases the handle; idempotent. Tensors from `empty()` keep its memory until they
+        are gone. Work it enqueued must have run and graphs holding it must not replay."""
+        with _REGISTRY_LOCK:
+            if self._id is not None:
+                _REGISTRY.pop(self._id, None)
+        native, self._native = self._native, None
+        if native is not None:
+            # Views of the zero-copy region hold `native` too: it closes with the last one.
+            del native
+
+    @property
+    def closed(self) -> bool:
+        return self._native is None
+
+    def __enter__(self) -> "Collectives":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"serving {', '.join(map(str, self._served))}"
+        return (f"prepare.Collectives(rank {getattr(self, 'rank', '?')} of "
+                f"{getattr(self, 'world_size', '?')}, cuda:{getattr(self, 'device', '?')}, "
+                f"{state})")
+
+
+def _code(name: str) -> int:
+    return DTYPE_CODES[name]

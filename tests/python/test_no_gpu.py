@@ -1,0 +1,128 @@
+"""The Python package on a machine without a GPU, a driver, NCCL or torch: it imports, its C
+library loads, and every failure is a clear exception of the right class, never a crash.
+Run against the installed package (scripts/test.sh installs it into .venv)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import prepare
+
+ZERO_ID = bytes(prepare._binding.UNIQUE_ID_BYTES)
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, prepare; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_version_matches_the_library():
+    assert prepare.__version__ == "0.1.0"
+    assert prepare.native_version() == prepare.__version__
+
+
+def test_the_installed_library_is_the_packaged_one():
+    path = prepare.library_path()
+    assert os.path.isfile(path), path
+    if "PREPARE_LIBRARY" not in os.environ:
+        assert os.path.dirname(path) == os.path.dirname(prepare.__file__)
+
+
+def test_exceptions_form_one_family():
+    for error in (prepare.InvalidArgument, prepare.PackageRefused, prepare.PeerTimeout,
+                  prepare.RuntimeFailure, prepare.InternalError):
+        assert issubclass(error, prepare.PrepareError)
+    assert issubclass(prepare.InvalidArgument, ValueError)
+    assert issubclass(prepare.PrepareError, RuntimeError)
+    assert [error.status for error in (prepare.InvalidArgument, prepare.PackageRefused,
+                                       prepare.PeerTimeout, prepare.RuntimeFailure,
+                                       prepare.InternalError)] == [1, 2, 3, 4, 5]
+
+
+def test_unique_id_is_128_bytes_or_says_nccl_is_missing():
+    try:
+        made = prepare.unique_id()
+    except prepare.RuntimeFailure as error:
+        assert "NCCL" in str(error)
+    else:
+        assert isinstance(made, bytes) and len(made) == 128
+
+
+def test_a_missing_package_is_refused_by_name(tmp_path):
+    missing = tmp_path / "no_such_package"
+    with pytest.raises(prepare.PackageRefused) as caught:
+        prepare.NativeHandle.open_unique_id(missing, ZERO_ID, 0, 2, 0)
+    assert str(missing) in str(caught.value)
+    assert caught.value.status == 2
+
+
+def test_a_directory_without_manifest_is_refused_by_name(tmp_path):
+    (tmp_path / "ladder.json").write_text("{}")
+    with pytest.raises(prepare.PackageRefused) as caught:
+        prepare.NativeHandle.open_unique_id([tmp_path], ZERO_ID, 0, 2, 0, timeout=1)
+    assert "manifest.json" in str(caught.value)
+    assert str(tmp_path) in str(caught.value)
+
+
+def test_open_env_without_torchrun_variables_names_the_variable(monkeypatch, tmp_path):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(prepare.InvalidArgument, match="WORLD_SIZE is not set"):
+        prepare.NativeHandle.open_env(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(packages=[]), "no package was given"),
+        (dict(tuning="fast"), "tuning='fast'"),
+        (dict(timeout=0), "timeout=0"),
+        (dict(timeout=float("nan")), "timeout=nan"),
+        (dict(unique_id=b"short"), "unique_id must be 128 bytes"),
+        (dict(world=1), "2 or more ranks"),
+        (dict(rank=3), "rank 3 of 2"),
+        (dict(device=-1), "device -1"),
+    ],
+)
+def test_bad_arguments_are_invalid_arguments(tmp_path, arguments, message):
+    call = dict(packages=[tmp_path], unique_id=ZERO_ID, rank=0, world=2, device=0)
+    call.update(arguments)
+    with pytest.raises(prepare.InvalidArgument, match=message.replace("(", r"\(")):
+        prepare.NativeHandle.open_unique_id(**call)
+
+
+def test_a_closed_handle_refuses_every_call():
+    handle = prepare.NativeHandle(None)
+    assert handle.closed
+    handle.close()
+    for call in (lambda: handle.check(), lambda: handle.route(0, 2),
+                 lambda: handle.choice_json(0), lambda: handle.zero_copy_region(0),
+                 lambda: handle.force(0, 0, "nccl"), lambda: handle.all_reduce(1, 1, 1, 0, 0)):
+        with pytest.raises(prepare.PrepareError, match="closed"):
+            call()
+
+
+def test_the_library_refuses_a_null_handle_itself():
+    # Past the Python checks: the C library's own null check answers with a status.
+    library = prepare._binding.library()
+    assert library.prepare_check(None) == 1
+    assert b"handle is NULL" in library.prepare_last_error()
+    assert library.prepare_close(None) == 0
+
+
+def test_dtype_names_map_to_the_c_codes():
+    assert prepare.DTYPE_CODES == {"bf16": 0, "fp16": 1, "fp32": 2}
+    with pytest.raises(prepare.InvalidArgument, match="'int8'"):
+        prepare._binding.dtype_code("int8")
+
+
+def test_collectives_without_torch_says_torch_is_needed():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="needs PyTorch"):
+            prepare.Collectives("package")
+    else:
+        pytest.skip("torch is installed here; the GPU scripts test Collectives")
