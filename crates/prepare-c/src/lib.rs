@@ -18,7 +18,7 @@ use prepare::gpu::driver::DeviceMemory as _;
 use prepare::gpu::nccl::Communicator;
 use prepare::ladder::Dtype;
 use prepare::launch::RankEnvironment;
-use prepare::package::{open_package, Package};
+use prepare::package::{open_package_retrying, Package};
 use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous};
 use prepare::select::SelectOptions;
 use prepare::serve::{Handle, ServeError, Status};
@@ -342,7 +342,7 @@ unsafe fn start(options: *const PrepareOptions) -> Result<Start, Failure> {
         // SAFETY: each entry is null or NUL-terminated by the caller's promise.
         let path = unsafe { c_str(path, &format!("options.packages[{index}]")) }?;
         let dir = PathBuf::from(OsStr::from_bytes(path.to_bytes()));
-        let package = open_package(&dir).map_err(|error| {
+        let package = open_package_retrying(&dir).map_err(|error| {
             // Package errors name their file; the directory is added where one does not.
             let mut message = chain(&error);
             let named = dir.display().to_string();
