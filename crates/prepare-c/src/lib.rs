@@ -458,6 +458,45 @@ pub unsafe extern "C" fn prepare_unique_id(out: *mut u8) -> PrepareStatus {
     })
 }
 
+/// Where a rank runs: its place in the world and its GPU.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    rank: u32,
+    world: u32,
+    gpu: usize,
+}
+
+/// Starts the handle of one rank, splitting from `parent` when given (its rendezvous is then
+/// unused), and writes it to `out`.
+///
+/// # Safety
+/// `out` is null or writable.
+unsafe fn open(
+    start: &Start,
+    place: Place,
+    rendezvous: Rendezvous,
+    parent: Option<Communicator>,
+    out: *mut *mut PrepareHandle,
+) -> Result<(), Failure> {
+    let setup = RankSetup {
+        rank: place.rank,
+        world: place.world,
+        gpu: place.gpu,
+        timeout: start.timeout,
+        rendezvous,
+        host: host(),
+    };
+    let reporter = &prepare::progress::Silent;
+    let handle = match parent {
+        None => Handle::start(&setup, &start.packages, &start.select, reporter)?,
+        Some(parent) => {
+            Handle::start_from_parent(&setup, parent, &start.packages, &start.select, reporter)?
+        }
+    };
+    // SAFETY: the caller's promise.
+    unsafe { hand_out(handle, out) }
+}
+
 /// Starts a handle from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 /// MASTER_PORT; the GPU is LOCAL_RANK, or entry LOCAL_RANK of PREPARE_GPUS). The ranks meet
 /// at MASTER_ADDR and PREPARE_PORT (default MASTER_PORT + 1). Collective: every rank calls it.
@@ -481,22 +520,13 @@ pub unsafe extern "C" fn prepare_open_env(
         for (name, value) in environment_defaults(lookup) {
             std::env::set_var(name, value);
         }
-        let setup = RankSetup {
+        let place = Place {
             rank: environment.rank,
             world: environment.world_size,
             gpu,
-            timeout: start.timeout,
-            rendezvous: Rendezvous::CommId,
-            host: host(),
         };
-        let handle = Handle::start(
-            &setup,
-            &start.packages,
-            &start.select,
-            &prepare::progress::Silent,
-        )?;
         // SAFETY: the caller's promise.
-        unsafe { hand_out(handle, out) }
+        unsafe { open(&start, place, Rendezvous::CommId, None, out) }
     })
 }
 
@@ -526,22 +556,9 @@ pub unsafe extern "C" fn prepare_open_unique_id(
         let gpu = gpu(device)?;
         // SAFETY: the caller's promise.
         let start = unsafe { start(options) }?;
-        let setup = RankSetup {
-            rank,
-            world,
-            gpu,
-            timeout: start.timeout,
-            rendezvous: Rendezvous::UniqueId(id),
-            host: host(),
-        };
-        let handle = Handle::start(
-            &setup,
-            &start.packages,
-            &start.select,
-            &prepare::progress::Silent,
-        )?;
+        let place = Place { rank, world, gpu };
         // SAFETY: the caller's promise.
-        unsafe { hand_out(handle, out) }
+        unsafe { open(&start, place, Rendezvous::UniqueId(id), None, out) }
     })
 }
 
@@ -574,23 +591,9 @@ pub unsafe extern "C" fn prepare_open_comm(
         // SAFETY: the caller promises a live communicator of this process for this rank and
         // world, kept alive and unused by other threads, as Communicator::adopt requires.
         let parent = unsafe { Communicator::adopt(nccl_comm, rank, world, nonblocking != 0) };
-        let setup = RankSetup {
-            rank,
-            world,
-            gpu,
-            timeout: start.timeout,
-            rendezvous: Rendezvous::CommId,
-            host: host(),
-        };
-        let handle = Handle::start_from_parent(
-            &setup,
-            parent,
-            &start.packages,
-            &start.select,
-            &prepare::progress::Silent,
-        )?;
+        let place = Place { rank, world, gpu };
         // SAFETY: the caller's promise.
-        unsafe { hand_out(handle, out) }
+        unsafe { open(&start, place, Rendezvous::CommId, Some(parent), out) }
     })
 }
 
