@@ -308,7 +308,12 @@ fn control_characters_from_files_are_printed_escaped() {
 
     // A choice's free text reaches `show` as written.
     let package = prepare::package::open_package(&out).unwrap();
-    let choice = package_support_choice(&package, "peer kernels\u{1b}[31m red \u{7}");
+    let choice = package_support::defaults_choice(
+        &package,
+        prepare::tune::choice::Tuning::Static,
+        prepare::tune::Policy::default(),
+        "peer kernels\u{1b}[31m red \u{7}",
+    );
     let file = scratch.path().join("choice.json");
     fs::write(&file, choice.to_bytes()).unwrap();
     let (code, stdout, stderr) = run_in(
@@ -332,7 +337,16 @@ fn control_characters_from_files_are_printed_escaped() {
 fn a_choice_with_a_huge_format_version_is_reported_as_such() {
     let (scratch, out) = scratch_with_package();
     let package = prepare::package::open_package(&out).unwrap();
-    let text = String::from_utf8(package_support_choice(&package, "t").to_bytes()).unwrap();
+    let text = String::from_utf8(
+        package_support::defaults_choice(
+            &package,
+            prepare::tune::choice::Tuning::Static,
+            prepare::tune::Policy::default(),
+            "t",
+        )
+        .to_bytes(),
+    )
+    .unwrap();
     let text = text.replacen(
         "\"format_version\": 2,",
         "\"format_version\": 1180591620717411303424,",
@@ -356,42 +370,4 @@ fn a_choice_with_a_huge_format_version_is_reported_as_such() {
         "{stderr}"
     );
     assert!(!stderr.contains("missing"), "{stderr}");
-}
-
-/// A choice of every bucket's default for the package, with this topology text.
-fn package_support_choice(
-    package: &prepare::package::Package,
-    topology: &str,
-) -> prepare::tune::choice::Choice {
-    use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
-    use prepare::tune::{BucketDecision, DecisionReason, Policy};
-    let ladder = package.ladder();
-    Choice {
-        format_version: CHOICE_FORMAT_VERSION,
-        tool_version: prepare::TOOL_VERSION.to_owned(),
-        package: package.identity().to_owned(),
-        ladder: ladder.name.clone(),
-        world_size: ladder.world_size,
-        fingerprint: "0".repeat(64),
-        topology: topology.to_owned(),
-        tuning: Tuning::Static,
-        policy: Policy::default(),
-        buckets: ladder
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(index, bucket)| BucketChoice {
-                min_bytes: ladder.bucket_min_bytes(index),
-                max_bytes: bucket.max_bytes,
-                decision: BucketDecision {
-                    index,
-                    winner: bucket.default.clone(),
-                    baseline: bucket.default.clone(),
-                    reason: DecisionReason::BaselineFastest,
-                    bit_exact: true,
-                    candidates: Vec::new(),
-                },
-            })
-            .collect(),
-    }
 }

@@ -14,67 +14,16 @@ use serde_json::Value;
 
 use package_support::{scratch, write_fixture};
 use prepare::ladder::Arch;
-use prepare::package::{open_package, Manifest, Package};
+use prepare::package::{open_package, Manifest};
 use prepare::select::cached_choice;
-use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
-use prepare::tune::{
-    BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
-};
-
-const KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+use prepare::tune::choice::{Choice, Tuning};
+use prepare::tune::Policy;
 
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: 256,
         failure_persistence: None,
         ..ProptestConfig::default()
-    }
-}
-
-/// A runtime choice of every bucket's default, every candidate timed and exact.
-fn choice(package: &Package) -> Choice {
-    let ladder = package.ladder();
-    let timed = |profile: &String| CandidateResult {
-        profile: profile.clone(),
-        exact: true,
-        outcome: CandidateOutcome::Timed {
-            slowdown: 1.0,
-            sizes: vec![SizeFigures {
-                bytes: 16,
-                median_us: 5.0,
-                min_us: 4.0,
-                max_us: 6.0,
-                rounds: 25,
-            }],
-        },
-    };
-    Choice {
-        format_version: CHOICE_FORMAT_VERSION,
-        tool_version: prepare::TOOL_VERSION.to_owned(),
-        package: package.identity().to_owned(),
-        ladder: ladder.name.clone(),
-        world_size: ladder.world_size,
-        fingerprint: KEY.to_owned(),
-        topology: "peer kernels".to_owned(),
-        tuning: Tuning::Runtime,
-        policy: Policy::default(),
-        buckets: ladder
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(index, bucket)| BucketChoice {
-                min_bytes: ladder.bucket_min_bytes(index),
-                max_bytes: bucket.max_bytes,
-                decision: BucketDecision {
-                    index,
-                    winner: bucket.default.clone(),
-                    baseline: bucket.default.clone(),
-                    reason: DecisionReason::BaselineFastest,
-                    bit_exact: true,
-                    candidates: bucket.candidates.iter().map(timed).collect(),
-                },
-            })
-            .collect(),
     }
 }
 
@@ -191,7 +140,7 @@ proptest! {
         let (scratch, out) = scratch();
         write_fixture(&out, Arch::Sm120);
         let package = open_package(&out).unwrap();
-        let bytes = choice(&package).to_bytes();
+        let bytes = package_support::defaults_choice(&package, Tuning::Runtime, Policy::default(), "peer kernels").to_bytes();
         let corrupted = corrupt(&bytes, &corruption);
         let path = scratch.path().join("choice.json");
         fs::write(&path, &corrupted).unwrap();
@@ -210,7 +159,7 @@ proptest! {
         let (_scratch, out) = scratch();
         write_fixture(&out, Arch::Sm120);
         let package = open_package(&out).unwrap();
-        let good = choice(&package);
+        let good = package_support::defaults_choice(&package, Tuning::Runtime, Policy::default(), "peer kernels");
         let policy = Policy::default();
         let bytes = good.to_bytes();
         let changed = if by_leaf {
@@ -218,11 +167,11 @@ proptest! {
         } else {
             corrupt(&bytes, &corruption)
         };
-        if let Some(hit) = cached_choice(&changed, &package, KEY, &policy) {
+        if let Some(hit) = cached_choice(&changed, &package, package_support::CHOICE_KEY, &policy) {
             // Whatever was changed left every rule standing: the winners are still the
             // bucket's timed candidates under this package, key and policy.
             prop_assert_eq!(&hit.package, package.identity());
-            prop_assert_eq!(&hit.fingerprint, KEY);
+            prop_assert_eq!(&hit.fingerprint, package_support::CHOICE_KEY);
             for (bucket, ladder_bucket) in hit.buckets.iter().zip(&package.ladder().buckets) {
                 prop_assert!(ladder_bucket.candidates.contains(&bucket.decision.winner));
             }

@@ -14,10 +14,8 @@ use prepare::package::{
     CandidateQualification, Manifest, Outcome, PackageError, Qualification, QualifiedGpu,
 };
 use prepare::select::cached_choice;
-use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
-use prepare::tune::{
-    BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
-};
+use prepare::tune::choice::{Choice, Tuning};
+use prepare::tune::{CandidateOutcome, Policy};
 
 fn write_force(out: &Path) -> Result<prepare::package::PackageSummary, PackageError> {
     let ladder = ladder(LADDER);
@@ -221,58 +219,6 @@ type ManifestChange = Box<dyn Fn(&mut Manifest)>;
 /// A change to a cache entry that must make it miss.
 type ChoiceChange = Box<dyn Fn(&mut Choice)>;
 
-const KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
-
-fn timed(profile: &str, exact: bool) -> CandidateResult {
-    CandidateResult {
-        profile: profile.to_owned(),
-        exact,
-        outcome: CandidateOutcome::Timed {
-            slowdown: 1.0,
-            sizes: vec![SizeFigures {
-                bytes: 16,
-                median_us: 5.0,
-                min_us: 4.0,
-                max_us: 6.0,
-                rounds: 25,
-            }],
-        },
-    }
-}
-
-/// A runtime choice of each bucket's default, every candidate timed and exact.
-fn runtime_choice(package: &prepare::package::Package, policy: Policy) -> Choice {
-    let ladder = package.ladder();
-    Choice {
-        format_version: CHOICE_FORMAT_VERSION,
-        tool_version: prepare::TOOL_VERSION.to_owned(),
-        package: package.identity().to_owned(),
-        ladder: ladder.name.clone(),
-        world_size: ladder.world_size,
-        fingerprint: KEY.to_owned(),
-        topology: "peer kernels: one host, full peer access".to_owned(),
-        tuning: Tuning::Runtime,
-        policy,
-        buckets: ladder
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(index, bucket)| BucketChoice {
-                min_bytes: ladder.bucket_min_bytes(index),
-                max_bytes: bucket.max_bytes,
-                decision: BucketDecision {
-                    index,
-                    winner: bucket.default.clone(),
-                    baseline: bucket.default.clone(),
-                    reason: DecisionReason::BaselineFastest,
-                    bit_exact: true,
-                    candidates: bucket.candidates.iter().map(|id| timed(id, true)).collect(),
-                },
-            })
-            .collect(),
-    }
-}
-
 #[test]
 fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
     let (_scratch, out) = scratch();
@@ -283,9 +229,19 @@ fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
         ..Policy::default()
     };
     for policy in [Policy::default(), exact_only] {
-        let good = runtime_choice(&package, policy);
+        let good = package_support::defaults_choice(
+            &package,
+            Tuning::Runtime,
+            policy,
+            "peer kernels: one host, full peer access",
+        );
         assert_eq!(
-            cached_choice(&good.to_bytes(), &package, KEY, &policy),
+            cached_choice(
+                &good.to_bytes(),
+                &package,
+                package_support::CHOICE_KEY,
+                &policy
+            ),
             Some(good.clone())
         );
     }
@@ -326,10 +282,20 @@ fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
         ),
     ];
     for (what, policy, change) in changes {
-        let mut changed = runtime_choice(&package, policy);
+        let mut changed = package_support::defaults_choice(
+            &package,
+            Tuning::Runtime,
+            policy,
+            "peer kernels: one host, full peer access",
+        );
         change(&mut changed);
         assert_eq!(
-            cached_choice(&changed.to_bytes(), &package, KEY, &policy),
+            cached_choice(
+                &changed.to_bytes(),
+                &package,
+                package_support::CHOICE_KEY,
+                &policy
+            ),
             None,
             "{what} must miss"
         );
@@ -357,10 +323,20 @@ fn a_cache_entry_naming_a_winner_the_package_dropped_misses() {
     .unwrap();
     let package = open_package(&out).unwrap();
     let policy = Policy::default();
-    let choice = runtime_choice(&package, policy);
+    let choice = package_support::defaults_choice(
+        &package,
+        Tuning::Runtime,
+        policy,
+        "peer kernels: one host, full peer access",
+    );
     assert_eq!(choice.buckets[0].decision.winner, "one_shot_push");
     assert_eq!(
-        cached_choice(&choice.to_bytes(), &package, KEY, &policy),
+        cached_choice(
+            &choice.to_bytes(),
+            &package,
+            package_support::CHOICE_KEY,
+            &policy
+        ),
         None
     );
 }

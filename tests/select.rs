@@ -4,67 +4,18 @@
 
 mod package_support;
 
+use package_support::CHOICE_KEY;
+
 use prepare::package::open_package;
 use prepare::select::cached_choice;
-use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
-use prepare::tune::{
-    BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
-};
+use prepare::tune::choice::{Choice, Tuning, CHOICE_FORMAT_VERSION};
+use prepare::tune::Policy;
+
+/// The topology text of the test choices.
+const TOPOLOGY: &str = "peer kernels: one host, full peer access";
 
 /// A change to a choice that must make it miss.
 type Change = Box<dyn Fn(&mut Choice)>;
-
-const KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
-
-/// A choice of every bucket's default for the package.
-fn choice(package: &prepare::package::Package) -> Choice {
-    let ladder = package.ladder();
-    Choice {
-        format_version: CHOICE_FORMAT_VERSION,
-        tool_version: prepare::TOOL_VERSION.to_owned(),
-        package: package.identity().to_owned(),
-        ladder: ladder.name.clone(),
-        world_size: ladder.world_size,
-        fingerprint: KEY.to_owned(),
-        topology: "peer kernels: one host, full peer access".to_owned(),
-        tuning: Tuning::Runtime,
-        policy: Policy::default(),
-        buckets: ladder
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(index, bucket)| BucketChoice {
-                min_bytes: ladder.bucket_min_bytes(index),
-                max_bytes: bucket.max_bytes,
-                decision: BucketDecision {
-                    index,
-                    winner: bucket.default.clone(),
-                    baseline: bucket.default.clone(),
-                    reason: DecisionReason::BaselineFastest,
-                    bit_exact: true,
-                    candidates: bucket
-                        .candidates
-                        .iter()
-                        .map(|profile| CandidateResult {
-                            profile: profile.clone(),
-                            exact: true,
-                            outcome: CandidateOutcome::Timed {
-                                slowdown: 1.0,
-                                sizes: vec![SizeFigures {
-                                    bytes: bucket.max_bytes,
-                                    median_us: 5.0,
-                                    min_us: 4.5,
-                                    max_us: 5.5,
-                                    rounds: 25,
-                                }],
-                            },
-                        })
-                        .collect(),
-                },
-            })
-            .collect(),
-    }
-}
 
 #[test]
 fn only_a_choice_that_fits_is_taken_from_the_cache() {
@@ -73,8 +24,9 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
     package_support::write_fixture(&out, prepare::ladder::Arch::Sm120);
     let package = open_package(&out).unwrap();
     let policy = Policy::default();
-    let good = choice(&package);
-    let fits = |choice: &Choice| cached_choice(&choice.to_bytes(), &package, KEY, &policy);
+    let good =
+        package_support::defaults_choice(&package, Tuning::Runtime, Policy::default(), TOPOLOGY);
+    let fits = |choice: &Choice| cached_choice(&choice.to_bytes(), &package, CHOICE_KEY, &policy);
     assert_eq!(fits(&good), Some(good.clone()));
 
     let changes: Vec<(&str, Change)> = vec![
@@ -106,7 +58,10 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
         change(&mut changed);
         assert_eq!(fits(&changed), None, "{what} must miss");
     }
-    assert_eq!(cached_choice(b"{ torn", &package, KEY, &policy), None);
+    assert_eq!(
+        cached_choice(b"{ torn", &package, CHOICE_KEY, &policy),
+        None
+    );
 }
 
 /// An entry of choice format 1 (figures at the largest message only) is a miss, not an error:
@@ -118,7 +73,13 @@ fn a_cached_choice_of_format_1_misses() {
     package_support::write_fixture(&out, prepare::ladder::Arch::Sm120);
     let package = open_package(&out).unwrap();
     let policy = Policy::default();
-    let mut value = serde_json::to_value(choice(&package)).unwrap();
+    let mut value = serde_json::to_value(package_support::defaults_choice(
+        &package,
+        Tuning::Runtime,
+        Policy::default(),
+        TOPOLOGY,
+    ))
+    .unwrap();
     value["format_version"] = 1.into();
     value["buckets"][0]["candidates"] = serde_json::json!([{
         "profile": value["buckets"][0]["winner"].clone(),
@@ -130,5 +91,5 @@ fn a_cached_choice_of_format_1_misses() {
         "rounds": 30
     }]);
     let bytes = serde_json::to_vec_pretty(&value).unwrap();
-    assert_eq!(cached_choice(&bytes, &package, KEY, &policy), None);
+    assert_eq!(cached_choice(&bytes, &package, CHOICE_KEY, &policy), None);
 }

@@ -177,3 +177,73 @@ pub fn regex_escape(text: &str) -> String {
     }
     escaped
 }
+
+/// A fingerprint for test choices.
+pub const CHOICE_KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+/// A candidate timed at one size, at 5 us.
+pub fn timed_candidate(profile: &str, bytes: u64, exact: bool) -> prepare::tune::CandidateResult {
+    use prepare::tune::{CandidateOutcome, CandidateResult, SizeFigures};
+    CandidateResult {
+        profile: profile.to_owned(),
+        exact,
+        outcome: CandidateOutcome::Timed {
+            slowdown: 1.0,
+            sizes: vec![SizeFigures {
+                bytes,
+                median_us: 5.0,
+                min_us: 4.0,
+                max_us: 6.0,
+                rounds: 25,
+            }],
+        },
+    }
+}
+
+/// A choice of every bucket's default for the package under `CHOICE_KEY`: runtime tuning with
+/// every candidate timed and exact, or static tuning with none.
+pub fn defaults_choice(
+    package: &prepare::package::Package,
+    tuning: prepare::tune::choice::Tuning,
+    policy: prepare::tune::Policy,
+    topology: &str,
+) -> prepare::tune::choice::Choice {
+    use prepare::tune::choice::{BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
+    use prepare::tune::{BucketDecision, DecisionReason};
+    let ladder = package.ladder();
+    Choice {
+        format_version: CHOICE_FORMAT_VERSION,
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        package: package.identity().to_owned(),
+        ladder: ladder.name.clone(),
+        world_size: ladder.world_size,
+        fingerprint: CHOICE_KEY.to_owned(),
+        topology: topology.to_owned(),
+        tuning,
+        policy,
+        buckets: ladder
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(index, bucket)| BucketChoice {
+                min_bytes: ladder.bucket_min_bytes(index),
+                max_bytes: bucket.max_bytes,
+                decision: BucketDecision {
+                    index,
+                    winner: bucket.default.clone(),
+                    baseline: bucket.default.clone(),
+                    reason: DecisionReason::BaselineFastest,
+                    bit_exact: true,
+                    candidates: match tuning {
+                        Tuning::Runtime => bucket
+                            .candidates
+                            .iter()
+                            .map(|profile| timed_candidate(profile, bucket.max_bytes, true))
+                            .collect(),
+                        Tuning::Static => Vec::new(),
+                    },
+                },
+            })
+            .collect(),
+    }
+}
