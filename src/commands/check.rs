@@ -68,6 +68,14 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         record.gpu_uuid,
         runtime.topology()
     );
+    if let Ok(nccl) = prepare::gpu::nccl::library() {
+        let (major, minor, patch) = nccl.version;
+        println!(
+            "NCCL {major}.{minor}.{patch} from {} ({})",
+            prepare::files::escape_control(&nccl.path.display().to_string()),
+            nccl.found
+        );
+    }
     let soak_collective = match args.soak_collective {
         SoakKind::Nccl => SoakCollective::Nccl,
         SoakKind::Custom => SoakCollective::Custom,
