@@ -23,7 +23,7 @@ use crate::select::{select, SelectError, SelectOptions, Selection};
 use crate::tune::choice::Choice;
 
 /// Why a serving call failed. Each variant is a condition a caller can act on; the C ABI maps
-/// them to status codes ([`ServeError::status`]).
+/// them to its status codes.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// Start-up selection failed (bootstrap, a peer missing, ranks disagreeing, a cache or
@@ -136,62 +136,6 @@ pub enum ServeError {
         /// The decoded abort word.
         abort: Abort,
     },
-}
-
-/// Status codes of the C ABI, one per [`ServeError`] kind; 0 is success.
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// Success.
-    Ok = 0,
-    /// An argument is invalid (null, not of this GPU, a dtype no package holds, too large).
-    InvalidArgument = 1,
-    /// A package or ladder was refused (unreadable, tampered, for another GPU or world).
-    PackageRefused = 2,
-    /// A peer did not take part before the deadline (bootstrap, agreement, a kernel's wait).
-    PeerTimeout = 3,
-    /// The driver, NCCL or a kernel failed.
-    RuntimeFailure = 4,
-    /// A panic was caught at the boundary (a bug in this library).
-    Internal = 5,
-}
-
-impl ServeError {
-    /// The status code the C ABI returns for it.
-    pub fn status(&self) -> Status {
-        match self {
-            ServeError::NoPackage { .. }
-            | ServeError::DtypeNotServed { .. }
-            | ServeError::BadArgument { .. }
-            | ServeError::CannotForce { .. }
-            | ServeError::MessageTooLarge { .. }
-            | ServeError::ZeroCopyTooSmall { .. } => Status::InvalidArgument,
-            ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
-                Status::PackageRefused
-            }
-            ServeError::PeerTimeout { .. } => Status::PeerTimeout,
-            ServeError::Runtime(error) | ServeError::Select(SelectError::Runtime(error)) => {
-                runtime_status(error)
-            }
-            ServeError::Select(_) | ServeError::Aborted { .. } => Status::RuntimeFailure,
-        }
-    }
-}
-
-fn runtime_status(error: &RuntimeError) -> Status {
-    match error {
-        RuntimeError::Timeout { .. }
-        | RuntimeError::Aborted {
-            abort:
-                Abort {
-                    reason: AbortReason::PeerTimeout,
-                    ..
-                },
-            ..
-        } => Status::PeerTimeout,
-        RuntimeError::WrongArchitecture { .. } => Status::PackageRefused,
-        _ => Status::RuntimeFailure,
-    }
 }
 
 impl From<RuntimeError> for ServeError {

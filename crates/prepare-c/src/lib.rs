@@ -14,14 +14,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use prepare::gpu::abort::{Abort, AbortReason};
 use prepare::gpu::driver::DeviceMemory as _;
 use prepare::gpu::nccl::Communicator;
 use prepare::ladder::Dtype;
 use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
+use prepare::runtime::RuntimeError;
 use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous};
+use prepare::select::SelectError;
 use prepare::select::SelectOptions;
-use prepare::serve::{Handle, ServeError, Status};
+use prepare::serve::{Handle, ServeError};
 use prepare::tune::choice::Tuning;
 
 /// Bytes in an NCCL unique id ([`prepare_unique_id`], [`prepare_open_unique_id`]).
@@ -116,20 +119,45 @@ impl Failure {
 impl From<ServeError> for Failure {
     fn from(error: ServeError) -> Failure {
         Failure {
-            status: status(error.status()),
+            status: status(&error),
             message: chain(&error),
         }
     }
 }
 
-fn status(status: Status) -> PrepareStatus {
-    match status {
-        Status::Ok => PrepareStatus::Ok,
-        Status::InvalidArgument => PrepareStatus::InvalidArgument,
-        Status::PackageRefused => PrepareStatus::PackageRefused,
-        Status::PeerTimeout => PrepareStatus::PeerTimeout,
-        Status::RuntimeFailure => PrepareStatus::RuntimeFailure,
-        Status::Internal => PrepareStatus::Internal,
+/// The status a serving error is returned as.
+fn status(error: &ServeError) -> PrepareStatus {
+    match error {
+        ServeError::NoPackage { .. }
+        | ServeError::DtypeNotServed { .. }
+        | ServeError::BadArgument { .. }
+        | ServeError::CannotForce { .. }
+        | ServeError::MessageTooLarge { .. }
+        | ServeError::ZeroCopyTooSmall { .. } => PrepareStatus::InvalidArgument,
+        ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
+            PrepareStatus::PackageRefused
+        }
+        ServeError::PeerTimeout { .. } => PrepareStatus::PeerTimeout,
+        ServeError::Runtime(error) | ServeError::Select(SelectError::Runtime(error)) => {
+            runtime_status(error)
+        }
+        ServeError::Select(_) | ServeError::Aborted { .. } => PrepareStatus::RuntimeFailure,
+    }
+}
+
+fn runtime_status(error: &RuntimeError) -> PrepareStatus {
+    match error {
+        RuntimeError::Timeout { .. }
+        | RuntimeError::Aborted {
+            abort:
+                Abort {
+                    reason: AbortReason::PeerTimeout,
+                    ..
+                },
+            ..
+        } => PrepareStatus::PeerTimeout,
+        RuntimeError::WrongArchitecture { .. } => PrepareStatus::PackageRefused,
+        _ => PrepareStatus::RuntimeFailure,
     }
 }
 
