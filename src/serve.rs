@@ -13,7 +13,7 @@ use std::fmt;
 
 use crate::collective::{Collectives, EntryId, Operands};
 use crate::gpu::abort::{Abort, AbortReason};
-use crate::gpu::driver::{CallerMemory, DeviceMemory as _, DriverError, HostWords, Stream};
+use crate::gpu::driver::{CallerMemory, DriverError, HostWords, Stream};
 use crate::gpu::nccl::Communicator;
 use crate::ladder::Dtype;
 use crate::package::Package;
@@ -100,21 +100,6 @@ pub enum ServeError {
         rank: u32,
         /// Why not.
         reason: String,
-    },
-    /// The zero-copy region cannot hold what was asked.
-    #[error(
-        "rank {rank}: the zero-copy region of the {dtype} package holds {capacity} bytes, \
-         {requested} were asked for; larger messages go through any tensor"
-    )]
-    ZeroCopyTooSmall {
-        /// This rank.
-        rank: u32,
-        /// The dtype.
-        dtype: &'static str,
-        /// Bytes it holds.
-        capacity: u64,
-        /// Bytes asked for.
-        requested: u64,
     },
     /// A kernel gave up waiting for a peer: the peer is gone or stuck. The handle cannot be
     /// used again; every rank must start a new one.
@@ -324,12 +309,6 @@ impl Handle {
         &self.runtime
     }
 
-    /// The NCCL library this process uses (the one already loaded, such as PyTorch's, when
-    /// there was one).
-    pub fn nccl_library(&self) -> Option<std::path::PathBuf> {
-        crate::gpu::nccl::library_path()
-    }
-
     /// The dtypes served, in the order the packages were given.
     pub fn dtypes(&self) -> impl Iterator<Item = Dtype> + '_ {
         self.served.iter().map(|served| served.dtype)
@@ -430,22 +409,6 @@ impl Handle {
     /// memory is as good.
     pub fn zero_copy_region(&self, dtype: Dtype) -> Result<Option<CallerMemory>, ServeError> {
         Ok(self.served(dtype)?.collectives.input_region())
-    }
-
-    /// Checks that `bytes` fit the zero-copy region of `dtype` and returns it.
-    pub fn zero_copy(&self, dtype: Dtype, bytes: u64) -> Result<Option<CallerMemory>, ServeError> {
-        let region = self.zero_copy_region(dtype)?;
-        if let Some(region) = region {
-            if bytes > region.len_bytes() as u64 {
-                return Err(ServeError::ZeroCopyTooSmall {
-                    rank: self.rank(),
-                    dtype: dtype.name(),
-                    capacity: region.len_bytes() as u64,
-                    requested: bytes,
-                });
-            }
-        }
-        Ok(region)
     }
 
     /// Enqueues the all-reduce of `elements` of `dtype` from device address `input` into

@@ -132,8 +132,7 @@ fn status(error: &ServeError) -> PrepareStatus {
         | ServeError::DtypeNotServed { .. }
         | ServeError::BadArgument { .. }
         | ServeError::CannotForce { .. }
-        | ServeError::MessageTooLarge { .. }
-        | ServeError::ZeroCopyTooSmall { .. } => PrepareStatus::InvalidArgument,
+        | ServeError::MessageTooLarge { .. } => PrepareStatus::InvalidArgument,
         ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
             PrepareStatus::PackageRefused
         }
