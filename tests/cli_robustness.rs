@@ -314,23 +314,28 @@ fn control_characters_from_files_are_printed_escaped() {
         prepare::tune::Policy::default(),
         "peer kernels\u{1b}[31m red \u{7}",
     );
-    let file = scratch.path().join("choice.json");
-    fs::write(&file, choice.to_bytes()).unwrap();
-    let (code, stdout, stderr) = run_in(
-        scratch.path(),
-        &[
-            "show",
-            out.to_str().unwrap(),
-            "--choice",
-            file.to_str().unwrap(),
-        ],
-    );
+    let (code, stdout, stderr) = show_with_choice(scratch.path(), &out, &choice.to_bytes());
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
         "{stdout}"
     );
     assert!(stdout.contains("\\u{1b}[31m red \\u{7}"), "{stdout}");
+}
+
+/// `prepare show PACKAGE --choice FILE`, FILE holding `choice`, in `dir`.
+fn show_with_choice(dir: &Path, package: &Path, choice: &[u8]) -> (Option<i32>, String, String) {
+    let file = dir.join("choice.json");
+    fs::write(&file, choice).unwrap();
+    run_in(
+        dir,
+        &[
+            "show",
+            package.to_str().unwrap(),
+            "--choice",
+            file.to_str().unwrap(),
+        ],
+    )
 }
 
 #[test]
@@ -352,17 +357,7 @@ fn a_choice_with_a_huge_format_version_is_reported_as_such() {
         "\"format_version\": 1180591620717411303424,",
         1,
     );
-    let file = scratch.path().join("choice.json");
-    fs::write(&file, text).unwrap();
-    let (code, _, stderr) = run_in(
-        scratch.path(),
-        &[
-            "show",
-            out.to_str().unwrap(),
-            "--choice",
-            file.to_str().unwrap(),
-        ],
-    );
+    let (code, _, stderr) = show_with_choice(scratch.path(), &out, text.as_bytes());
     assert_eq!(code, Some(1), "{stderr}");
     // serde_json holds a number this large as a float, and prints it as one.
     assert!(
