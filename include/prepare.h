@@ -40,8 +40,7 @@ typedef int32_t PrepareStatus;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Element types. Only bf16 packages exist today; the others are refused with
-// [`PrepareStatus::InvalidArgument`] until packages hold them.
+// Element types; a handle serves those its packages hold (one package per dtype).
 enum PrepareDtype
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : int32_t

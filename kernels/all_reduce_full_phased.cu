@@ -1,90 +1,66 @@
-// all_reduce_full_phased.cu: full all-reduce of bf16 by whole-message exchange, one peer at a
-// time, as a thread-block cluster kernel.
+// all_reduce_full_phased.cu: full all-reduce by whole-message exchange, one peer at a time, as
+// a thread-block cluster kernel.
 //
-// Entry (takes AllReduceParams by value):
-//   all_reduce_full_phased_bf16  cluster 0 does all the work; every other cluster returns at
-//       once and joins no flag protocol. In phase k (1..world-1) rank r writes its whole input
-//       into slot r of rank (r+k) mod world's scratch and nothing to anyone else, so a link or
-//       PCIe root complex never carries all-to-all writes; then every rank sums its input and
-//       the slots in rank order, so all write the same bytes. Between phases the cluster
-//       synchronises and CTA 0 alone raises and waits for one flag pair (prepare_cluster.cuh).
-//       Scratch: world slots of round_up(2 * elements, 16) bytes.
+// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+//   all_reduce_full_phased_<dtype>  cluster 0 does all the work; every other cluster returns
+//       at once and joins no flag protocol. In phase k (1..world-1) rank r writes its whole
+//       input into slot r of rank (r+k) mod world's scratch and nothing to anyone else, so a
+//       link or PCIe root complex never carries all-to-all writes; then every rank sums its
+//       input and the slots in rank order, so all write the same bytes. Between phases the
+//       cluster synchronises and CTA 0 alone raises and waits for one flag pair
+//       (prepare_cluster.cuh).
+//       Scratch: world slots of round_up(elements * sizeof(T), 16) bytes.
 //       Barriers: start (set 0, all peers), one flag per phase (set 1).
 // Requirements: launched with cluster dimensions (the ladders use 64 blocks of 512 threads in
-// clusters of 8), which the launch layer guarantees for this kernel; world 2..8; any element
-// count; the pointers and scratch_offset 16-byte aligned; its own message read from `input`,
-// every output element written by the thread that read it, after reading it, so the output may
-// be the input (in place) but no scratch region.
-#include "prepare_abi.cuh"
-#include "prepare_bf16.cuh"
+// clusters of 8), which the launch layer guarantees for this kernel; the world size it was
+// compiled for; any element count; the pointers and scratch_offset 16-byte aligned; its own
+// message read from `input`, every output element written by the thread that read it, after
+// reading it, so the output may be the input (in place) but no scratch region.
 #include "prepare_cluster.cuh"
+#include "prepare_entry.cuh"
 #include "prepare_layout.cuh"
-#include "prepare_sync.cuh"
 
 namespace prepare {
 
-template <int N>
-__device__ void full_phased(const AllReduceParams& params, ClusterFlags& flags, int& outcome) {
-    const unsigned int cta = cluster_cta_rank();
-    const unsigned int ctas = cluster_cta_count();
-    const unsigned int rank = params.rank;
-    cluster_begin(params, flags, cta);
-    // Start: every peer has finished its previous launch, which read its slots, so they may be
-    // overwritten.
-    if (!cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetStart, all_peers<N>(rank),
-                             all_peers<N>(rank))) {
-        return;
-    }
-    const Workers workers = {static_cast<u64>(cta) * blockDim.x + threadIdx.x,
-                             static_cast<u64>(ctas) * blockDim.x};
-    const Range message = whole_message(params.elements);
-    const u64 slot = message_bytes(params.elements);
-    const unsigned char* input = params.input;
-    unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
-
-    for (int k = 1; k < N; ++k) {
-        const unsigned int destination_rank = (rank + k) % N;
-        const unsigned int source_rank = (rank + N - k) % N;
-        unsigned char* destination =
-            params.buffers[destination_rank] + params.scratch_offset + rank * slot;
-        for_each_owned(
-            message, workers, [&](u64 v) { store_vector(destination, v, load_vector(input, v)); },
-            [&](u64 e) { store_element(destination, e, load_element(input, e)); });
-        // Phase k: this rank's input is in the destination's slot, the source's in this rank's.
-        if (!cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetData,
-                                 1u << destination_rank, 1u << source_rank)) {
+struct FullPhased {
+    template <typename T, int N>
+    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome) {
+        const unsigned int cta = cluster_cta_rank();
+        const unsigned int ctas = cluster_cta_count();
+        const unsigned int rank = params.rank;
+        // Start: every peer has finished its previous launch, which read its slots, so they
+        // may be overwritten.
+        if (!cluster_begin_with_start<N>(params, flags, outcome, cta, ctas)) {
             return;
         }
-    }
+        const Workers workers = cluster_workers(cta, ctas);
+        const Range message = whole_message<T>(params.elements);
+        const u64 slot = message_bytes<T>(params.elements);
 
-    const unsigned char* sources[N];
-#pragma unroll
-    for (int q = 0; q < N; ++q) {
-        sources[q] = static_cast<unsigned int>(q) == rank ? input : own_scratch + q * slot;
+        for (int k = 1; k < N; ++k) {
+            const unsigned int destination_rank = (rank + k) % N;
+            const unsigned int source_rank = (rank + N - k) % N;
+            copy_owned<T>(params.input,
+                          params.buffers[destination_rank] + params.scratch_offset + rank * slot,
+                          0, message, workers);
+            // Phase k: this rank's input is in the destination's slot, the source's in this
+            // rank's.
+            if (!cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetData,
+                                     1u << destination_rank, 1u << source_rank)) {
+                return;
+            }
+        }
+
+        const unsigned char* sources[N];
+        rank_sources<N>(rank, params.input, params.buffers[rank] + params.scratch_offset, slot,
+                        sources);
+        sum_owned<T, N>(sources, 0, static_cast<unsigned char*>(params.output), message, workers);
+        // No end barrier: no peer reads this rank's memory, and peers write its slots again
+        // only after the next launch's start exchange.
+        cluster_end(params, flags, cta);
     }
-    unsigned char* output = static_cast<unsigned char*>(params.output);
-    sum_owned<N>(sources, 0, output, message, workers);
-    // No end barrier: no peer reads this rank's memory, and peers write its slots again only
-    // after the next launch's start exchange.
-    cluster_end(params, flags, cta);
-}
+};
 
 }  // namespace prepare
 
-// Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
-extern "C" __global__ void __launch_bounds__(1024)
-    all_reduce_full_phased_bf16(AllReduceParams params) {
-    // One active cluster: the others leave before any cluster barrier or flag.
-    if (prepare::cluster_index() != 0) {
-        return;
-    }
-    if (!prepare::cluster_launch_is_valid(params)) {
-        if (prepare::cluster_cta_rank() == 0 && threadIdx.x == 0 && params.state != nullptr) {
-            prepare::record_abort(params.state, PREPARE_ABORT_INVALID_LAUNCH, params.rank);
-        }
-        return;
-    }
-    __shared__ prepare::ClusterFlags flags;
-    __shared__ int outcome;
-    PREPARE_DISPATCH_WORLD(prepare::full_phased, params, flags, outcome)
-}
+PREPARE_ENTRY(all_reduce_full_phased, cluster_kernel, prepare::FullPhased)

@@ -7,6 +7,7 @@
 // (distributed shared memory), so the whole cluster continues or returns at the same barrier.
 #pragma once
 
+#include "prepare_layout.cuh"
 #include "prepare_sync.cuh"
 
 namespace prepare {
@@ -64,9 +65,10 @@ struct ClusterFlags {
 
 // The cluster kernel's checks: the common ones plus a real cluster (a launch without cluster
 // dimensions reports one CTA per cluster) whose CTAs each have a thread to receive the outcome.
+template <typename T, int N>
 __device__ __forceinline__ bool cluster_launch_is_valid(const AllReduceParams& params) {
     const unsigned int ctas = cluster_cta_count();
-    return launch_is_valid(params, gridDim.x) && ctas >= 2 && ctas <= blockDim.x;
+    return launch_is_valid<T, N>(params, gridDim.x) && ctas >= 2 && ctas <= blockDim.x;
 }
 
 // Every thread of every CTA calls it; CTA 0 reads the abort word and its epoch.
@@ -130,6 +132,40 @@ __device__ __forceinline__ void cluster_end(const AllReduceParams& params,
 template <int N>
 __device__ __forceinline__ unsigned int all_peers(unsigned int rank) {
     return ((1u << N) - 1u) & ~(1u << rank);
+}
+
+// A cluster kernel's begin and its start exchange with every peer (set 0): false means return
+// at once.
+template <int N>
+__device__ __forceinline__ bool cluster_begin_with_start(const AllReduceParams& params,
+                                                         ClusterFlags& flags, int& outcome,
+                                                         unsigned int cta, unsigned int ctas) {
+    cluster_begin(params, flags, cta);
+    return cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetStart,
+                               all_peers<N>(params.rank), all_peers<N>(params.rank));
+}
+
+// The threads of the cluster, as the phased kernels hand out work.
+__device__ __forceinline__ Workers cluster_workers(unsigned int cta, unsigned int ctas) {
+    return {static_cast<u64>(cta) * blockDim.x + threadIdx.x, static_cast<u64>(ctas) * blockDim.x};
+}
+
+// The body of every cluster kernel's entry: cluster 0 runs `Algorithm::run<T, N>` and every
+// other cluster returns at once, joining no flag protocol.
+template <typename Algorithm, typename T, int N>
+__device__ __forceinline__ void cluster_kernel(const AllReduceParams& params) {
+    if (cluster_index() != 0) {
+        return;
+    }
+    if (!cluster_launch_is_valid<T, N>(params)) {
+        if (cluster_cta_rank() == 0 && threadIdx.x == 0 && params.state != nullptr) {
+            record_abort(params.state, PREPARE_ABORT_INVALID_LAUNCH, params.rank);
+        }
+        return;
+    }
+    __shared__ ClusterFlags flags;
+    __shared__ int outcome;
+    Algorithm::template run<T, N>(params, flags, outcome);
 }
 
 }  // namespace prepare

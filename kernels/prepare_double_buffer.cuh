@@ -1,5 +1,5 @@
-// prepare_double_buffer.cuh: what the double-buffered kernels share: their launch counter,
-// their scratch layout and their step flags.
+// prepare_double_buffer.cuh: the protocols of the double-buffered kernels: their launch
+// counter, their scratch layout, the `ll` lines (flags in the data) and the `simple` step flags.
 //
 // These kernels have no barrier. Each launch writes its data into its peers' scratch and waits
 // only for what the peers write into its own. Two things make that safe:
@@ -25,6 +25,7 @@
 #pragma once
 
 #include "prepare_abi.cuh"
+#include "prepare_element.cuh"
 #include "prepare_sync.cuh"
 
 #define PREPARE_DOUBLE_BUFFER_CHUNK_BYTES 8192
@@ -58,6 +59,127 @@ __device__ __forceinline__ u64 double_buffer_offset(u64 slot_byte, u64 parity, u
     const u64 chunk = slot_byte / PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
     return ((chunk * 2 + parity) * N + slot) * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES +
            slot_byte % PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
+}
+
+// The ll protocol: every 16-byte line carries 8 bytes of data and the launch's flag twice,
+// {low word, flag, high word, flag}, and is read until both flags match, so no fence or
+// separate flag is needed. A reader zeroes each line it consumed, so a line unwritten for 2^32
+// launches cannot match a later flag.
+
+// A line's flag: the launch number's low 32 bits, never 0 (consumed lines are zero).
+__device__ __forceinline__ unsigned int line_flag(u64 launch) {
+    const unsigned int low = static_cast<unsigned int>(launch);
+    return low != 0 ? low : 1u;
+}
+
+template <int N>
+__device__ __forceinline__ unsigned int* line_address(unsigned char* region, u64 line, u64 parity,
+                                                      unsigned int slot) {
+    return reinterpret_cast<unsigned int*>(region +
+                                           double_buffer_offset<N>(line * 16, parity, slot));
+}
+
+// Whether a line carries `flag` in both its flag words.
+__device__ __forceinline__ bool line_arrived(const unsigned int (&words)[4], unsigned int flag) {
+    return words[1] == flag && words[3] == flag;
+}
+
+// Sends a vector as lines 2v and 2v + 1 of slot `slot` in a peer's region.
+template <int N>
+__device__ __forceinline__ void send_vector_lines(unsigned char* region, u64 v, u64 parity,
+                                                  unsigned int slot, const Vec16& x,
+                                                  unsigned int flag) {
+    const unsigned int low[4] = {x.word[0], flag, x.word[1], flag};
+    const unsigned int high[4] = {x.word[2], flag, x.word[3], flag};
+    store_line_volatile(line_address<N>(region, 2 * v, parity, slot), low);
+    store_line_volatile(line_address<N>(region, 2 * v + 1, parity, slot), high);
+}
+
+// Sends one 32-bit word (a tail element) as line `line` of slot `slot` in a peer's region.
+template <int N>
+__device__ __forceinline__ void send_word_line(unsigned char* region, u64 line, u64 parity,
+                                               unsigned int slot, unsigned int value,
+                                               unsigned int flag) {
+    const unsigned int words[4] = {value, flag, 0u, flag};
+    store_line_volatile(line_address<N>(region, line, parity, slot), words);
+}
+
+// Waits for `count` (1 or 2) consecutive lines from `first` of `source`'s slot in this rank's
+// region to carry `flag`, loaded together so they cost one round trip; then takes their data
+// words (two per line) into `data` and zeroes them. A line still missing is the only one loaded
+// again. False (abort recorded) when the deadline passed first.
+template <int N, int Count>
+__device__ __forceinline__ bool receive_lines(const AllReduceParams& params, BlockFlags& flags,
+                                              u64 first, u64 parity, unsigned int source,
+                                              unsigned int flag, unsigned int* data) {
+    unsigned char* region = params.buffers[params.rank] + params.scratch_offset;
+    unsigned int* addresses[Count];
+    // Zero words: flag 0 never arrives, so the first poll loads every line.
+    unsigned int words[Count][4] = {};
+#pragma unroll
+    for (int i = 0; i < Count; ++i) {
+        addresses[i] = line_address<N>(region, first + i, parity, source);
+    }
+    const bool arrived = spin_until(flags.deadline, [&] {
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < Count; ++i) {
+            if (!line_arrived(words[i], flag)) {
+                load_line_volatile(addresses[i], words[i]);
+                all = all && line_arrived(words[i], flag);
+            }
+        }
+        return all;
+    });
+    if (!arrived) {
+        record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, source);
+        flags.timed_out = 1;
+        return false;
+    }
+    const unsigned int consumed[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < Count; ++i) {
+        data[2 * i] = words[i][0];
+        data[2 * i + 1] = words[i][2];
+        store_line_volatile(addresses[i], consumed);
+    }
+    return true;
+}
+
+// The simple protocol: data, then one flag per step. After each step one thread per peer
+// raises that peer's step flag for (this rank, this block); the peer's same-numbered block
+// waits until the flag reaches the step's value.
+
+// Raises `flag` for (this rank, this block) at every peer once every thread's stores of the
+// step are issued; release is cumulative through bar.sync, as in block_barrier.
+template <int N>
+__device__ __forceinline__ void raise_step_flags(const AllReduceParams& params, u64 flag) {
+    __syncthreads();
+    const unsigned int peer = threadIdx.x;
+    if (peer < N && peer != params.rank) {
+        store_release_system(signal_word(params.signals[peer], kSetStep, params.rank, blockIdx.x),
+                             flag);
+    }
+}
+
+// Waits until every peer's step flag for this block reached `flag`. Every thread calls it;
+// false (the same in every thread) means a peer timed out.
+template <int N>
+__device__ __forceinline__ bool wait_step_flags(const AllReduceParams& params, BlockFlags& flags,
+                                                u64 flag) {
+    // Every thread has read the previous outcome before anyone may change it.
+    __syncthreads();
+    const unsigned int peer = threadIdx.x;
+    if (peer < N && peer != params.rank) {
+        const u64* word = signal_word(params.signals[params.rank], kSetStep, peer, blockIdx.x);
+        if (!spin_until(flags.deadline, [&] { return load_acquire_system(word) >= flag; })) {
+            record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
+            flags.timed_out = 1;
+        }
+    }
+    // The acquiring loads happen before every thread's later reads of the slots.
+    __syncthreads();
+    return !flags.timed_out;
 }
 
 }  // namespace prepare

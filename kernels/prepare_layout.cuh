@@ -1,16 +1,17 @@
-// prepare_layout.cuh: how a message is cut into work and where each kernel keeps its scratch.
+// prepare_layout.cuh: how a message is cut into work, where each kernel keeps its scratch, and
+// the loops that move and sum it.
 //
-// A message of E elements is V = E / 8 whole 16-byte vectors plus a tail of E % 8 elements.
-// Work is handed out by a fixed function of (element range, worker index, worker count), so the
-// same block on every rank touches the same elements: a block's flags then cover all the data
-// it shares with its peers' same-numbered block.
+// A message of E elements of type T is V = E / T::kPerVector whole 16-byte vectors plus a tail
+// of E % T::kPerVector elements. Work is handed out by a fixed function of (element range,
+// worker index, worker count), so the same block on every rank touches the same elements: a
+// block's flags then cover all the data it shares with its peers' same-numbered block.
 //
 // RSAG slices: slice s of N covers vectors [min(s*P, V), min((s+1)*P, V)) with P = ceil(V / N);
 // the last slice also owns the tail. Rank s reduces slice s.
 //
 // Scratch (at `scratch_offset` in every rank's buffer), mirrored by `prepare::kernels::
 // scratch_bytes`:
-//   message_bytes(E)  = round_up(2E, 16)
+//   message_bytes(E)  = round_up(E * sizeof(T), 16)
 //   slot_bytes(E, N)  = (P + 1) * 16            a slice with its tail, any slice fits
 //   one_shot push, full phased:  N slots of message_bytes, slot q written by rank q
 //   rsag pull:                   message_bytes, this rank's reduced slice at its own position
@@ -18,7 +19,8 @@
 //                                slice), then message_bytes of gathered slices at their positions
 #pragma once
 
-#include "prepare_bf16.cuh"
+#include "prepare_abi.cuh"
+#include "prepare_element.cuh"
 
 namespace prepare {
 
@@ -41,37 +43,44 @@ __device__ __forceinline__ Workers grid_workers() {
             static_cast<u64>(gridDim.x) * blockDim.x};
 }
 
-__device__ __forceinline__ Range whole_message(u64 elements) {
-    const u64 vectors = elements / 8;
-    return {0, vectors, vectors * 8, elements};
-}
-
 __device__ __forceinline__ u64 min_u64(u64 a, u64 b) {
     return a < b ? a : b;
 }
 
-template <int N>
-__device__ __forceinline__ u64 slice_vectors(u64 elements) {
-    return (elements / 8 + N - 1) / N;
+template <typename T>
+__device__ __forceinline__ u64 whole_vectors(u64 elements) {
+    return elements / T::kPerVector;
 }
 
-template <int N>
+template <typename T>
+__device__ __forceinline__ Range whole_message(u64 elements) {
+    const u64 vectors = whole_vectors<T>(elements);
+    return {0, vectors, vectors * T::kPerVector, elements};
+}
+
+template <typename T, int N>
+__device__ __forceinline__ u64 slice_vectors(u64 elements) {
+    return (whole_vectors<T>(elements) + N - 1) / N;
+}
+
+template <typename T, int N>
 __device__ __forceinline__ Range slice_of(unsigned int slice, u64 elements) {
-    const u64 vectors = elements / 8;
-    const u64 per_slice = slice_vectors<N>(elements);
+    const u64 vectors = whole_vectors<T>(elements);
+    const u64 per_slice = slice_vectors<T, N>(elements);
     const bool last = slice == N - 1;
     const u64 begin = min_u64(slice * per_slice, vectors);
     const u64 end = last ? vectors : min_u64((slice + 1) * per_slice, vectors);
-    return {begin, end, last ? vectors * 8 : 0, last ? elements : 0};
+    return {begin, end, last ? vectors * T::kPerVector : 0, last ? elements : 0};
 }
 
+template <typename T>
 __device__ __forceinline__ u64 message_bytes(u64 elements) {
-    return (elements * 2 + 15) / 16 * 16;
+    return (elements * sizeof(typename T::Bits) + 15) / 16 * 16;
 }
 
-template <int N>
+template <typename T, int N>
 __device__ __forceinline__ u64 slot_bytes(u64 elements) {
-    return (slice_vectors<N>(elements) + 1) * 16;
+    return (slice_vectors<T, N>(elements) + 1) * 16;
 }
 
 // Calls vector_op(v) for every vector of the range this thread owns, then element_op(e) for its
@@ -91,13 +100,55 @@ __device__ __forceinline__ void for_each_owned(const Range& range, const Workers
     }
 }
 
-// Writes to `output` the rank-ordered sum of the N sources over the part of `range` this
-// thread owns: whole 16-byte vectors, then tail elements. Source q holds the range from vector
-// `first_vector` on (0 when the sources are indexed like the output).
-template <int N>
-__device__ __forceinline__ void sum_owned(const unsigned char* const (&sources)[N],
-                                          u64 first_vector, unsigned char* output,
-                                          const Range& range, const Workers& workers) {
+// Copies the part of `range` this thread owns from `source` (indexed like the message) to
+// `destination`, where the range's vector `first_vector` is the first.
+template <typename T>
+__device__ __forceinline__ void copy_owned(const unsigned char* source, unsigned char* destination,
+                                           u64 first_vector, const Range& range,
+                                           const Workers& workers) {
+    for_each_owned(
+        range, workers,
+        [&](u64 v) { store_vector(destination, v - first_vector, load_vector(source, v)); },
+        [&](u64 e) {
+            store_element<T>(destination, e - first_vector * T::kPerVector,
+                             load_element<T>(source, e));
+        });
+}
+
+// Copies the part of `range` this thread owns from `source` to every peer's buffer at `offset`
+// (both indexed like the message), peers in the order rank+1, rank+2, ..., each vector or
+// element read once.
+template <typename T, int N>
+__device__ __forceinline__ void scatter_owned(const AllReduceParams& params,
+                                              const unsigned char* source, u64 offset,
+                                              const Range& range, const Workers& workers) {
+    for_each_owned(
+        range, workers,
+        [&](u64 v) {
+            const Vec16 value = load_vector(source, v);
+#pragma unroll
+            for (int k = 1; k < N; ++k) {
+                store_vector(params.buffers[(params.rank + k) % N] + offset, v, value);
+            }
+        },
+        [&](u64 e) {
+            const typename T::Bits value = load_element<T>(source, e);
+#pragma unroll
+            for (int k = 1; k < N; ++k) {
+                store_element<T>(params.buffers[(params.rank + k) % N] + offset, e, value);
+            }
+        });
+}
+
+// The one summing loop: the rank-ordered sum of the N sources over the part of `range` this
+// thread owns, handed to store_vector(v, sum) for whole vectors, then store_element(e, sum) for
+// tail elements. Source q holds the range from vector `first_vector` on (0 when the sources are
+// indexed like the message).
+template <typename T, int N, typename StoreVector, typename StoreElement>
+__device__ __forceinline__ void sum_owned_into(const unsigned char* const (&sources)[N],
+                                               u64 first_vector, const Range& range,
+                                               const Workers& workers, StoreVector store_vector_op,
+                                               StoreElement store_element_op) {
     for_each_owned(
         range, workers,
         [&](u64 v) {
@@ -106,21 +157,32 @@ __device__ __forceinline__ void sum_owned(const unsigned char* const (&sources)[
             for (int q = 0; q < N; ++q) {
                 x[q] = load_vector(sources[q], v - first_vector);
             }
-            store_vector(output, v, sum_vectors<N>(x));
+            store_vector_op(v, sum_vectors<T, N>(x));
         },
         [&](u64 e) {
-            unsigned short x[N];
+            typename T::Bits x[N];
 #pragma unroll
             for (int q = 0; q < N; ++q) {
-                x[q] = load_element(sources[q], e - first_vector * 8);
+                x[q] = load_element<T>(sources[q], e - first_vector * T::kPerVector);
             }
-            store_element(output, e, sum_elements<N>(x));
+            store_element_op(e, sum_elements<T, N>(x));
         });
+}
+
+// sum_owned_into, written to `output` (indexed like the message).
+template <typename T, int N>
+__device__ __forceinline__ void sum_owned(const unsigned char* const (&sources)[N],
+                                          u64 first_vector, unsigned char* output,
+                                          const Range& range, const Workers& workers) {
+    sum_owned_into<T, N>(
+        sources, first_vector, range, workers,
+        [&](u64 v, const Vec16& sum) { store_vector(output, v, sum); },
+        [&](u64 e, typename T::Bits sum) { store_element<T>(output, e, sum); });
 }
 
 // Writes to `output` the rank-ordered sum of buffers[0..N) over a whole message of `elements`,
 // every thread of the grid taking its share.
-template <int N>
+template <typename T, int N>
 __device__ __forceinline__ void sum_whole_message(unsigned char* const* buffers, void* output,
                                                   u64 elements) {
     const unsigned char* sources[N];
@@ -128,8 +190,19 @@ __device__ __forceinline__ void sum_whole_message(unsigned char* const* buffers,
     for (int q = 0; q < N; ++q) {
         sources[q] = buffers[q];
     }
-    sum_owned<N>(sources, 0, static_cast<unsigned char*>(output), whole_message(elements),
-                 grid_workers());
+    sum_owned<T, N>(sources, 0, static_cast<unsigned char*>(output), whole_message<T>(elements),
+                    grid_workers());
+}
+
+// Rank q's contribution, for q in rank order: this rank's own (`own`), or slot q of `slots`.
+template <int N>
+__device__ __forceinline__ void rank_sources(unsigned int rank, const unsigned char* own,
+                                             const unsigned char* slots, u64 slot,
+                                             const unsigned char* (&sources)[N]) {
+#pragma unroll
+    for (int q = 0; q < N; ++q) {
+        sources[q] = static_cast<unsigned int>(q) == rank ? own : slots + q * slot;
+    }
 }
 
 }  // namespace prepare

@@ -10,7 +10,7 @@
 #pragma once
 
 #include "prepare_abi.cuh"
-#include "prepare_bf16.cuh"
+#include "prepare_element.cuh"
 
 namespace prepare {
 
@@ -103,31 +103,40 @@ __device__ __forceinline__ u64* signal_word(u64* signals, unsigned int set, unsi
            block;
 }
 
-// True when the flag reached `epoch` before the deadline.
-__device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadline) {
-    while (load_acquire_system(flag) != epoch) {
+// The one spin of every protocol: polls `arrived()` until it is true or the deadline passes,
+// then takes one last look, so what landed with the deadline is not called late. True when it
+// arrived in time.
+template <typename Poll>
+__device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
+    while (!arrived()) {
         if (global_timer_ns() > deadline) {
-            // One last look, so a flag that landed with the deadline is not called late.
-            return load_acquire_system(flag) == epoch;
+            return arrived();
         }
     }
     return true;
 }
 
+// True when the flag reached `epoch` before the deadline.
+__device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadline) {
+    return spin_until(deadline, [&] { return load_acquire_system(flag) == epoch; });
+}
+
 // Checks what the kernels rely on; every thread computes the same answer, so a refusal is a
 // uniform return. `blocks` is the grid's block count (each has its own epoch and flags); a
-// block needs a thread per rank to raise and wait for flags.
+// block needs a thread per rank to raise and wait for flags. N is the world size the kernel was
+// compiled for, T its element type.
+template <typename T, int N>
 __device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
                                                 unsigned int blocks) {
-    if (params.world < 2 || params.world > PREPARE_MAX_RANKS || params.rank >= params.world) {
+    if (params.world != N || params.rank >= params.world) {
         return false;
     }
     if (blocks > PREPARE_MAX_BLOCKS || blockDim.x < params.world || blockDim.y != 1 ||
         blockDim.z != 1 || gridDim.y != 1 || gridDim.z != 1) {
         return false;
     }
-    if (params.elements > params.scratch_offset / 2 || params.state == nullptr ||
-        params.output == nullptr || params.input == nullptr) {
+    if (params.elements > params.scratch_offset / sizeof(typename T::Bits) ||
+        params.state == nullptr || params.output == nullptr || params.input == nullptr) {
         return false;
     }
     for (unsigned int q = 0; q < params.world; ++q) {
@@ -198,6 +207,13 @@ __device__ __forceinline__ bool block_barrier(const AllReduceParams& params, Blo
     return !flags.timed_out;
 }
 
+// A barrier kernel's begin and its start barrier (set 0): false means return at once.
+template <int N>
+__device__ __forceinline__ bool begin_with_start_barrier(const AllReduceParams& params,
+                                                         BlockFlags& flags) {
+    return block_begin(params, flags) && block_barrier<N>(params, flags, kSetStart);
+}
+
 // The launch finished: the next launch of this block number uses the next epoch.
 __device__ __forceinline__ void block_end(const AllReduceParams& params, const BlockFlags& flags) {
     if (threadIdx.x == 0) {
@@ -206,8 +222,9 @@ __device__ __forceinline__ void block_end(const AllReduceParams& params, const B
 }
 
 // Refuses an invalid launch for every block and records why once per block.
+template <typename T, int N>
 __device__ __forceinline__ bool block_launch_is_valid(const AllReduceParams& params) {
-    if (launch_is_valid(params, gridDim.x)) {
+    if (launch_is_valid<T, N>(params, gridDim.x)) {
         return true;
     }
     if (threadIdx.x == 0 && params.state != nullptr) {
@@ -217,17 +234,3 @@ __device__ __forceinline__ bool block_launch_is_valid(const AllReduceParams& par
 }
 
 }  // namespace prepare
-
-// Calls `body<N>(arguments...)` with N the runtime world size, so rank loops unroll; the
-// first argument is the AllReduceParams (a world outside 2..8 was refused before).
-#define PREPARE_DISPATCH_WORLD(body, params, ...)      \
-    switch ((params).world) {                          \
-        case 2: body<2>(params, ##__VA_ARGS__); break; \
-        case 3: body<3>(params, ##__VA_ARGS__); break; \
-        case 4: body<4>(params, ##__VA_ARGS__); break; \
-        case 5: body<5>(params, ##__VA_ARGS__); break; \
-        case 6: body<6>(params, ##__VA_ARGS__); break; \
-        case 7: body<7>(params, ##__VA_ARGS__); break; \
-        case 8: body<8>(params, ##__VA_ARGS__); break; \
-        default: break;                                \
-    }

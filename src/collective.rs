@@ -243,6 +243,8 @@ pub fn plan_operands(
 pub fn nccl_type(dtype: Dtype) -> NcclDataType {
     match dtype {
         Dtype::Bf16 => NcclDataType::Bf16,
+        Dtype::Fp16 => NcclDataType::F16,
+        Dtype::Fp32 => NcclDataType::F32,
     }
 }
 
@@ -326,7 +328,7 @@ impl Collectives {
             Topology::NcclOnly { reason } => Some(reason.clone()),
         };
         let has_custom = kernels::input_region_bytes(ladder) > 0;
-        let message_bytes = capacity * 2;
+        let message_bytes = capacity * ladder.dtype.size_bytes() as usize;
         // The input region holds the largest message of any bucket, so NCCL reads the same
         // buffer as the custom kernels even where only NCCL takes a bucket.
         let input_region = kernels::input_region_bytes(ladder)
@@ -386,7 +388,7 @@ impl Collectives {
                         message: reason.clone(),
                     });
                 } else {
-                    let spec = kernels::kernel_for(profile, ladder.dtype)
+                    let spec = kernels::kernel_for(profile, ladder.dtype, ladder.world_size)
                         .expect("every custom profile has a kernel");
                     let (_, module) = modules
                         .iter()
@@ -399,12 +401,12 @@ impl Collectives {
                     let resident = kernel.resident_capacity(geometry).map_err(driver(rank))?;
                     match check_candidate_residency(bucket, profile, resident) {
                         Ok(()) => {
-                            entry.launch = Some(match kernels::copy_engine_barriers(&spec) {
+                            entry.launch = Some(match spec.copy_engine_barriers() {
                                 Some([start, end]) => Launch::CopyEngine {
                                     sum: kernel,
                                     geometry,
-                                    start: module.load(start, false).map_err(driver(rank))?,
-                                    end: module.load(end, false).map_err(driver(rank))?,
+                                    start: module.load(&start, false).map_err(driver(rank))?,
+                                    end: module.load(&end, false).map_err(driver(rank))?,
                                 },
                                 None => Launch::Custom {
                                     input: kernels::input_access(&spec)

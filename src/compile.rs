@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use crate::gpu::nvrtc::{Nvrtc, NvrtcError};
 use crate::kernels::{self, KernelSpec};
-use crate::ladder::{Arch, Ladder};
+use crate::ladder::{Arch, Dtype, Ladder};
 use crate::progress::Reporter;
 
 /// One compiled kernel.
@@ -46,7 +46,8 @@ pub struct CompiledKernel {
 pub struct Compilation {
     /// NVRTC's version (major, minor).
     pub nvrtc_version: (u32, u32),
-    /// Options every kernel was compiled with; each kernel adds
+    /// Options every kernel was compiled with; each kernel adds the definitions that
+    /// instantiate it for its dtype and world size ([`KernelSpec::defines`]) and
     /// `--ptxas-options=--entry=<its name>` so its cubin holds that entry alone (with its
     /// start and end barriers, for a copy-engine kernel).
     pub options: Vec<String>,
@@ -239,7 +240,7 @@ impl SourceOverrides {
 
 /// Every kernel source and header file name, sorted.
 fn known_source_files() -> Vec<&'static str> {
-    let mut files: Vec<&'static str> = kernels::all_kernels()
+    let mut files: Vec<&'static str> = kernels::all_kernels(Dtype::Bf16, 2)
         .iter()
         .map(|spec| spec.source)
         .chain(kernels::headers().iter().map(|(name, _)| *name))
@@ -363,9 +364,11 @@ fn compile_kernel(
         .program(spec.source, sources.source(spec), &sources.headers())
         .map_err(nvrtc_error)?;
     let mut kernel_options = options.to_vec();
+    // The templates instantiated for the kernel's element type and world size.
+    kernel_options.extend(spec.defines());
     // A copy-engine kernel's barriers are entries of the same module.
-    let mut entries = vec![spec.name.as_str()];
-    if let Some(barriers) = crate::kernels::copy_engine_barriers(spec) {
+    let mut entries = vec![spec.name.clone()];
+    if let Some(barriers) = spec.copy_engine_barriers() {
         entries.extend(barriers);
     }
     kernel_options.push(format!("--ptxas-options=--entry={}", entries.join(",")));
@@ -575,16 +578,16 @@ ptxas info    : Compile time = 135.894 ms
         let mut sources = SourceOverrides::new();
         assert!(sources.is_empty());
         sources
-            .replace("prepare_bf16.cuh", "// replaced header")
+            .replace("prepare_element.cuh", "// replaced header")
             .unwrap();
         sources
             .replace("all_reduce_rsag.cu", "// replaced source")
             .unwrap();
         assert_eq!(
             sources.files().collect::<Vec<_>>(),
-            ["all_reduce_rsag.cu", "prepare_bf16.cuh"]
+            ["all_reduce_rsag.cu", "prepare_element.cuh"]
         );
-        for spec in kernels::all_kernels() {
+        for spec in kernels::all_kernels(Dtype::Fp16, 4) {
             let expected = if spec.source == "all_reduce_rsag.cu" {
                 "// replaced source"
             } else {
@@ -597,7 +600,7 @@ ptxas info    : Compile time = 135.894 ms
         for ((name, text), (embedded_name, embedded_text)) in headers.iter().zip(kernels::headers())
         {
             assert_eq!(name, embedded_name);
-            let expected = if *name == "prepare_bf16.cuh" {
+            let expected = if *name == "prepare_element.cuh" {
                 "// replaced header"
             } else {
                 embedded_text
@@ -611,7 +614,7 @@ ptxas info    : Compile time = 135.894 ms
         let mut sources = SourceOverrides::new();
         insta::assert_snapshot!(
             sources.replace("prepare_bf16.h", "").unwrap_err(),
-            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_one_shot_copy_engine.cu, all_reduce_one_shot_double_buffered.cu, all_reduce_rsag.cu, all_reduce_rsag_phased.cu, prepare_abi.cuh, prepare_bf16.cuh, prepare_cluster.cuh, prepare_double_buffer.cuh, prepare_layout.cuh, prepare_sync.cuh)"
+            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_one_shot_copy_engine.cu, all_reduce_one_shot_double_buffered.cu, all_reduce_rsag.cu, all_reduce_rsag_phased.cu, prepare_abi.cuh, prepare_cluster.cuh, prepare_double_buffer.cuh, prepare_element.cuh, prepare_entry.cuh, prepare_layout.cuh, prepare_sync.cuh)"
         );
         assert!(sources.is_empty());
     }

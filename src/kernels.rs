@@ -58,15 +58,41 @@ pub const ALIGNMENT_BYTES: u64 = 16;
 /// line.
 pub const BUFFER_ALIGNMENT_BYTES: u64 = 256;
 
-/// A custom kernel: one entry symbol in one source file.
+/// A custom kernel as a package compiles it: one entry symbol in one source file, instantiated
+/// for one element type and world size.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelSpec {
-    /// The kernel's name, also its entry symbol (`all_reduce_rsag_phased_bf16`).
+    /// The kernel's name, also its entry symbol: the algorithm's name and the dtype
+    /// (`all_reduce_rsag_phased_bf16`).
     pub name: String,
     /// The source file under `kernels/`.
     pub source: &'static str,
     /// Whether it uses cluster instructions and must launch with cluster dimensions.
     pub cluster: bool,
+    /// The element type it sums.
+    pub dtype: Dtype,
+    /// The world size it is compiled for (2..=8); a launch at another is refused.
+    pub world: u32,
+}
+
+impl KernelSpec {
+    /// The preprocessor definitions that instantiate the kernel templates for this kernel's
+    /// element type and world size (`kernels/prepare_entry.cuh`).
+    pub fn defines(&self) -> Vec<String> {
+        vec![
+            format!("-DPREPARE_ELEMENT={}", self.dtype.element_type()),
+            format!("-DPREPARE_DTYPE={}", self.dtype.name()),
+            format!("-DPREPARE_WORLD={}", self.world),
+        ]
+    }
+
+    /// The start and end barrier entries of a kernel whose peer traffic the host enqueues as
+    /// copies (`transfer: copy_engine`), in the same source; `None` for every other kernel.
+    pub fn copy_engine_barriers(&self) -> Option<[String; 2]> {
+        kernel_of(self)
+            .and_then(|kernel| kernel.barriers)
+            .map(|barriers| barriers.map(|name| format!("{name}_{}", self.dtype.name())))
+    }
 }
 
 /// How a kernel's scratch region is laid out (kernels/prepare_layout.cuh).
@@ -100,12 +126,13 @@ impl Scratch {
 /// Everything this module knows about one kernel.
 #[derive(Debug)]
 struct Kernel {
+    /// The algorithm's name; the entry symbol adds the dtype.
     name: &'static str,
     source: &'static str,
     cluster: bool,
     scratch: Scratch,
-    /// The start and end barrier entries in the same source, for a kernel whose peer traffic
-    /// the host enqueues as copies between them.
+    /// The start and end barrier entries in the same source (without the dtype), for a kernel
+    /// whose peer traffic the host enqueues as copies between them.
     barriers: Option<[&'static str; 2]>,
     input: InputAccess,
 }
@@ -130,7 +157,7 @@ pub enum InputAccess {
 /// Every kernel, sorted by name.
 const KERNELS: [Kernel; 9] = [
     Kernel {
-        name: "all_reduce_full_phased_bf16",
+        name: "all_reduce_full_phased",
         source: "all_reduce_full_phased.cu",
         cluster: true,
         scratch: Scratch::MessageSlots,
@@ -138,20 +165,20 @@ const KERNELS: [Kernel; 9] = [
         input: InputAccess::Local,
     },
     Kernel {
-        name: "all_reduce_one_shot_copy_engine_bf16",
+        name: "all_reduce_one_shot_copy_engine",
         source: "all_reduce_one_shot_copy_engine.cu",
         cluster: false,
         scratch: Scratch::None,
         barriers: Some([
-            "all_reduce_one_shot_copy_engine_start_bf16",
-            "all_reduce_one_shot_copy_engine_end_bf16",
+            "all_reduce_one_shot_copy_engine_start",
+            "all_reduce_one_shot_copy_engine_end",
         ]),
         input: InputAccess::Peers {
             output_may_alias: false,
         },
     },
     Kernel {
-        name: "all_reduce_one_shot_pull_bf16",
+        name: "all_reduce_one_shot_pull",
         source: "all_reduce_one_shot.cu",
         cluster: false,
         scratch: Scratch::None,
@@ -161,7 +188,7 @@ const KERNELS: [Kernel; 9] = [
         },
     },
     Kernel {
-        name: "all_reduce_one_shot_push_bf16",
+        name: "all_reduce_one_shot_push",
         source: "all_reduce_one_shot.cu",
         cluster: false,
         scratch: Scratch::MessageSlots,
@@ -169,7 +196,7 @@ const KERNELS: [Kernel; 9] = [
         input: InputAccess::Local,
     },
     Kernel {
-        name: "all_reduce_one_shot_push_ll_bf16",
+        name: "all_reduce_one_shot_push_ll",
         source: "all_reduce_one_shot_double_buffered.cu",
         cluster: false,
         scratch: Scratch::DoubleBufferedLines,
@@ -177,7 +204,7 @@ const KERNELS: [Kernel; 9] = [
         input: InputAccess::Local,
     },
     Kernel {
-        name: "all_reduce_one_shot_push_simple_bf16",
+        name: "all_reduce_one_shot_push_simple",
         source: "all_reduce_one_shot_double_buffered.cu",
         cluster: false,
         scratch: Scratch::DoubleBufferedMessageSlots,
@@ -185,7 +212,7 @@ const KERNELS: [Kernel; 9] = [
         input: InputAccess::Local,
     },
     Kernel {
-        name: "all_reduce_rsag_phased_bf16",
+        name: "all_reduce_rsag_phased",
         source: "all_reduce_rsag_phased.cu",
         cluster: true,
         scratch: Scratch::SliceSlotsThenMessage,
@@ -193,7 +220,7 @@ const KERNELS: [Kernel; 9] = [
         input: InputAccess::Local,
     },
     Kernel {
-        name: "all_reduce_rsag_pull_bf16",
+        name: "all_reduce_rsag_pull",
         source: "all_reduce_rsag.cu",
         cluster: false,
         scratch: Scratch::Message,
@@ -203,7 +230,7 @@ const KERNELS: [Kernel; 9] = [
         },
     },
     Kernel {
-        name: "all_reduce_rsag_push_bf16",
+        name: "all_reduce_rsag_push",
         source: "all_reduce_rsag.cu",
         cluster: false,
         scratch: Scratch::SliceSlotsThenMessage,
@@ -241,14 +268,10 @@ const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The headers the sources include, by the name they are included as.
-const HEADERS: [(&str, &str); 6] = [
+const HEADERS: [(&str, &str); 7] = [
     (
         "prepare_abi.cuh",
         include_str!("../kernels/prepare_abi.cuh"),
-    ),
-    (
-        "prepare_bf16.cuh",
-        include_str!("../kernels/prepare_bf16.cuh"),
     ),
     (
         "prepare_cluster.cuh",
@@ -257,6 +280,14 @@ const HEADERS: [(&str, &str); 6] = [
     (
         "prepare_double_buffer.cuh",
         include_str!("../kernels/prepare_double_buffer.cuh"),
+    ),
+    (
+        "prepare_element.cuh",
+        include_str!("../kernels/prepare_element.cuh"),
+    ),
+    (
+        "prepare_entry.cuh",
+        include_str!("../kernels/prepare_entry.cuh"),
     ),
     (
         "prepare_layout.cuh",
@@ -269,25 +300,32 @@ const HEADERS: [(&str, &str); 6] = [
 ];
 
 impl Kernel {
-    fn spec(&self) -> KernelSpec {
+    fn spec(&self, dtype: Dtype, world: u32) -> KernelSpec {
         KernelSpec {
-            name: self.name.to_owned(),
+            name: format!("{}_{}", self.name, dtype.name()),
             source: self.source,
             cluster: self.cluster,
+            dtype,
+            world,
         }
     }
 }
 
-fn kernel_named(name: &str) -> &'static Kernel {
-    KERNELS
-        .iter()
-        .find(|kernel| kernel.name == name)
-        .unwrap_or_else(|| panic!("`{name}` is not a kernel of this crate"))
+/// The table entry of a kernel; `None` for a spec that is not a kernel of this crate.
+fn kernel_of(spec: &KernelSpec) -> Option<&'static Kernel> {
+    KERNELS.iter().find(|kernel| {
+        spec.name.strip_suffix(spec.dtype.name()) == Some(&format!("{}_", kernel.name))
+    })
 }
 
-/// The kernel that runs a profile, or `None` for NCCL profiles (and for combinations that
-/// validation refuses, such as a phased one-shot or an unphased full all-reduce).
-pub fn kernel_for(profile: &Profile, dtype: Dtype) -> Option<KernelSpec> {
+fn kernel_named(spec: &KernelSpec) -> &'static Kernel {
+    kernel_of(spec).unwrap_or_else(|| panic!("`{}` is not a kernel of this crate", spec.name))
+}
+
+/// The kernel that runs a profile in a package of `dtype` at `world` ranks, or `None` for NCCL
+/// profiles (and for combinations that validation refuses, such as a phased one-shot or an
+/// unphased full all-reduce).
+pub fn kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelSpec> {
     let name = match (profile.algorithm, profile.schedule) {
         (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
             (Transfer::Pull, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_pull",
@@ -313,7 +351,10 @@ pub fn kernel_for(profile: &Profile, dtype: Dtype) -> Option<KernelSpec> {
         (Algorithm::Full, Some(Schedule::Phased)) => "all_reduce_full_phased",
         (Algorithm::OneShot | Algorithm::Full | Algorithm::Nccl, _) => return None,
     };
-    Some(kernel_named(&format!("{name}_{}", dtype.name())).spec())
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == name)
+        .map(|kernel| kernel.spec(dtype, world))
 }
 
 /// The start and end barrier entries of a kernel whose peer traffic the host enqueues as copies
@@ -328,15 +369,15 @@ pub fn copy_engine_barriers(spec: &KernelSpec) -> Option<[&'static str; 2]> {
 
 /// How a kernel reads this rank's message; `None` for a name that is not a kernel of this crate.
 pub fn input_access(spec: &KernelSpec) -> Option<InputAccess> {
-    KERNELS
-        .iter()
-        .find(|kernel| kernel.name == spec.name)
-        .map(|kernel| kernel.input)
+    kernel_of(spec).map(|kernel| kernel.input)
 }
 
-/// Every custom kernel this crate has, sorted by name.
-pub fn all_kernels() -> Vec<KernelSpec> {
-    KERNELS.iter().map(Kernel::spec).collect()
+/// Every custom kernel this crate has, for one element type and world size, sorted by name.
+pub fn all_kernels(dtype: Dtype, world: u32) -> Vec<KernelSpec> {
+    KERNELS
+        .iter()
+        .map(|kernel| kernel.spec(dtype, world))
+        .collect()
 }
 
 /// The distinct kernels a ladder's profiles need, sorted by name.
@@ -344,7 +385,7 @@ pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
     let mut kernels: Vec<KernelSpec> = ladder
         .profiles
         .iter()
-        .filter_map(|profile| kernel_for(profile, ladder.dtype))
+        .filter_map(|profile| kernel_for(profile, ladder.dtype, ladder.world_size))
         .collect();
     kernels.sort();
     kernels.dedup();
@@ -372,8 +413,8 @@ fn round_up(value: u64, multiple: u64) -> u64 {
 }
 
 /// Bytes of a message-sized scratch region (kernels/prepare_layout.cuh `message_bytes`).
-fn message_bytes(elements: u64) -> u64 {
-    round_up(elements * 2, ALIGNMENT_BYTES)
+fn message_bytes(elements: u64, dtype: Dtype) -> u64 {
+    round_up(elements * dtype.size_bytes(), ALIGNMENT_BYTES)
 }
 
 /// The chunk in which the two halves of a double-buffered region interleave
@@ -388,34 +429,35 @@ fn double_buffered_bytes(slot_bytes: u64, world: u64) -> u64 {
 
 /// Lines to reserve for every message up to `elements` in the flags-in-data kernel. A message
 /// takes two lines per whole vector and one per tail element (one if empty), which does not
-/// grow with the message (15 elements take 9 lines, 16 take 4); one vector fewer and a tail of
-/// 7 is the most any smaller message takes.
-fn line_capacity(elements: u64) -> u64 {
-    2 * (elements / 8) + 7
+/// grow with the message (for bf16, 15 elements take 9 lines, 16 take 4); one vector fewer and
+/// the longest tail is the most any smaller message takes.
+fn line_capacity(elements: u64, dtype: Dtype) -> u64 {
+    2 * (elements / dtype.per_vector()) + dtype.per_vector() - 1
 }
 
 /// Bytes of one rank's slot of a slice, tail included (`slot_bytes`).
-fn slice_slot_bytes(elements: u64, world: u64) -> u64 {
-    ((elements / 8).div_ceil(world) + 1) * ALIGNMENT_BYTES
+fn slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
+    ((elements / dtype.per_vector()).div_ceil(world) + 1) * ALIGNMENT_BYTES
 }
 
-/// Scratch bytes a kernel needs for messages up to `max_bytes` at `world` ranks; it grows with
+/// Scratch bytes a kernel needs for messages up to `max_bytes` at its world size; it grows with
 /// the message, so the largest message sizes the region.
-pub fn scratch_bytes(spec: &KernelSpec, world: u32, max_bytes: u64) -> u64 {
-    let elements = max_bytes.div_ceil(Dtype::Bf16.size_bytes());
-    let world = u64::from(world);
-    match kernel_named(&spec.name).scratch {
+pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
+    let dtype = spec.dtype;
+    let elements = max_bytes.div_ceil(dtype.size_bytes());
+    let world = u64::from(spec.world);
+    match kernel_named(spec).scratch {
         Scratch::None => 0,
-        Scratch::Message => message_bytes(elements),
-        Scratch::MessageSlots => world * message_bytes(elements),
+        Scratch::Message => message_bytes(elements, dtype),
+        Scratch::MessageSlots => world * message_bytes(elements, dtype),
         Scratch::SliceSlotsThenMessage => {
-            world * slice_slot_bytes(elements, world) + message_bytes(elements)
+            world * slice_slot_bytes(elements, dtype, world) + message_bytes(elements, dtype)
         }
         Scratch::DoubleBufferedLines => {
-            double_buffered_bytes(line_capacity(elements) * ALIGNMENT_BYTES, world)
+            double_buffered_bytes(line_capacity(elements, dtype) * ALIGNMENT_BYTES, world)
         }
         Scratch::DoubleBufferedMessageSlots => {
-            double_buffered_bytes(message_bytes(elements), world)
+            double_buffered_bytes(message_bytes(elements, dtype), world)
         }
     }
 }
@@ -423,7 +465,7 @@ pub fn scratch_bytes(spec: &KernelSpec, world: u32, max_bytes: u64) -> u64 {
 /// Whether a kernel has no barrier and so a scratch region of its own (a peer may still be in
 /// its previous launch, of any kernel, when this one writes).
 pub fn is_double_buffered(spec: &KernelSpec) -> bool {
-    kernel_named(&spec.name).scratch.is_double_buffered()
+    kernel_named(spec).scratch.is_double_buffered()
 }
 
 /// Where the kernels' scratch lies after the input region: the region the barrier kernels
@@ -433,7 +475,7 @@ fn scratch_regions(ladder: &Ladder) -> (u64, Vec<(String, u64)>) {
     let mut own: Vec<(String, u64)> = Vec::new();
     for (max_bytes, spec) in custom_bucket_kernels(ladder) {
         // Every size is a multiple of 16 bytes; a double-buffered region, of its chunk.
-        let bytes = scratch_bytes(&spec, ladder.world_size, max_bytes);
+        let bytes = scratch_bytes(&spec, max_bytes);
         if is_double_buffered(&spec) {
             match own.iter_mut().find(|(name, _)| *name == spec.name) {
                 Some((_, largest)) => *largest = (*largest).max(bytes),
@@ -496,7 +538,7 @@ pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
 /// the ladder has none. Each GPU allocates `world_size - 1` slots, not peer-mapped.
 pub fn copy_engine_slot_bytes(ladder: &Ladder) -> Option<u64> {
     custom_bucket_kernels(ladder)
-        .filter(|(_, spec)| copy_engine_barriers(spec).is_some())
+        .filter(|(_, spec)| spec.copy_engine_barriers().is_some())
         .map(|(max_bytes, _)| round_up(max_bytes, ALIGNMENT_BYTES))
         .max()
 }
@@ -506,7 +548,10 @@ fn custom_bucket_kernels(ladder: &Ladder) -> impl Iterator<Item = (u64, KernelSp
     ladder.buckets.iter().flat_map(move |bucket| {
         bucket.candidates.iter().filter_map(move |id| {
             let profile = ladder.profile(id)?;
-            Some((bucket.max_bytes, kernel_for(profile, ladder.dtype)?))
+            Some((
+                bucket.max_bytes,
+                kernel_for(profile, ladder.dtype, ladder.world_size)?,
+            ))
         })
     })
 }
@@ -620,16 +665,18 @@ mod tests {
 
     #[test]
     fn every_kernel_is_defined_in_its_source_and_every_include_is_a_header() {
-        for spec in all_kernels() {
+        for spec in all_kernels(Dtype::Bf16, 2) {
             let text = source(&spec);
+            let base = spec.name.strip_suffix("_bf16").unwrap();
+            let shape = if spec.cluster {
+                "cluster_kernel"
+            } else {
+                "block_kernel"
+            };
             assert!(
-                text.contains(&format!(
-                    "extern \"C\" __global__ void __launch_bounds__(1024)\n    {}(AllReduceParams params)",
-                    spec.name
-                )),
-                "{} does not define {}",
+                text.contains(&format!("PREPARE_ENTRY({base}, {shape}, ")),
+                "{} does not define {base} as a {shape}",
                 spec.source,
-                spec.name
             );
             let uses_cluster = text.contains("prepare_cluster.cuh");
             assert_eq!(uses_cluster, spec.cluster, "{}", spec.name);
@@ -689,7 +736,8 @@ mod tests {
                     if let Some(schedule) = schedule {
                         profile["schedule"] = schedule.into();
                     }
-                    let kernel = kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Bf16);
+                    let kernel =
+                        kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Bf16, 2);
                     writeln!(
                         table,
                         "{algorithm} transfer={} schedule={} -> {}",
@@ -724,12 +772,27 @@ mod tests {
                 "all_reduce_rsag_pull_bf16",
             ]
         );
-        assert_eq!(all_kernels().len(), KERNELS.len());
-        assert!(all_kernels().windows(2).all(|pair| pair[0] < pair[1]));
+        for dtype in Dtype::ALL {
+            let kernels = all_kernels(dtype, 3);
+            assert_eq!(kernels.len(), KERNELS.len());
+            assert!(kernels.windows(2).all(|pair| pair[0] < pair[1]));
+            assert!(kernels
+                .iter()
+                .all(|spec| spec.name.ends_with(dtype.name()) && spec.world == 3));
+        }
+    }
+
+    /// The kernel of that entry name (its dtype from the suffix) at `world` ranks.
+    fn spec(name: &str, world: u32) -> KernelSpec {
+        Dtype::ALL
+            .into_iter()
+            .flat_map(|dtype| all_kernels(dtype, world))
+            .find(|spec| spec.name == name)
+            .unwrap_or_else(|| panic!("no kernel {name}"))
     }
 
     fn scratch(name: &str, world: u32, max_bytes: u64) -> u64 {
-        scratch_bytes(&kernel_named(name).spec(), world, max_bytes)
+        scratch_bytes(&spec(name, world), max_bytes)
     }
 
     #[test]
@@ -754,11 +817,31 @@ mod tests {
         assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 3 * 48 + 96);
         // A message that is not whole vectors still gets whole-vector regions.
         assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 2 * 32);
+        // fp32: 96 bytes are 24 elements, 6 vectors of 4, as for bf16; 16 KiB at 4 ranks the
+        // same bytes; fp16 lays out exactly as bf16.
+        assert_eq!(scratch("all_reduce_rsag_push_fp32", 3, 96), 3 * 48 + 96);
+        assert_eq!(
+            scratch("all_reduce_rsag_phased_fp32", 4, 16384),
+            4 * 257 * 16 + 16384
+        );
+        assert_eq!(scratch("all_reduce_one_shot_push_fp32", 2, 20), 2 * 32);
+        for name in ["rsag_push", "one_shot_push_ll", "one_shot_push_simple"] {
+            assert_eq!(
+                scratch(&format!("all_reduce_{name}_fp16"), 5, 1000),
+                scratch(&format!("all_reduce_{name}_bf16"), 5, 1000)
+            );
+        }
     }
 
     /// Lines the flags-in-data kernel uses for a message (all_reduce_one_shot_double_buffered.cu).
     fn line_count(elements: u64) -> u64 {
-        (2 * (elements / 8) + elements % 8).max(1)
+        lines_of(elements, Dtype::Bf16)
+    }
+
+    /// Lines a message of `elements` takes in the flags-in-data kernel.
+    fn lines_of(elements: u64, dtype: Dtype) -> u64 {
+        let per = dtype.per_vector();
+        (2 * (elements / per) + elements % per).max(1)
     }
 
     #[test]
@@ -791,12 +874,14 @@ mod tests {
     fn lines_reserved_for_a_bucket_hold_every_smaller_message() {
         // The largest message of a bucket need not take the most lines: near a chunk boundary
         // (4096 elements fill two chunks exactly) a few elements less take more.
-        for largest in (0..40_000u64).chain((1..64).map(|k| (k << 20) / 2)) {
-            for elements in largest.saturating_sub(16)..=largest {
-                assert!(
-                    line_count(elements) <= line_capacity(largest),
-                    "{elements} of at most {largest}"
-                );
+        for dtype in Dtype::ALL {
+            for largest in (0..40_000u64).chain((1..64).map(|k| (k << 20) / 2)) {
+                for elements in largest.saturating_sub(16)..=largest {
+                    assert!(
+                        lines_of(elements, dtype) <= line_capacity(largest, dtype),
+                        "{dtype}: {elements} of at most {largest}"
+                    );
+                }
             }
         }
         assert!(line_count(524_285) > line_count(524_288));
@@ -824,14 +909,13 @@ mod tests {
     #[test]
     fn each_double_buffered_kernel_has_a_region_of_its_own_after_the_shared_one() {
         let mixed = ladder(MIXED);
-        let spec = |name: &str| kernel_named(name).spec();
-        let push = spec("all_reduce_one_shot_push_bf16");
-        let ll = spec("all_reduce_one_shot_push_ll_bf16");
-        let simple = spec("all_reduce_one_shot_push_simple_bf16");
+        let push = spec("all_reduce_one_shot_push_bf16", 2);
+        let ll = spec("all_reduce_one_shot_push_ll_bf16", 2);
+        let simple = spec("all_reduce_one_shot_push_simple_bf16", 2);
         assert!(!is_double_buffered(&push));
         assert!(is_double_buffered(&ll) && is_double_buffered(&simple));
         // `protocol: barrier` is the ordinary push kernel.
-        let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16).unwrap();
+        let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16, 2).unwrap();
         assert_eq!(barrier, push);
         // Shared: one-shot push at 64 KiB, 2 slots. Then ll (16 KiB: room for 2048 + 7 lines,
         // 5 chunks a slot) and simple (64 KiB).
@@ -884,25 +968,26 @@ mod tests {
         assert_eq!(copy_engine_slot_bytes(&example), Some(16384));
         example.buckets[2].candidates.push("copy".to_owned());
         assert_eq!(copy_engine_slot_bytes(&example), Some(1 << 20));
-        let spec = kernel_for(example.profile("copy").unwrap(), Dtype::Bf16).unwrap();
+        let spec = kernel_for(example.profile("copy").unwrap(), Dtype::Bf16, 4).unwrap();
         assert_eq!(
-            copy_engine_barriers(&spec),
+            spec.copy_engine_barriers(),
             Some([
-                "all_reduce_one_shot_copy_engine_start_bf16",
-                "all_reduce_one_shot_copy_engine_end_bf16"
+                "all_reduce_one_shot_copy_engine_start_bf16".to_owned(),
+                "all_reduce_one_shot_copy_engine_end_bf16".to_owned()
             ])
         );
         // No registered scratch, and the barriers belong to no other kernel.
-        assert_eq!(scratch_bytes(&spec, 4, 1 << 20), 0);
-        assert!(all_kernels()
+        assert_eq!(scratch_bytes(&spec, 1 << 20), 0);
+        assert!(all_kernels(Dtype::Bf16, 4)
             .iter()
             .filter(|other| **other != spec)
-            .all(|other| copy_engine_barriers(other).is_none()));
+            .all(|other| other.copy_engine_barriers().is_none()));
     }
 
-    /// `slice_of` of kernels/prepare_layout.cuh, element ranges: (vectors, tail).
-    fn slice_of(slice: u64, elements: u64, world: u64) -> ((u64, u64), (u64, u64)) {
-        let vectors = elements / 8;
+    /// `slice_of` of kernels/prepare_layout.cuh for `per` elements a vector, element ranges:
+    /// (vectors, tail).
+    fn slice_of(slice: u64, elements: u64, world: u64, per: u64) -> ((u64, u64), (u64, u64)) {
+        let vectors = elements / per;
         let per_slice = vectors.div_ceil(world);
         let last = slice == world - 1;
         let begin = (slice * per_slice).min(vectors);
@@ -912,7 +997,7 @@ mod tests {
             ((slice + 1) * per_slice).min(vectors)
         };
         let tail = if last {
-            (vectors * 8, elements)
+            (vectors * per, elements)
         } else {
             (0, 0)
         };
@@ -928,14 +1013,17 @@ mod tests {
             elements in 0u64..5000,
             world in 2u64..=8,
             smaller in 0u64..5000,
+            dtype in proptest::sample::select(Dtype::ALL.to_vec()),
         ) {
+            let per = dtype.per_vector();
+            let size = dtype.size_bytes();
             let mut next = 0;
             for slice in 0..world {
-                let ((begin, end), (tail_begin, tail_end)) = slice_of(slice, elements, world);
+                let ((begin, end), (tail_begin, tail_end)) = slice_of(slice, elements, world, per);
                 proptest::prop_assert!(begin <= end);
                 if begin < end {
-                    proptest::prop_assert_eq!(begin * 8, next);
-                    next = end * 8;
+                    proptest::prop_assert_eq!(begin * per, next);
+                    next = end * per;
                 }
                 if tail_begin < tail_end {
                     proptest::prop_assert_eq!(tail_begin, next);
@@ -943,19 +1031,18 @@ mod tests {
                 }
                 // The highest byte written into a slot: the last tail element, or the last vector.
                 let used = if tail_begin < tail_end {
-                    (tail_end - begin * 8) * 2
+                    (tail_end - begin * per) * size
                 } else {
                     (end - begin) * 16
                 };
-                proptest::prop_assert!(used <= slice_slot_bytes(elements, world));
+                proptest::prop_assert!(used <= slice_slot_bytes(elements, dtype, world));
             }
             proptest::prop_assert_eq!(next, elements);
             // Scratch grows with the message, so the bucket's largest message sizes it.
             let smaller = smaller.min(elements);
-            for spec in all_kernels() {
+            for spec in all_kernels(dtype, world as u32) {
                 proptest::prop_assert!(
-                    scratch_bytes(&spec, world as u32, smaller * 2)
-                        <= scratch_bytes(&spec, world as u32, elements * 2)
+                    scratch_bytes(&spec, smaller * size) <= scratch_bytes(&spec, elements * size)
                 );
             }
         }

@@ -17,12 +17,22 @@
 use crate::collective::{agree_drops, Collectives, EntryId};
 use crate::device::DropReason;
 use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
+use crate::ladder::Dtype;
 use crate::package::{BucketQualification, CandidateQualification, Outcome};
-use crate::reference::{random_inputs, reference_sum_bf16};
+use crate::reference::{element, random_rank_inputs, reference_sum};
 use crate::runtime::{Runtime, RuntimeError};
 
-/// Output poison: a NaN payload no sum produces (the kernels write 0x7FFF for NaN).
+/// Output poison, in every 16-bit half of an element: a NaN payload no sum produces in any type
+/// (the kernels write 0x7FFF or 0x7FFF_FFFF for NaN).
 pub const POISON: u16 = 0x7FA5;
+
+/// An element of `dtype` as the poison leaves it.
+fn poison_bits(dtype: Dtype) -> u32 {
+    match dtype {
+        Dtype::Bf16 | Dtype::Fp16 => u32::from(POISON),
+        Dtype::Fp32 => (u32::from(POISON) << 16) | u32::from(POISON),
+    }
+}
 /// Elements after the message that must stay poisoned.
 const PAST_END_ELEMENTS: usize = 4096;
 /// The hidden state width of the multi-size sequence (a 7168-wide model).
@@ -148,6 +158,7 @@ fn run_seed(seed: u64, counter: u64) -> u64 {
 struct Checker<'a> {
     runtime: &'a Runtime,
     collectives: &'a Collectives,
+    dtype: Dtype,
     seed: u64,
     counter: u64,
 }
@@ -166,7 +177,10 @@ impl Checker<'_> {
         let rank = self.runtime.rank();
         let driver = |source| RuntimeError::Driver { rank, source };
         self.counter += 1;
-        let inputs = random_inputs(
+        let dtype = self.dtype;
+        let size = dtype.size_bytes() as usize;
+        let inputs = random_rank_inputs(
+            dtype,
             run_seed(self.seed, self.counter),
             self.runtime.world() as usize,
             elements,
@@ -175,36 +189,39 @@ impl Checker<'_> {
         stream
             .write(collectives.input(), 0, &inputs[rank as usize])
             .map_err(driver)?;
-        let poisoned = (elements + PAST_END_ELEMENTS).min(collectives.output().len_bytes() / 2);
+        let poisoned = (elements + PAST_END_ELEMENTS).min(collectives.output().len_bytes() / size);
         stream
-            .fill_u16(collectives.output(), 0..poisoned * 2, POISON)
+            .fill_u16(collectives.output(), 0..poisoned * size, POISON)
             .map_err(driver)?;
         // No barrier: a peer's kernel reaching the start barrier means its launch began, after
         // its input was written in stream order; NCCL synchronises itself.
         collectives.run_bounded(self.runtime, stream, id, step, || {
             graph.launch().map_err(driver)
         })?;
-        let mut got = vec![0_u16; poisoned];
+        let mut got = vec![0_u8; poisoned * size];
         stream
             .read(collectives.output(), 0, &mut got)
             .map_err(driver)?;
-        if let Some(past) = got[elements..].iter().position(|&value| value != POISON) {
+        if let Some(past) =
+            (elements..poisoned).find(|&index| element(dtype, &got, index) != poison_bits(dtype))
+        {
             return Ok(Some(format!(
-                "rank {rank}, {elements} elements: wrote element {}, past the end of the message",
-                elements + past
+                "rank {rank}, {elements} elements: wrote element {past}, past the end of the message"
             )));
         }
-        got.truncate(elements);
-        let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
-        let expected = reference_sum_bf16(&views);
-        if let Some((first, mismatches)) = first_mismatch(&got, &expected) {
+        got.truncate(elements * size);
+        let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        let expected = reference_sum(dtype, &views);
+        if let Some((first, mismatches)) = first_mismatch(dtype, &got, &expected) {
+            let width = 2 + 2 * size;
             return Ok(Some(format!(
-                "rank {rank}, {elements} elements: {mismatches} differ from the reference sum, \
-                 the first at {first} (got {:#06x}, expected {:#06x})",
-                got[first], expected[first]
+                "rank {rank}, {elements} {dtype} elements: {mismatches} differ from the reference \
+                 sum, the first at {first} (got {:#0width$x}, expected {:#0width$x})",
+                element(dtype, &got, first),
+                element(dtype, &expected, first)
             )));
         }
-        let mut input_after = vec![0_u16; elements];
+        let mut input_after = vec![0_u8; elements * size];
         stream
             .read(collectives.input(), 0, &mut input_after)
             .map_err(driver)?;
@@ -217,10 +234,12 @@ impl Checker<'_> {
     }
 }
 
-fn first_mismatch(got: &[u16], expected: &[u16]) -> Option<(usize, usize)> {
+/// The first element of `dtype` where `got` and `expected` differ, and how many differ.
+fn first_mismatch(dtype: Dtype, got: &[u8], expected: &[u8]) -> Option<(usize, usize)> {
+    let size = dtype.size_bytes() as usize;
     let mut mismatches = got
-        .iter()
-        .zip(expected)
+        .chunks_exact(size)
+        .zip(expected.chunks_exact(size))
         .enumerate()
         .filter(|(_, (a, b))| a != b);
     let (first, _) = mismatches.next()?;
@@ -277,6 +296,7 @@ pub fn qualify(
     let mut checker = Checker {
         runtime,
         collectives,
+        dtype: ladder.dtype,
         seed,
         counter: 0,
     };

@@ -1,15 +1,27 @@
-//! The reference sum every custom candidate must equal byte for byte, the bf16 bit helpers it
-//! is made of, and random test data that reaches its corners.
+//! The reference sum every custom candidate must equal byte for byte, the bit helpers it is
+//! made of, and random test data that reaches its corners, for every element type.
 //!
 //! Per element: `acc = x[0]; acc += x[1]; ...; acc += x[n-1]` in fp32 (rank order, starting
-//! from rank 0's value so -0 survives), then one round to nearest even to bf16; subnormals are
-//! kept, overflow gives infinity, and a NaN result is the canonical [`CANONICAL_NAN`]. The
-//! kernels implement the same steps in `kernels/prepare_bf16.cuh`.
+//! from rank 0's value so -0 survives); then bf16 and fp16 are rounded once to nearest even,
+//! while fp32 is the sum as it is. Subnormals are kept, overflow gives infinity (fp16 too, as
+//! IEEE conversion does), and a NaN result is the type's canonical NaN ([`canonical_nan`]).
+//! The kernels implement the same steps in `kernels/prepare_element.cuh`.
 
 use rayon::prelude::*;
 
+use crate::ladder::Dtype;
+
 /// The bf16 every NaN result becomes (positive, quiet, all mantissa bits set).
 pub const CANONICAL_NAN: u16 = 0x7FFF;
+
+/// The bits every NaN result of `dtype` becomes: 0x7FFF for bf16 and fp16, 0x7FFF_FFFF for
+/// fp32 (positive, quiet, all mantissa bits set, as the GPU's own conversions give).
+pub fn canonical_nan(dtype: Dtype) -> u32 {
+    match dtype {
+        Dtype::Bf16 | Dtype::Fp16 => 0x7FFF,
+        Dtype::Fp32 => 0x7FFF_FFFF,
+    }
+}
 
 /// The fp32 value of a bf16 (exact: bf16 is fp32's upper half).
 pub fn bf16_to_f32(bits: u16) -> f32 {
@@ -29,39 +41,102 @@ pub fn f32_to_bf16(value: f32) -> u16 {
     ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
 }
 
-/// The element-wise sum of every rank's bf16 input, `inputs[r]` being rank r's, exactly as
-/// the custom kernels compute it.
+/// The fp32 value of an element's bits (exact for every type).
+pub fn to_f32(dtype: Dtype, bits: u32) -> f32 {
+    match dtype {
+        Dtype::Bf16 => bf16_to_f32(bits as u16),
+        Dtype::Fp16 => half::f16::from_bits(bits as u16).to_f32(),
+        Dtype::Fp32 => f32::from_bits(bits),
+    }
+}
+
+/// An fp32 sum as the bits of `dtype`: bf16 and fp16 to nearest even (infinity past the
+/// largest finite value), fp32 unchanged; NaN becomes [`canonical_nan`].
+pub fn from_f32(dtype: Dtype, value: f32) -> u32 {
+    if value.is_nan() {
+        return canonical_nan(dtype);
+    }
+    match dtype {
+        Dtype::Bf16 => u32::from(f32_to_bf16(value)),
+        Dtype::Fp16 => u32::from(half::f16::from_f32(value).to_bits()),
+        Dtype::Fp32 => value.to_bits(),
+    }
+}
+
+/// Element `index` of little-endian `bytes` of `dtype`, as bits.
+pub fn element(dtype: Dtype, bytes: &[u8], index: usize) -> u32 {
+    let size = dtype.size_bytes() as usize;
+    bytes[index * size..][..size]
+        .iter()
+        .rev()
+        .fold(0, |bits, byte| (bits << 8) | u32::from(*byte))
+}
+
+fn put_element(dtype: Dtype, bytes: &mut [u8], index: usize, bits: u32) {
+    let size = dtype.size_bytes() as usize;
+    bytes[index * size..][..size].copy_from_slice(&bits.to_le_bytes()[..size]);
+}
+
+/// The element-wise sum of every rank's input of `dtype` (little-endian bytes), `inputs[r]`
+/// being rank r's, exactly as the custom kernels compute it.
 ///
-/// Panics when `inputs` is empty or the ranks' lengths differ.
-pub fn reference_sum_bf16(inputs: &[&[u16]]) -> Vec<u16> {
+/// Panics when `inputs` is empty, the ranks' lengths differ, or a length is not a whole number
+/// of elements.
+pub fn reference_sum(dtype: Dtype, inputs: &[&[u8]]) -> Vec<u8> {
     let (first, rest) = inputs
         .split_first()
         .expect("the reference sum needs at least one rank");
+    let size = dtype.size_bytes() as usize;
+    assert_eq!(
+        first.len() % size,
+        0,
+        "rank 0 has {} bytes, not a whole number of {dtype} elements",
+        first.len()
+    );
     for (index, input) in rest.iter().enumerate() {
         assert_eq!(
             input.len(),
             first.len(),
             "rank {} has {} elements but rank 0 has {}",
             index + 1,
-            input.len(),
-            first.len()
+            input.len() / size,
+            first.len() / size
         );
     }
-    let mut sums = vec![0_u16; first.len()];
-    sums.par_chunks_mut(CHUNK)
+    let mut sums = vec![0_u8; first.len()];
+    sums.par_chunks_mut(CHUNK * size)
         .enumerate()
         .for_each(|(chunk, out)| {
             let start = chunk * CHUNK;
-            for (offset, sum_bits) in out.iter_mut().enumerate() {
-                let element = start + offset;
-                let mut sum = bf16_to_f32(first[element]);
+            for offset in 0..out.len() / size {
+                let index = start + offset;
+                let mut sum = to_f32(dtype, element(dtype, first, index));
                 for input in rest {
-                    sum += bf16_to_f32(input[element]);
+                    sum += to_f32(dtype, element(dtype, input, index));
                 }
-                *sum_bits = f32_to_bf16(sum);
+                put_element(dtype, out, offset, from_f32(dtype, sum));
             }
         });
     sums
+}
+
+/// [`reference_sum`] of bf16 inputs given as bits.
+///
+/// Panics when `inputs` is empty or the ranks' lengths differ.
+pub fn reference_sum_bf16(inputs: &[&[u16]]) -> Vec<u16> {
+    let bytes: Vec<Vec<u8>> = inputs.iter().map(|input| u16_bytes(input)).collect();
+    let views: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    reference_sum(Dtype::Bf16, &views)
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+        .collect()
+}
+
+fn u16_bytes(values: &[u16]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
 }
 
 /// Elements per parallel piece of work: large enough to amortise scheduling, small enough to
@@ -88,7 +163,16 @@ impl SplitMix64 {
 /// (whose sums overflow), infinities and NaNs mixed in, so a comparison with
 /// [`reference_sum_bf16`] exercises signed zeros, no flush to zero, rounding, overflow and NaN.
 pub fn random_bf16(seed: u64, len: usize) -> Vec<u16> {
-    let mut values = vec![0_u16; len];
+    random_bits(seed, len, Dtype::Bf16)
+        .into_iter()
+        .map(|bits| bits as u16)
+        .collect()
+}
+
+/// `len` random elements of `dtype` from `seed`, as bits, with the corners [`random_bf16`]
+/// describes, scaled to the type.
+fn random_bits(seed: u64, len: usize, dtype: Dtype) -> Vec<u32> {
+    let mut values = vec![0_u32; len];
     // Each piece has its own stream of the seed, so the values do not depend on the threads.
     values
         .par_chunks_mut(CHUNK)
@@ -97,14 +181,40 @@ pub fn random_bf16(seed: u64, len: usize) -> Vec<u16> {
             let mut generator =
                 SplitMix64(seed ^ (chunk as u64).wrapping_mul(0xA24B_AED4_963E_E407));
             for value in out {
-                *value = random_value(generator.next());
+                *value = random_value(dtype, generator.next());
             }
         });
     values
 }
 
-/// One random bf16 from 64 random bits (see [`random_bf16`]).
-fn random_value(draw: u64) -> u16 {
+/// `len` random elements of `dtype` from `seed`, as little-endian bytes.
+pub fn random_elements(dtype: Dtype, seed: u64, len: usize) -> Vec<u8> {
+    let size = dtype.size_bytes() as usize;
+    random_bits(seed, len, dtype)
+        .into_iter()
+        .flat_map(|bits| bits.to_le_bytes().into_iter().take(size))
+        .collect()
+}
+
+/// One random element of `dtype` from 64 random bits (see [`random_bf16`]).
+fn random_value(dtype: Dtype, draw: u64) -> u32 {
+    match dtype {
+        Dtype::Bf16 => u32::from(random_bf16_value(draw)),
+        Dtype::Fp16 => u32::from(random_fp16_value(draw)),
+        // A bf16 draw with 16 more random mantissa bits; zeros and infinities keep theirs clear.
+        Dtype::Fp32 => {
+            let high = u32::from(random_bf16_value(draw));
+            let low = if matches!(high & 0x7FFF, 0 | 0x7F80) {
+                0
+            } else {
+                (draw >> 48) as u32
+            };
+            (high << 16) | low
+        }
+    }
+}
+
+fn random_bf16_value(draw: u64) -> u16 {
     let sign = ((draw >> 8) & 1) as u16 * 0x8000;
     let mantissa = ((draw >> 16) & 0x7F) as u16;
     let exponent_draw = (draw >> 24) as u16;
@@ -125,16 +235,45 @@ fn random_value(draw: u64) -> u16 {
     sign | magnitude
 }
 
-/// One input of `len` random values per rank ([`random_bf16`]), each rank from its own
+fn random_fp16_value(draw: u64) -> u16 {
+    let sign = ((draw >> 8) & 1) as u16 * 0x8000;
+    let mantissa = ((draw >> 16) & 0x3FF) as u16;
+    let exponent_draw = (draw >> 32) as u16;
+    let magnitude = match draw & 0xFF {
+        // NaN with a nonzero mantissa.
+        0 => 0x7C00 | mantissa.max(1),
+        1 => 0x7C00,
+        2..=9 => 0,
+        // Subnormal: exponent field 0, nonzero mantissa.
+        10..=25 => mantissa.max(1),
+        // The smallest normals, whose differences are subnormal.
+        26..=33 => ((1 + exponent_draw % 4) << 10) | mantissa,
+        // Exponent fields 27..=30: up to the largest finite fp16 (65504), whose sums overflow.
+        34..=49 => ((27 + exponent_draw % 4) << 10) | mantissa,
+        // Exponent fields 5..=25: 2^-10 to 2^10.
+        _ => ((5 + exponent_draw % 21) << 10) | mantissa,
+    };
+    sign | magnitude
+}
+
+/// One input of `len` random bf16 values per rank ([`random_bf16`]), each rank from its own
 /// stream of `seed`.
 pub fn random_inputs(seed: u64, world: usize, len: usize) -> Vec<Vec<u16>> {
     (0..world)
-        .map(|rank| {
-            let stream =
-                SplitMix64(seed ^ (rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next();
-            random_bf16(stream, len)
-        })
+        .map(|rank| random_bf16(rank_stream(seed, rank), len))
         .collect()
+}
+
+/// One input of `len` random elements of `dtype` per rank, as bytes, each rank from its own
+/// stream of `seed`.
+pub fn random_rank_inputs(dtype: Dtype, seed: u64, world: usize, len: usize) -> Vec<Vec<u8>> {
+    (0..world)
+        .map(|rank| random_elements(dtype, rank_stream(seed, rank), len))
+        .collect()
+}
+
+fn rank_stream(seed: u64, rank: usize) -> u64 {
+    SplitMix64(seed ^ (rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next()
 }
 
 #[cfg(test)]
@@ -230,6 +369,116 @@ mod tests {
         let inputs = random_inputs(7, 4, 64);
         assert_eq!(inputs.len(), 4);
         assert!(inputs.iter().all(|input| input.len() == 64));
+        assert_ne!(inputs[0], inputs[1]);
+    }
+
+    fn sum_of(dtype: Dtype, inputs: &[&[u32]]) -> Vec<u32> {
+        let bytes: Vec<Vec<u8>> = inputs
+            .iter()
+            .map(|input| {
+                let mut bytes = vec![0; input.len() * dtype.size_bytes() as usize];
+                for (index, bits) in input.iter().enumerate() {
+                    put_element(dtype, &mut bytes, index, *bits);
+                }
+                bytes
+            })
+            .collect();
+        let views: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let sum = reference_sum(dtype, &views);
+        (0..input_len(inputs))
+            .map(|index| element(dtype, &sum, index))
+            .collect()
+    }
+
+    fn input_len(inputs: &[&[u32]]) -> usize {
+        inputs[0].len()
+    }
+
+    #[test]
+    fn fp16_rounds_once_to_nearest_even_and_keeps_subnormals() {
+        let sum = |inputs: &[&[u32]]| sum_of(Dtype::Fp16, inputs);
+        // 1 + 2^-11 is halfway between 1 (even) and 1 + 2^-10: down; from 1 + 2^-10: up.
+        assert_eq!(sum(&[&[0x3C00], &[0x1000]]), [0x3C00]);
+        assert_eq!(sum(&[&[0x3C01], &[0x1000]]), [0x3C02]);
+        assert_eq!(sum(&[&[0xBC01], &[0x9000]]), [0xBC02]);
+        // Subnormals are kept; the smallest normal minus the smallest subnormal is subnormal.
+        assert_eq!(sum(&[&[0x0001], &[0x0001]]), [0x0002]);
+        assert_eq!(sum(&[&[0x0400], &[0x8001]]), [0x03FF]);
+        // -0 survives; -0 + +0 is +0.
+        assert_eq!(sum(&[&[0x8000], &[0x8000]]), [0x8000]);
+        assert_eq!(sum(&[&[0x8000], &[0x0000]]), [0x0000]);
+        // fp32 sums of fp16s are rounded once: 2^-24 steps that fp32 keeps and fp16 drops.
+        assert_eq!(sum(&[&[0x3C00], &[0x0001], &[0x0001]]), [0x3C00]);
+    }
+
+    #[test]
+    fn fp16_overflow_gives_infinity_and_nan_the_canonical_nan() {
+        let sum = |inputs: &[&[u32]]| sum_of(Dtype::Fp16, inputs);
+        // 65504 + 16 = 65520 is halfway to 65536 (past the largest): infinity, as IEEE does.
+        assert_eq!(sum(&[&[0x7BFF], &[0x4C00]]), [0x7C00]);
+        assert_eq!(sum(&[&[0xFBFF], &[0xFBFF]]), [0xFC00]);
+        // Just below the halfway point it stays finite.
+        assert_eq!(sum(&[&[0x7BFF], &[0x4BFF]]), [0x7BFF]);
+        assert_eq!(sum(&[&[0x7E00], &[0x3C00]]), [0x7FFF]);
+        assert_eq!(sum(&[&[0x7C00], &[0xFC00]]), [0x7FFF]);
+        assert_eq!(canonical_nan(Dtype::Fp16), 0x7FFF);
+    }
+
+    #[test]
+    fn fp16_bits_survive_the_round_trip_through_fp32() {
+        for bits in 0..=u32::from(u16::MAX) {
+            let value = to_f32(Dtype::Fp16, bits);
+            let expected = if value.is_nan() { 0x7FFF } else { bits };
+            assert_eq!(from_f32(Dtype::Fp16, value), expected, "{bits:#06x}");
+        }
+    }
+
+    #[test]
+    fn fp32_is_the_rank_ordered_sum_with_no_rounding_after() {
+        let sum = |inputs: &[&[u32]]| sum_of(Dtype::Fp32, inputs);
+        let one = 1.0_f32.to_bits();
+        let big = 2.0_f32.powi(30).to_bits();
+        let minus_big = (-2.0_f32.powi(30)).to_bits();
+        assert_eq!(sum(&[&[big], &[minus_big], &[one]]), [one]);
+        assert_eq!(sum(&[&[one], &[big], &[minus_big]]), [0]);
+        // 1 + 2^-24 ties to 1 in fp32.
+        assert_eq!(sum(&[&[one], &[2.0_f32.powi(-24).to_bits()]]), [one]);
+        assert_eq!(sum(&[&[0x8000_0000], &[0x8000_0000]]), [0x8000_0000]);
+        assert_eq!(sum(&[&[1], &[1]]), [2], "subnormals kept");
+        assert_eq!(sum(&[&[0x7F7F_FFFF], &[0x7F7F_FFFF]]), [0x7F80_0000]);
+        assert_eq!(sum(&[&[0x7FC0_0001], &[one]]), [0x7FFF_FFFF]);
+        assert_eq!(sum(&[&[0xFF80_0000], &[0x7F80_0000]]), [0x7FFF_FFFF]);
+    }
+
+    #[test]
+    fn random_data_of_every_type_reaches_its_corners() {
+        for dtype in [Dtype::Fp16, Dtype::Fp32] {
+            let bytes = random_elements(dtype, 11, 1 << 16);
+            let values: Vec<f32> = (0..1 << 16)
+                .map(|index| to_f32(dtype, element(dtype, &bytes, index)))
+                .collect();
+            let count =
+                |predicate: &dyn Fn(f32) -> bool| values.iter().filter(|v| predicate(**v)).count();
+            assert!(
+                count(&|v| v == 0.0 && v.is_sign_negative()) > 0,
+                "{dtype}: -0"
+            );
+            assert!(
+                count(
+                    &|v| v.is_subnormal() || (dtype == Dtype::Fp16 && v != 0.0 && v.abs() < 6.1e-5)
+                ) > 0,
+                "{dtype}: subnormal"
+            );
+            assert!(count(&f32::is_nan) > 0, "{dtype}: NaN");
+            assert!(count(&f32::is_infinite) > 0, "{dtype}: infinity");
+            assert!(
+                count(&|v: f32| v.is_finite() && v.abs() > 30000.0) > 0,
+                "{dtype}: large"
+            );
+            assert_eq!(bytes, random_elements(dtype, 11, 1 << 16));
+        }
+        let inputs = random_rank_inputs(Dtype::Fp32, 3, 2, 10);
+        assert_eq!(inputs[0].len(), 40);
         assert_ne!(inputs[0], inputs[1]);
     }
 }

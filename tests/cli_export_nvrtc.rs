@@ -143,6 +143,14 @@ fn every_shipped_ladder_exports_for_each_of_its_targets_and_shows() {
                     "{out}: {} uses registers",
                     record.name
                 );
+                // The kernels must fit their registers: a spill to local memory costs every
+                // launch.
+                assert_eq!(
+                    (record.spill_store_bytes, record.spill_load_bytes),
+                    (0, 0),
+                    "{out}: {} spills",
+                    record.name
+                );
             }
             assert_eq!(package.manifest().compiler.nvrtc_version, "13.0");
 

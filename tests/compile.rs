@@ -8,7 +8,7 @@ use std::time::Instant;
 use prepare::compile::{compile_kernels_with, Compilation, CompileError};
 use prepare::gpu::nvrtc::{Nvrtc, NvrtcError};
 use prepare::kernels::{all_kernels, KernelSpec};
-use prepare::ladder::Arch;
+use prepare::ladder::{Arch, Dtype};
 use prepare::progress::Reporter;
 
 const ARCHES: [Arch; 3] = [Arch::Sm90, Arch::Sm120, Arch::Sm121];
@@ -78,7 +78,7 @@ fn summary(compilation: &Compilation) -> String {
 #[test]
 fn every_kernel_compiles_for_every_cluster_architecture_deterministically() {
     let Some(nvrtc) = nvrtc() else { return };
-    let kernels = all_kernels();
+    let kernels = all_kernels(Dtype::Bf16, 2);
     let mut summaries = String::new();
     for arch in ARCHES {
         let recorder = Recorder::default();
@@ -99,8 +99,8 @@ fn every_kernel_compiles_for_every_cluster_architecture_deterministically() {
         // A copy-engine kernel's cubin also holds its barrier entries, which the host loads
         // from the same module; every other cubin holds its own entry alone.
         for (spec, compiled) in kernels.iter().zip(&first.kernels) {
-            let barriers: Vec<&str> =
-                prepare::kernels::copy_engine_barriers(spec).map_or_else(Vec::new, Vec::from);
+            let barriers: Vec<String> =
+                spec.copy_engine_barriers().map_or_else(Vec::new, Vec::from);
             for entry in &barriers {
                 let symbol = format!(".text.{entry}\0");
                 assert!(
@@ -114,7 +114,7 @@ fn every_kernel_compiles_for_every_cluster_architecture_deterministically() {
             }
             let others = kernels
                 .iter()
-                .filter(|other| other.name != spec.name && !barriers.contains(&other.name.as_str()))
+                .filter(|other| other.name != spec.name && !barriers.contains(&other.name))
                 .map(|other| format!(".text.{}\0", other.name));
             for symbol in others {
                 assert!(
@@ -179,7 +179,7 @@ fn every_kernel_compiles_for_every_cluster_architecture_deterministically() {
 #[test]
 fn identical_kernels_compile_once() {
     let Some(nvrtc) = nvrtc() else { return };
-    let one = all_kernels().remove(1);
+    let one = all_kernels(Dtype::Fp16, 3).remove(1);
     let recorder = Recorder::default();
     let compilation =
         compile_kernels_with(nvrtc, &[one.clone(), one.clone()], Arch::Sm90, &recorder).unwrap();
@@ -201,6 +201,8 @@ fn a_failed_compile_keeps_the_log_and_the_options() {
         name: "all_reduce_missing_bf16".to_owned(),
         source: "all_reduce_one_shot.cu",
         cluster: false,
+        dtype: Dtype::Bf16,
+        world: 2,
     };
     let error = compile_kernels_with(nvrtc, &[missing], Arch::Sm90, &prepare::progress::Silent)
         .unwrap_err();
@@ -241,7 +243,10 @@ fn a_failed_compile_keeps_the_log_and_the_options() {
 #[test]
 fn kernel_logs_have_no_warnings() {
     let Some(nvrtc) = nvrtc() else { return };
-    for spec in all_kernels() {
+    for spec in Dtype::ALL
+        .into_iter()
+        .flat_map(|dtype| all_kernels(dtype, 4))
+    {
         let mut program = nvrtc
             .program(
                 spec.source,
@@ -250,6 +255,7 @@ fn kernel_logs_have_no_warnings() {
             )
             .unwrap();
         let mut options = prepare::compile::compile_options(Arch::Sm90);
+        options.extend(spec.defines());
         options.push(format!("--ptxas-options=--entry={}", spec.name));
         let log = program.compile(&options).unwrap();
         assert!(!log.contains("warning"), "{}:\n{log}", spec.name);

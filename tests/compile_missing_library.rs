@@ -10,8 +10,12 @@ use prepare::ladder::Arch;
 fn a_missing_library_gives_the_friendly_error() {
     let missing = tempfile::tempdir().unwrap().path().join("libnvrtc.so.13");
     std::env::set_var("PREPARE_NVRTC", &missing);
-    let error =
-        compile_kernels(&all_kernels(), Arch::Sm90, &prepare::progress::Silent).unwrap_err();
+    let error = compile_kernels(
+        &all_kernels(prepare::ladder::Dtype::Bf16, 2),
+        Arch::Sm90,
+        &prepare::progress::Silent,
+    )
+    .unwrap_err();
     assert!(matches!(error, CompileError::Library(_)), "{error}");
     let message = error
         .to_string()

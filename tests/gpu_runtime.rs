@@ -243,7 +243,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     };
     let device = &devices[0];
     let arch = driver.describe(0).unwrap().description().unwrap().arch;
-    let spec = prepare::kernels::all_kernels()
+    let spec = prepare::kernels::all_kernels(prepare::ladder::Dtype::Bf16, 2)
         .into_iter()
         .find(|spec| spec.name == "all_reduce_one_shot_pull_bf16")
         .unwrap();

@@ -14,7 +14,7 @@ use mutations::{apply, mutated_package, overrides, package_with_sources, Mutatio
 use prepare::compile::{compile_kernels_with_sources, SourceOverrides};
 use prepare::gpu::nvrtc::Nvrtc;
 use prepare::kernels::{all_kernels, KernelSpec};
-use prepare::ladder::Arch;
+use prepare::ladder::{Arch, Dtype};
 use prepare::package::open_package;
 use prepare::progress::Silent;
 
@@ -112,7 +112,7 @@ fn every_mutation_builds_and_changes_exactly_the_kernels_it_touches() {
         &SourceOverrides::new(),
     ));
     // Kernels the ladder does not need (the cluster kernels) are compiled on their own.
-    let others: Vec<KernelSpec> = all_kernels()
+    let others: Vec<KernelSpec> = all_kernels(Dtype::Bf16, 2)
         .into_iter()
         .filter(|spec| !original.contains_key(&spec.name))
         .collect();

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use mutations::{apply, Mutation};
 use prepare::kernels::{all_kernels, headers, source};
+use prepare::ladder::Dtype;
 
 /// Removes the definition of `name` (a `__device__ __forceinline__` function ending with a `}`
 /// line) from `text`.
@@ -66,17 +67,19 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
             "host_cluster_prims.h",
         ),
         (
-            "prepare_bf16.cuh",
+            "prepare_element.cuh",
             &["add_round_nearest"],
-            "host_bf16_prims.h",
+            "host_element_prims.h",
         ),
     ];
     let mut files: Vec<(String, String)> = headers()
         .iter()
         .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
         .collect();
-    for spec in all_kernels() {
-        files.push((spec.source.to_owned(), source(&spec).to_owned()));
+    for spec in all_kernels(Dtype::Bf16, 2) {
+        if !files.iter().any(|(name, _)| name == spec.source) {
+            files.push((spec.source.to_owned(), source(&spec).to_owned()));
+        }
     }
     for (file, patched) in mutation.map(apply).unwrap_or_default() {
         for (name, text) in &mut files {
@@ -98,12 +101,12 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
         }
         text = text
             .replace(
-                "__shared__ prepare::BlockFlags flags;",
-                "prepare::BlockFlags& flags = emu_shared<prepare::BlockFlags>(0);",
+                "__shared__ BlockFlags flags;",
+                "BlockFlags& flags = emu_shared<BlockFlags>(0);",
             )
             .replace(
-                "__shared__ prepare::ClusterFlags flags;",
-                "prepare::ClusterFlags& flags = emu_shared<prepare::ClusterFlags>(0);",
+                "__shared__ ClusterFlags flags;",
+                "ClusterFlags& flags = emu_shared<ClusterFlags>(0);",
             )
             .replace(
                 "__shared__ int outcome;",
@@ -187,7 +190,12 @@ fn exactness(binary: &Path) -> (BTreeMap<String, bool>, String) {
             (exact || verdict.starts_with("inexact")).then(|| (kernel.to_owned(), exact))
         })
         .collect();
-    let names: Vec<String> = all_kernels().into_iter().map(|spec| spec.name).collect();
+    let mut names: Vec<String> = Dtype::ALL
+        .into_iter()
+        .flat_map(|dtype| all_kernels(dtype, 2))
+        .map(|spec| spec.name)
+        .collect();
+    names.sort();
     assert_eq!(
         verdicts.keys().cloned().collect::<Vec<_>>(),
         names,

@@ -66,27 +66,61 @@ pub enum Collective {
     AllReduce,
 }
 
-/// Element types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+/// Element types. Every one is summed in fp32 in rank order; bf16 and fp16 are then rounded
+/// once to nearest even (see `prepare::reference`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Dtype {
     /// bfloat16, summed in fp32 in rank order and rounded once to nearest even.
     Bf16,
+    /// IEEE binary16, summed in fp32 in rank order and rounded once to nearest even (overflow
+    /// to infinity).
+    Fp16,
+    /// IEEE binary32, summed in fp32 in rank order.
+    Fp32,
 }
 
 impl Dtype {
+    /// Every element type.
+    pub const ALL: [Dtype; 3] = [Dtype::Bf16, Dtype::Fp16, Dtype::Fp32];
+
     /// Bytes per element.
     pub fn size_bytes(self) -> u64 {
         match self {
-            Dtype::Bf16 => 2,
+            Dtype::Bf16 | Dtype::Fp16 => 2,
+            Dtype::Fp32 => 4,
         }
     }
 
-    /// The name used in kernel symbols and tables.
+    /// Elements per 16-byte vector, the unit the kernels move.
+    pub fn per_vector(self) -> u64 {
+        16 / self.size_bytes()
+    }
+
+    /// The name used in ladders, kernel symbols and tables.
     pub fn name(self) -> &'static str {
         match self {
             Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+            Dtype::Fp32 => "fp32",
         }
+    }
+
+    /// The kernels' element type (`kernels/prepare_element.cuh`).
+    pub fn element_type(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "Bf16",
+            Dtype::Fp16 => "Fp16",
+            Dtype::Fp32 => "Fp32",
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
     }
 }
 

@@ -6,18 +6,21 @@
 // writes the next input as soon as its own previous launch ends, while peers may still be in
 // theirs, so a missing barrier shows up as a wrong sum or, under ThreadSanitizer, as a race.
 //
-// Modes:
-//   quick        every kernel, worlds 2, 3 and 8, sizes around every vector and slice edge,
+// Every mode runs each kernel in every element type (bf16, fp16, fp32), instantiated at the
+// launch's world size as a package compiles it, unless it says otherwise. Modes:
+//   quick        every kernel, worlds 2, 3 and 8 (bf16) or 2 and 3 (fp16, fp32), sizes around
+//                every vector and slice edge,
 //                one launch at a time with exact scratch (guards catch overruns); a rank
 //                that never launches (peers time out naming it, then return at once);
-//                an invalid launch (refused with its code)
+//                an invalid launch (refused with its code); those two in bf16 only
 //   full         the same for every world 2..8 and two geometries per kernel
-//   streams N    N rounds per world of launches back to back: random kernels, sizes and
-//                geometries, every kernel repeated, and every ordered pair of kernels
-//   exactness    per kernel, a few sizes with tails at worlds 2 and 3, then one launch whose
-//                last rank starts late; prints one line per kernel, `<entry>: exact` or
-//                `<entry>: inexact (N failed checks)`, and goes on past any failure (the
-//                planted-mutation tests read which kernels a mutation broke)
+//   streams N    N rounds per world (2, 3, 4, 8 in bf16; 2, 3 otherwise) of launches back to
+//                back: random kernels, sizes and geometries, every kernel repeated, and every
+//                ordered pair of kernels
+//   exactness    per kernel and type, a few sizes with tails at worlds 2 and 3, then one launch
+//                whose last rank starts late; prints one line per kernel entry (with its
+//                type), `<entry>: exact` or `<entry>: inexact (N failed checks)`, and goes on
+//                past any failure (the planted-mutation tests read which kernels it broke)
 // Exit status 0 when every check passed; failures are printed.
 #include <algorithm>
 #include <cstdio>
@@ -53,9 +56,59 @@ bool double_buffered(Scratch scratch) {
            scratch == Scratch::DoubleBufferedMessageSlots;
 }
 
+// The element types, in the order of every per-type table here.
+enum Dtype { kBf16, kFp16, kFp32, kDtypes };
+const char* const kDtypeNames[kDtypes] = {"bf16", "fp16", "fp32"};
+// The type every run checks; set between runs, never during one.
+Dtype dtype = kBf16;
+
+u64 element_bytes() {
+    return dtype == kFp32 ? 4 : 2;
+}
+
+u64 per_vector() {
+    return 16 / element_bytes();
+}
+
+using Entry = void (*)(AllReduceParams);
+
+// An entry as the kernel's own template at the world of the launch, as a package compiled for
+// that world has it; a world outside 2..8 goes to the world-2 instantiation, which refuses it.
+template <typename Algorithm, typename T, bool Cluster, int N>
+void entry_at(AllReduceParams params) {
+    if constexpr (Cluster) {
+        prepare::cluster_kernel<Algorithm, T, N>(params);
+    } else {
+        prepare::block_kernel<Algorithm, T, N>(params);
+    }
+}
+
+template <typename Algorithm, typename T, bool Cluster>
+void entry(AllReduceParams params) {
+    switch (params.world) {
+        case 3: entry_at<Algorithm, T, Cluster, 3>(params); break;
+        case 4: entry_at<Algorithm, T, Cluster, 4>(params); break;
+        case 5: entry_at<Algorithm, T, Cluster, 5>(params); break;
+        case 6: entry_at<Algorithm, T, Cluster, 6>(params); break;
+        case 7: entry_at<Algorithm, T, Cluster, 7>(params); break;
+        case 8: entry_at<Algorithm, T, Cluster, 8>(params); break;
+        default: entry_at<Algorithm, T, Cluster, 2>(params); break;
+    }
+}
+
+struct Entries {
+    Entry of[kDtypes];
+};
+
+template <typename Algorithm, bool Cluster = false>
+constexpr Entries entries() {
+    return {{&entry<Algorithm, prepare::Bf16, Cluster>, &entry<Algorithm, prepare::Fp16, Cluster>,
+             &entry<Algorithm, prepare::Fp32, Cluster>}};
+}
+
 struct Kernel {
     const char* name;
-    void (*entry)(AllReduceParams);
+    Entries entry;
     Scratch scratch;
     bool cluster;
     // Reads this rank's message only locally, through params.input (prepare::kernels::
@@ -63,23 +116,26 @@ struct Kernel {
     bool local_input;
     // A copy-engine kernel's start and end barriers: the host copies the peers' chunks between
     // them (copy_engine_launch); null for every other kernel.
-    void (*start)(AllReduceParams) = nullptr;
-    void (*end)(AllReduceParams) = nullptr;
+    bool copy_engine = false;
+    Entries start = {};
+    Entries end = {};
 };
 
 const Kernel kKernels[] = {
-    {"one_shot_copy_engine", all_reduce_one_shot_copy_engine_bf16, Scratch::None, false, false,
-     all_reduce_one_shot_copy_engine_start_bf16, all_reduce_one_shot_copy_engine_end_bf16},
-    {"one_shot_pull", all_reduce_one_shot_pull_bf16, Scratch::None, false, false},
-    {"one_shot_push", all_reduce_one_shot_push_bf16, Scratch::MessageSlots, false, true},
-    {"one_shot_push_ll", all_reduce_one_shot_push_ll_bf16, Scratch::DoubleBufferedLines, false,
+    {"one_shot_copy_engine", entries<prepare::CopyEngineSum>(), Scratch::None, false, false, true,
+     entries<prepare::CopyEngineBarrier<prepare::kSetStart>>(),
+     entries<prepare::CopyEngineBarrier<prepare::kSetEnd>>()},
+    {"one_shot_pull", entries<prepare::OneShotPull>(), Scratch::None, false, false},
+    {"one_shot_push", entries<prepare::OneShotPush>(), Scratch::MessageSlots, false, true},
+    {"one_shot_push_ll", entries<prepare::OneShotPushLl>(), Scratch::DoubleBufferedLines, false,
      true},
-    {"one_shot_push_simple", all_reduce_one_shot_push_simple_bf16,
+    {"one_shot_push_simple", entries<prepare::OneShotPushSimple>(),
      Scratch::DoubleBufferedMessageSlots, false, true},
-    {"rsag_pull", all_reduce_rsag_pull_bf16, Scratch::Message, false, false},
-    {"rsag_push", all_reduce_rsag_push_bf16, Scratch::SliceSlotsThenMessage, false, true},
-    {"rsag_phased", all_reduce_rsag_phased_bf16, Scratch::SliceSlotsThenMessage, true, true},
-    {"full_phased", all_reduce_full_phased_bf16, Scratch::MessageSlots, true, true},
+    {"rsag_pull", entries<prepare::RsagPull>(), Scratch::Message, false, false},
+    {"rsag_push", entries<prepare::RsagPush>(), Scratch::SliceSlotsThenMessage, false, true},
+    {"rsag_phased", entries<prepare::RsagPhased, true>(), Scratch::SliceSlotsThenMessage, true,
+     true},
+    {"full_phased", entries<prepare::FullPhased, true>(), Scratch::MessageSlots, true, true},
 };
 
 u64 round_up(u64 value, u64 multiple) {
@@ -88,10 +144,10 @@ u64 round_up(u64 value, u64 multiple) {
 
 // Mirror of prepare::kernels::scratch_bytes.
 u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
-    const u64 message = round_up(elements * 2, 16);
-    const u64 slot = ((elements / 8 + world - 1) / world + 1) * 16;
+    const u64 message = round_up(elements * element_bytes(), 16);
+    const u64 slot = ((elements / per_vector() + world - 1) / world + 1) * 16;
     // Room for every message up to `elements` (a smaller one can take more lines).
-    const u64 lines = 2 * (elements / 8) + 7;
+    const u64 lines = 2 * (elements / per_vector()) + per_vector() - 1;
     const u64 chunk = PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
     switch (scratch) {
         case Scratch::None: return 0;
@@ -104,37 +160,91 @@ u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
     return 0;
 }
 
-float bf16_to_float(unsigned short bits) {
-    return __uint_as_float(unsigned(bits) << 16);
+float bf16_to_float(unsigned bits) {
+    return __uint_as_float(bits << 16);
 }
 
-unsigned short float_to_bf16(float value) {
+unsigned float_to_bf16(float value) {
     const unsigned bits = __float_as_uint(value);
     if ((bits & 0x7fffffffu) > 0x7f800000u)
         return 0x7fff;
     return (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
 }
 
+// fp16 through the compiler's own IEEE binary16, independent of the kernels' bit arithmetic.
+float fp16_to_float(unsigned bits) {
+    const unsigned short half_bits = static_cast<unsigned short>(bits);
+    _Float16 value;
+    std::memcpy(&value, &half_bits, 2);
+    return static_cast<float>(value);
+}
+
+unsigned float_to_fp16(float value) {
+    if (value != value)
+        return 0x7fff;
+    const _Float16 half = static_cast<_Float16>(value);
+    unsigned short bits;
+    std::memcpy(&bits, &half, 2);
+    return bits;
+}
+
+float element_to_float(unsigned bits) {
+    switch (dtype) {
+        case kBf16: return bf16_to_float(bits);
+        case kFp16: return fp16_to_float(bits);
+        default: return __uint_as_float(bits);
+    }
+}
+
+unsigned float_to_element(float value) {
+    switch (dtype) {
+        case kBf16: return float_to_bf16(value);
+        case kFp16: return float_to_fp16(value);
+        default: return value != value ? 0x7fffffffu : __float_as_uint(value);
+    }
+}
+
 // Rank `rank`'s element `e` in launch `launch`: mostly ordinary magnitudes, any bits otherwise
 // (signed zeros, subnormals, huge values, infinities, NaNs).
-unsigned short input_value(u64 seed, unsigned launch, unsigned rank, u64 e) {
+unsigned input_value(u64 seed, unsigned launch, unsigned rank, u64 e) {
     u64 x = seed ^ (u64(launch) << 40) ^ (u64(rank) << 32) ^ e;
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     x ^= x >> 33;
     x *= 0xc4ceb9fe1a85ec53ull;
     x ^= x >> 33;
-    unsigned short value = static_cast<unsigned short>(x);
-    if ((x >> 20) % 4 != 0)
-        value = (value & 0x807f) | ((112 + (x >> 24) % 31) << 7);
-    return value;
+    const bool ordinary = (x >> 20) % 4 != 0;
+    switch (dtype) {
+        case kBf16: {
+            unsigned value = static_cast<unsigned short>(x);
+            return ordinary ? (value & 0x807f) | ((112 + (x >> 24) % 31) << 7) : value;
+        }
+        case kFp16: {
+            unsigned value = static_cast<unsigned short>(x);
+            return ordinary ? (value & 0x83ff) | ((5 + (x >> 24) % 21) << 10) : value;
+        }
+        default: {
+            unsigned value = static_cast<unsigned>(x >> 8);
+            return ordinary ? (value & 0x807fffffu) | ((112 + (x >> 24) % 31) << 23) : value;
+        }
+    }
 }
 
-unsigned short reference(u64 seed, unsigned launch, unsigned world, u64 e) {
-    float sum = bf16_to_float(input_value(seed, launch, 0, e));
+unsigned reference(u64 seed, unsigned launch, unsigned world, u64 e) {
+    float sum = element_to_float(input_value(seed, launch, 0, e));
     for (unsigned q = 1; q < world; ++q)
-        sum += bf16_to_float(input_value(seed, launch, q, e));
-    return float_to_bf16(sum);
+        sum += element_to_float(input_value(seed, launch, q, e));
+    return float_to_element(sum);
+}
+
+void put_element(unsigned char* base, u64 e, unsigned value) {
+    std::memcpy(base + e * element_bytes(), &value, element_bytes());
+}
+
+unsigned get_element(const unsigned char* base, u64 e) {
+    unsigned value = 0;
+    std::memcpy(&value, base + e * element_bytes(), element_bytes());
+    return value;
 }
 
 int failures = 0;
@@ -234,7 +344,7 @@ void launch_rank(const Launch& launch, const AllReduceParams& params) {
                         blockDim = {launch.threads, 1, 1};
                         gridDim = {launch.blocks, 1, 1};
                         emu_block = block;
-                        launch.kernel->entry(params);
+                        launch.kernel->entry.of[dtype](params);
                     });
             }
         }
@@ -253,11 +363,11 @@ constexpr u64 kCopyEngineChunkBytes = 80;
 // order, so a missing barrier shows as a race on the peers' inputs.
 void copy_engine_launch(const Launch& launch, const AllReduceParams& params, unsigned char* scratch,
                         u64 slot_bytes) {
-    const Kernel start = {"start", launch.kernel->start, Scratch::None, false};
-    const Kernel end = {"end", launch.kernel->end, Scratch::None, false};
+    const Kernel start = {"start", launch.kernel->start, Scratch::None, false, false};
+    const Kernel end = {"end", launch.kernel->end, Scratch::None, false, false};
     // The barriers run on one block of 32 threads, as the host launches them.
     launch_rank({&start, 1, 32, 1, launch.elements}, params);
-    const u64 bytes = launch.elements * 2;
+    const u64 bytes = launch.elements * element_bytes();
     for (u64 first = 0; first < bytes || first == 0; first += kCopyEngineChunkBytes) {
         const u64 length = std::min(kCopyEngineChunkBytes, bytes - first);
         AllReduceParams chunk = params;
@@ -271,7 +381,7 @@ void copy_engine_launch(const Launch& launch, const AllReduceParams& params, uns
             chunk.buffers[q] = slot;
         }
         chunk.output = static_cast<unsigned char*>(params.output) + first;
-        chunk.elements = length / 2;
+        chunk.elements = length / element_bytes();
         chunk.scratch_offset = round_up(length, 16);
         launch_rank({launch.kernel, launch.blocks, launch.threads, 1, chunk.elements}, chunk);
         if (bytes == 0)
@@ -300,7 +410,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
             max_shared = std::max(max_shared, bytes);
         }
     }
-    const u64 shared_offset = round_up(max_elements * 2, 16) + options.extra_offset;
+    const u64 shared_offset = round_up(max_elements * element_bytes(), 16) + options.extra_offset;
     std::vector<u64> own_offsets(std::size(kKernels), 0);
     u64 buffer_bytes = shared_offset + max_shared;
     for (std::size_t k = 0; k < std::size(kKernels); ++k) {
@@ -315,7 +425,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
             std::memset(buffer.get() + own_offsets[k], 0, own_bytes[k]);
     }
     // The copy-engine kernels' private scratch: a slot of the largest message per peer.
-    const u64 slot_bytes = round_up(max_elements * 2, 16);
+    const u64 slot_bytes = round_up(max_elements * element_bytes(), 16);
     std::vector<std::unique_ptr<unsigned char[]>> copy_scratch(world);
     for (auto& scratch : copy_scratch) {
         scratch.reset(new (std::align_val_t(16)) unsigned char[slot_bytes * (world - 1) + 16]);
@@ -330,7 +440,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 const Launch& launch = sequence[index];
                 if (rank == world - 1)
                     std::this_thread::sleep_for(options.last_rank_late);
-                const u64 output_bytes = launch.elements * 2;
+                const u64 output_bytes = launch.elements * element_bytes();
                 std::unique_ptr<unsigned char[]> output(
                     new (std::align_val_t(16)) unsigned char[output_bytes + kGuard]);
                 std::memset(output.get(), 0xCC, output_bytes + kGuard);
@@ -342,10 +452,8 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                     std::memset(buffers[rank].get(), 0x5A, output_bytes);
                     input = options.operands == Operands::InPlace ? output.get() : own_input.get();
                 }
-                for (u64 e = 0; e < launch.elements; ++e) {
-                    const unsigned short value = input_value(seed, index, rank, e);
-                    std::memcpy(input + 2 * e, &value, 2);
-                }
+                for (u64 e = 0; e < launch.elements; ++e)
+                    put_element(input, e, input_value(seed, index, rank, e));
                 AllReduceParams params;
                 std::memset(&params, 0, sizeof params);
                 for (unsigned q = 0; q < world; ++q) {
@@ -362,7 +470,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 params.timeout_ns = options.timeout_ns;
                 params.rank = rank;
                 params.world = world;
-                if (launch.kernel->start != nullptr) {
+                if (launch.kernel->copy_engine) {
                     copy_engine_launch(launch, params, copy_scratch[rank].get(), slot_bytes);
                 } else {
                     launch_rank(launch, params);
@@ -381,8 +489,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                     return;
                 u64 wrong = 0, first = 0;
                 for (u64 e = 0; e < launch.elements; ++e) {
-                    unsigned short got;
-                    std::memcpy(&got, output.get() + 2 * e, 2);
+                    const unsigned got = get_element(output.get(), e);
                     if (got != reference(seed, index, world, e) && wrong++ == 0)
                         first = e;
                 }
@@ -393,8 +500,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                       index, rank, wrong, first);
                 for (u64 e = 0; options.operands != Operands::InPlace && e < launch.elements;
                      ++e) {
-                    unsigned short kept;
-                    std::memcpy(&kept, input + 2 * e, 2);
+                    const unsigned kept = get_element(input, e);
                     CHECK(kept == input_value(seed, index, rank, e),
                           "%s rank %u: input element %llu changed", launch.kernel->name, rank, e);
                     if (kept != input_value(seed, index, rank, e))
@@ -422,7 +528,8 @@ void single_launches(const std::vector<unsigned>& worlds, unsigned variants) {
     for (unsigned world : worlds) {
         std::vector<Rank> ranks(world);
         std::vector<u64> sizes = {0, 1, 7, 8, 9, 15, 16, 17, 100, 1001};
-        for (u64 size : {8ull * world - 1, 8ull * world, 8ull * world + 7, 16ull * world + 3})
+        for (u64 size : {per_vector() * world - 1, per_vector() * world,
+                         per_vector() * world + per_vector() - 1, 2 * per_vector() * world + 3})
             sizes.push_back(size);
         for (const Kernel& kernel : kKernels) {
             for (u64 elements : sizes) {
@@ -446,7 +553,9 @@ void chunk_edges() {
             continue;
         for (unsigned world : {2u, 3u}) {
             std::vector<Rank> ranks(world);
-            for (u64 largest : {2048ull, 4096ull, 8192ull}) {
+            // The same bytes in every type: 4 KiB, 8 KiB and 16 KiB messages.
+            for (u64 largest : {4096 / element_bytes(), 8192 / element_bytes(),
+                                16384 / element_bytes()}) {
                 std::vector<Launch> sequence;
                 for (u64 less = 0; less <= 9; ++less)
                     sequence.push_back(geometry(kernel, 1 + less % 3, largest - less));
@@ -470,7 +579,7 @@ void timeouts() {
         run(ranks, {launch}, options, random_source());
         // Rank 2 never launches: its peers give up naming it.
         options.present = {true, true, false};
-        options.timeout_ns = 30'000'000;
+        options.timeout_ns = 200'000'000;
         options.expect_success = false;
         std::vector<u64> aborts = run(ranks, {launch}, options, random_source());
         CHECK(aborts[0] == (timeout | 2) && aborts[1] == (timeout | 2), "%s: abort words %llx %llx",
@@ -506,8 +615,8 @@ void invalid_launches() {
     }
 }
 
-void streams(unsigned rounds) {
-    for (unsigned world : {2u, 3u, 4u, 8u}) {
+void streams(const std::vector<unsigned>& worlds, unsigned rounds) {
+    for (unsigned world : worlds) {
         for (unsigned round = 0; round < rounds; ++round) {
             std::vector<Launch> sequence;
             for (int i = 0; i < 24; ++i) {
@@ -544,7 +653,7 @@ void exactness() {
         const int before = failures;
         for (unsigned world : {2u, 3u}) {
             std::vector<Rank> ranks(world);
-            for (u64 elements : {8ull * world + 7, 100ull, 1001ull}) {
+            for (u64 elements : {per_vector() * world + per_vector() - 1, 100ull, 1001ull}) {
                 Options options;
                 options.present.assign(world, true);
                 run(ranks, {geometry(kernel, 0, elements)}, options, random_source());
@@ -557,10 +666,10 @@ void exactness() {
         run(ranks, {geometry(kernel, 0, 203)}, late, random_source());
         std::lock_guard<std::mutex> lock(print_mutex);
         if (failures == before) {
-            std::printf("all_reduce_%s_bf16: exact\n", kernel.name);
+            std::printf("all_reduce_%s_%s: exact\n", kernel.name, kDtypeNames[dtype]);
         } else {
-            std::printf("all_reduce_%s_bf16: inexact (%d failed checks)\n", kernel.name,
-                        failures - before);
+            std::printf("all_reduce_%s_%s: inexact (%d failed checks)\n", kernel.name,
+                        kDtypeNames[dtype], failures - before);
         }
     }
 }
@@ -574,7 +683,7 @@ void operands(const std::vector<unsigned>& worlds) {
             if (!kernel.local_input)
                 continue;
             for (Operands mode : {Operands::Separate, Operands::InPlace}) {
-                for (u64 elements : {1ull, 8ull * world + 7, 1001ull}) {
+                for (u64 elements : {1ull, per_vector() * world + per_vector() - 1, 1001ull}) {
                     Options options;
                     options.present.assign(world, true);
                     options.operands = mode;
@@ -587,24 +696,48 @@ void operands(const std::vector<unsigned>& worlds) {
 
 }  // namespace
 
+// Runs `check` once per element type.
+template <typename Check>
+void for_each_dtype(Check check) {
+    for (int type = 0; type < kDtypes; ++type) {
+        dtype = static_cast<Dtype>(type);
+        check();
+    }
+    dtype = kBf16;
+}
+
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "quick";
     if (mode == "quick") {
-        single_launches({2, 3, 8}, 1);
-        operands({2, 3, 8});
-        chunk_edges();
+        // Eight ranks, the slowest to emulate, in bf16 only: the types differ in their element
+        // arithmetic and layout, which two and three ranks reach.
+        for_each_dtype([] {
+            const std::vector<unsigned> worlds =
+                dtype == kBf16 ? std::vector<unsigned>{2, 3, 8} : std::vector<unsigned>{2, 3};
+            single_launches(worlds, 1);
+            operands(worlds);
+            chunk_edges();
+        });
+        // The flags, deadlines and launch checks do not depend on the element type.
         timeouts();
         invalid_launches();
     } else if (mode == "full") {
-        single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
-        operands({2, 3, 4, 5, 6, 7, 8});
-        chunk_edges();
+        for_each_dtype([] {
+            single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
+            operands({2, 3, 4, 5, 6, 7, 8});
+            chunk_edges();
+        });
         timeouts();
         invalid_launches();
     } else if (mode == "streams") {
-        streams(argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1);
+        const unsigned rounds = argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1;
+        // Every type at two and three ranks, bf16 also at four and eight.
+        for_each_dtype([rounds] {
+            streams(dtype == kBf16 ? std::vector<unsigned>{2, 3, 4, 8} : std::vector<unsigned>{2, 3},
+                    rounds);
+        });
     } else if (mode == "exactness") {
-        exactness();
+        for_each_dtype([] { exactness(); });
     } else {
         std::printf("unknown mode %s\n", mode.c_str());
         return 2;

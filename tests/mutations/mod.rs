@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use prepare::compile::{compile_kernels_with_sources, SourceOverrides};
 use prepare::gpu::nvrtc::Nvrtc;
 use prepare::kernels::{all_kernels, headers, kernels_for_ladder, source};
-use prepare::ladder::{validate_ladder_bytes, Arch};
+use prepare::ladder::{validate_ladder_bytes, Arch, Dtype};
 use prepare::progress::Silent;
 
 /// A bug planted in the kernels.
@@ -19,22 +19,22 @@ use prepare::progress::Silent;
 pub enum Mutation {
     /// The sum leaves out the last rank's contribution.
     SkipPeer,
-    /// fp32 to bf16 rounds by truncation instead of to nearest even.
+    /// fp32 to bf16 and to fp16 round by truncation instead of to nearest even.
     Truncate,
     /// The tail (the elements after the last whole 16-byte vector) is never written.
     DropTail,
-    /// `all_reduce_one_shot_pull_bf16` skips its start barrier, so it may read a peer's input
+    /// `all_reduce_one_shot_pull_<dtype>` skips its start barrier, so it may read a peer's input
     /// before the peer wrote it: a race that shows only sometimes.
     NoStartBarrier,
     /// Rank 0's contribution is added twice.
     DoubleCount,
-    /// `all_reduce_one_shot_push_ll_bf16` takes each line as it finds it, without waiting for
+    /// `all_reduce_one_shot_push_ll_<dtype>` takes each line as it finds it, without waiting for
     /// the launch's flag: a race that shows only when a peer is late.
     NoLineWait,
-    /// `all_reduce_one_shot_push_simple_bf16` sums a step without waiting for the peers' step
+    /// `all_reduce_one_shot_push_simple_<dtype>` sums a step without waiting for the peers' step
     /// flags: a race that shows only when a peer is late.
     NoStepWait,
-    /// `all_reduce_one_shot_copy_engine_start_bf16` does not wait for the peers, so the copies
+    /// `all_reduce_one_shot_copy_engine_start_<dtype>` does not wait for the peers, so the copies
     /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
     /// late.
     NoCopyStart,
@@ -51,105 +51,103 @@ struct Patch {
 /// The rank loop of `sum_elements` (kernels/prepare_bf16.cuh), from rank 1 on.
 const ELEMENT_RANK_LOOP: &str = concat!(
     "for (int q = 1; q < N; ++q) {\n",
-    "        acc = add_round_nearest(acc, bf16_bits_to_float(x[q]));",
+    "        acc = add_round_nearest(acc, T::to_float(source(q)));",
 );
-/// The rank loop of `sum_vectors`. Every kernel reduces through one of the two.
 const VECTOR_RANK_LOOP: &str = concat!(
     "for (int q = 1; q < N; ++q) {\n",
-    "            low = add_round_nearest(low,",
+    "        acc.add(source(q));",
 );
 
-/// Both rank loops stop before the last rank.
 const SKIP_PEER: &[Patch] = &[
     Patch {
-        file: "prepare_bf16.cuh",
+        file: "prepare_element.cuh",
         find: ELEMENT_RANK_LOOP,
         replace: concat!(
             "for (int q = 1; q < N - 1; ++q) {\n",
-            "        acc = add_round_nearest(acc, bf16_bits_to_float(x[q]));",
+            "        acc = add_round_nearest(acc, T::to_float(source(q)));",
         ),
     },
     Patch {
-        file: "prepare_bf16.cuh",
+        file: "prepare_element.cuh",
         find: VECTOR_RANK_LOOP,
         replace: concat!(
             "for (int q = 1; q < N - 1; ++q) {\n",
-            "            low = add_round_nearest(low,",
+            "        acc.add(source(q));",
         ),
     },
 ];
 
-/// `float_to_bf16_bits` keeps the upper half as it is.
-const TRUNCATE: &[Patch] = &[Patch {
-    file: "prepare_bf16.cuh",
-    find: "return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;",
-    replace: "return bits >> 16;",
-}];
+/// Rounding dropped from bf16 and fp16 (fp32 has none).
+const TRUNCATE: &[Patch] = &[
+    Patch {
+        file: "prepare_element.cuh",
+        find: "return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;",
+        replace: "return bits >> 16;",
+    },
+    Patch {
+        file: "prepare_element.cuh",
+        find: "return sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13);",
+        replace: "return sign | (rebased >> 13);",
+    },
+];
 
-/// The tail loop of `for_each_owned` (kernels/prepare_layout.cuh), through which every kernel
-/// moves and sums its tail, stops before its first element.
 const DROP_TAIL: &[Patch] = &[Patch {
     file: "prepare_layout.cuh",
     find: "e < range.tail_end; e += workers.count) {",
     replace: "e < range.tail_begin; e += workers.count) {",
 }];
 
-/// `one_shot_pull`'s start barrier goes; it alone is followed by the input pointers.
 const NO_START_BARRIER: &[Patch] = &[Patch {
     file: "all_reduce_one_shot.cu",
     find: concat!(
-        "    if (!block_barrier<N>(params, flags, kSetStart)) {\n",
-        "        return;\n",
-        "    }\n",
-        "    sum_whole_message<N>(params.buffers, params.output, params.elements);",
+        "        if (!begin_with_start_barrier<N>(params, flags)) {\n",
+        "            return;\n",
+        "        }\n",
+        "        sum_whole_message<T, N>(params.buffers, params.output, params.elements);",
     ),
-    replace: "    sum_whole_message<N>(params.buffers, params.output, params.elements);",
+    replace: concat!(
+        "        if (!block_begin(params, flags)) {\n",
+        "            return;\n",
+        "        }\n",
+        "        sum_whole_message<T, N>(params.buffers, params.output, params.elements);",
+    ),
 }];
 
-/// `receive_line` and `receive_vector` never wait for the flags.
-const NO_LINE_WAIT: &[Patch] = &[
-    Patch {
-        file: "all_reduce_one_shot_double_buffered.cu",
-        find: "    while (words[1] != flag || words[3] != flag) {",
-        replace: "    while (false) {",
-    },
-    Patch {
-        file: "all_reduce_one_shot_double_buffered.cu",
-        find: "    while (!line_arrived(low, flag) || !line_arrived(high, flag)) {",
-        replace: "    while (false) {",
-    },
-];
+/// The lines are read once, not awaited.
+const NO_LINE_WAIT: &[Patch] = &[Patch {
+    file: "prepare_double_buffer.cuh",
+    find: "        return all;\n    });",
+    replace: "        return true;\n    });",
+}];
 
-/// `wait_step_flags` never waits for the flags.
 const NO_STEP_WAIT: &[Patch] = &[Patch {
-    file: "all_reduce_one_shot_double_buffered.cu",
-    find: "        while (load_acquire_system(word) < flag) {",
-    replace: "        while (false) {",
+    file: "prepare_double_buffer.cuh",
+    find: "spin_until(flags.deadline, [&] { return load_acquire_system(word) >= flag; })",
+    replace: "spin_until(flags.deadline, [&] { return true; })",
 }];
 
-/// The copy-engine start barrier returns at once.
+/// The copy-engine start barrier does nothing at all.
 const NO_COPY_START: &[Patch] = &[Patch {
     file: "all_reduce_one_shot_copy_engine.cu",
-    find: "    PREPARE_DISPATCH_WORLD(prepare::copy_engine_barrier, params, flags, prepare::kSetStart)",
-    replace: "    (void)flags;",
+    find: "if (block_begin(params, flags) && block_barrier<N>(params, flags, Set)) {",
+    replace: "if (Set != kSetStart && block_begin(params, flags) && block_barrier<N>(params, flags, Set)) {",
 }];
 
-/// Both rank loops start from rank 0, which the sum already starts from.
 const DOUBLE_COUNT: &[Patch] = &[
     Patch {
-        file: "prepare_bf16.cuh",
+        file: "prepare_element.cuh",
         find: ELEMENT_RANK_LOOP,
         replace: concat!(
             "for (int q = 0; q < N; ++q) {\n",
-            "        acc = add_round_nearest(acc, bf16_bits_to_float(x[q]));",
+            "        acc = add_round_nearest(acc, T::to_float(source(q)));",
         ),
     },
     Patch {
-        file: "prepare_bf16.cuh",
+        file: "prepare_element.cuh",
         find: VECTOR_RANK_LOOP,
         replace: concat!(
             "for (int q = 0; q < N; ++q) {\n",
-            "            low = add_round_nearest(low,",
+            "        acc.add(source(q));",
         ),
     },
 ];
@@ -196,13 +194,27 @@ impl Mutation {
     /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
     /// a shared header.
     pub fn kernels(self) -> Vec<String> {
-        match self {
-            Mutation::NoStartBarrier => vec!["all_reduce_one_shot_pull_bf16".to_owned()],
-            Mutation::NoLineWait => vec!["all_reduce_one_shot_push_ll_bf16".to_owned()],
-            Mutation::NoStepWait => vec!["all_reduce_one_shot_push_simple_bf16".to_owned()],
-            Mutation::NoCopyStart => vec!["all_reduce_one_shot_copy_engine_bf16".to_owned()],
-            _ => all_kernels().into_iter().map(|spec| spec.name).collect(),
-        }
+        let (algorithm, dtypes): (Option<&str>, &[Dtype]) = match self {
+            Mutation::NoStartBarrier => (Some("all_reduce_one_shot_pull"), &Dtype::ALL),
+            Mutation::NoLineWait => (Some("all_reduce_one_shot_push_ll"), &Dtype::ALL),
+            Mutation::NoStepWait => (Some("all_reduce_one_shot_push_simple"), &Dtype::ALL),
+            Mutation::NoCopyStart => (Some("all_reduce_one_shot_copy_engine"), &Dtype::ALL),
+            Mutation::Truncate => (None, &[Dtype::Bf16, Dtype::Fp16]),
+            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (None, &Dtype::ALL),
+        };
+        let mut names: Vec<String> = dtypes
+            .iter()
+            .flat_map(|dtype| all_kernels(*dtype, 2))
+            .map(|spec| spec.name)
+            .filter(|name| {
+                algorithm.is_none_or(|algorithm| {
+                    name.strip_prefix(algorithm)
+                        .is_some_and(|rest| rest.matches('_').count() == 1)
+                })
+            })
+            .collect();
+        names.sort();
+        names
     }
 
     fn patches(self) -> &'static [Patch] {
@@ -230,7 +242,7 @@ fn embedded(file: &str) -> &'static str {
     if let Some((_, text)) = headers().iter().find(|(name, _)| *name == file) {
         return text;
     }
-    all_kernels()
+    all_kernels(Dtype::Bf16, 2)
         .iter()
         .find(|spec| spec.source == file)
         .map_or_else(

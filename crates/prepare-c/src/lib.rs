@@ -51,8 +51,7 @@ pub enum PrepareStatus {
     Internal = 5,
 }
 
-/// Element types. Only bf16 packages exist today; the others are refused with
-/// [`PrepareStatus::InvalidArgument`] until packages hold them.
+/// Element types; a handle serves those its packages hold (one package per dtype).
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrepareDtype {
@@ -212,33 +211,22 @@ fn guard(body: impl FnOnce() -> Result<(), Failure>) -> PrepareStatus {
     }
 }
 
-/// The one place C dtype codes become the library's dtypes: a dtype gains support by naming
-/// its [`Dtype`] here. Its name, and the dtype when this version serves it.
-fn known_dtype(code: i32) -> Result<(&'static str, Option<Dtype>), Failure> {
-    const DTYPES: [(i32, &str, Option<Dtype>); 3] = [
-        (PrepareDtype::Bf16 as i32, "bf16", Some(Dtype::Bf16)),
-        (PrepareDtype::Fp16 as i32, "fp16", None),
-        (PrepareDtype::Fp32 as i32, "fp32", None),
+/// The one place C dtype codes become the library's dtypes.
+fn dtype(code: i32) -> Result<Dtype, Failure> {
+    const DTYPES: [(i32, Dtype); 3] = [
+        (PrepareDtype::Bf16 as i32, Dtype::Bf16),
+        (PrepareDtype::Fp16 as i32, Dtype::Fp16),
+        (PrepareDtype::Fp32 as i32, Dtype::Fp32),
     ];
     DTYPES
         .iter()
-        .find(|(known, _, _)| *known == code)
-        .map(|(_, name, dtype)| (*name, *dtype))
+        .find(|(known, _)| *known == code)
+        .map(|(_, dtype)| *dtype)
         .ok_or_else(|| {
             Failure::invalid(format!(
                 "dtype {code} is not a PrepareDtype (0 bf16, 1 fp16, 2 fp32)"
             ))
         })
-}
-
-/// The dtype a code names, or InvalidArgument when no package can hold it.
-fn dtype(code: i32) -> Result<Dtype, Failure> {
-    match known_dtype(code)? {
-        (_, Some(dtype)) => Ok(dtype),
-        (name, None) => Err(Failure::invalid(format!(
-            "no package holds {name}: this version of prepare serves bf16 only"
-        ))),
-    }
 }
 
 /// A non-null pointer's target, or InvalidArgument naming the argument.
@@ -724,9 +712,8 @@ pub unsafe extern "C" fn prepare_serves(
     guard(|| {
         // SAFETY: the caller's promise.
         let handle = unsafe { self::handle(handle) }?;
-        let served_now = known_dtype(dtype)?
-            .1
-            .is_some_and(|dtype| handle.dtypes().any(|held| held == dtype));
+        let dtype = self::dtype(dtype)?;
+        let served_now = handle.dtypes().any(|held| held == dtype);
         // SAFETY: the caller's promise.
         unsafe { write(served, i32::from(served_now), "served") }
     })
