@@ -4,6 +4,7 @@
 //!
 //! The library never prints; progress goes through [`progress::Reporter`].
 
+pub mod abi;
 pub mod agree;
 pub mod bench;
 pub mod cache;
