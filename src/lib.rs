@@ -14,6 +14,7 @@ pub mod compile;
 pub mod device;
 pub mod files;
 pub mod gpu;
+pub mod hash;
 pub mod kernels;
 pub mod ladder;
 pub mod launch;

@@ -227,7 +227,7 @@ impl Manifest {
     pub fn compute_checksum(&self) -> String {
         let mut unsigned = self.clone();
         unsigned.checksum = String::new();
-        super::sha256_hex(&unsigned.to_bytes())
+        crate::hash::sha256_hex(&unsigned.to_bytes())
     }
 
     /// Sets `checksum` from the content.

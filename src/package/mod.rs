@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::ladder::{Arch, Ladder};
 use crate::tune::choice::Choice;
@@ -420,11 +419,6 @@ fn describe_unknown_format(found: u64, writer: Option<&str>) -> String {
         ),
         None => format!("package format_version {found} is not one any prepare writes; {reads}"),
     }
-}
-
-/// sha256 of bytes, lowercase hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
 }
 
 /// The manifest's JSON Schema, as committed in `schemas/manifest.schema.json`.

@@ -15,10 +15,11 @@ use serde_json::Value;
 
 use super::manifest::{kernel_file, Manifest};
 use super::{
-    manifest_schema, sha256_hex, FileProblem, FileProblemKind, Package, PackageError, Problem,
-    KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
+    manifest_schema, FileProblem, FileProblemKind, Package, PackageError, Problem, KERNELS_DIR,
+    LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
 };
 use crate::files::{self, read_limited_at};
+use crate::hash::sha256_hex;
 use crate::kernels;
 use crate::ladder::Ladder;
 

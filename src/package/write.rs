@@ -18,10 +18,10 @@ use super::manifest::{
     Manifest, PeerMemoryRecord, Qualification,
 };
 use super::{
-    sha256_hex, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
-    PACKAGE_FORMAT_VERSION,
+    PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMAT_VERSION,
 };
 use crate::compile::Compilation;
+use crate::hash::sha256_hex;
 use crate::kernels;
 use crate::ladder::{Arch, Ladder};
 

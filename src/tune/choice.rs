@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{BucketDecision, Policy};
-use crate::cache::{hex, write_atomically};
+use crate::files::write_atomically;
+use crate::hash::hex;
 use crate::package::Package;
 
 /// The choice format this tool writes and reads. 2: every candidate is timed at its bucket's
