@@ -295,7 +295,7 @@ fn qualify_rank(
         let mut bytes =
             serde_json::to_vec_pretty(&qualification).expect("a qualification always serializes");
         bytes.push(b'\n');
-        prepare::cache::write_atomically(&report_path, &bytes)
+        prepare::files::write_atomically(&report_path, &bytes)
             .with_context(|| format!("cannot write {}", report_path.display()))
             .map_err(Failure::runtime)?;
     }
