@@ -15,6 +15,7 @@ pub mod device;
 pub mod files;
 pub mod gpu;
 pub mod hash;
+pub mod json_schema;
 pub mod kernels;
 pub mod ladder;
 pub mod launch;

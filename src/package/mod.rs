@@ -423,5 +423,5 @@ fn describe_unknown_format(found: u64, writer: Option<&str>) -> String {
 
 /// The manifest's JSON Schema, as committed in `schemas/manifest.schema.json`.
 pub fn manifest_schema() -> serde_json::Value {
-    crate::schema::schema_for::<Manifest>()
+    crate::json_schema::schema_for::<Manifest>()
 }

@@ -20,7 +20,7 @@ struct Compiled {
 fn compiled() -> &'static Compiled {
     static COMPILED: OnceLock<Compiled> = OnceLock::new();
     COMPILED.get_or_init(|| {
-        let schema = crate::schema::ladder_schema();
+        let schema = crate::json_schema::schema_for::<crate::ladder::Ladder>();
         let validator = jsonschema::draft202012::new(&schema)
             .expect("the schema generated from the ladder types is a valid draft 2020-12 schema");
         Compiled { schema, validator }
