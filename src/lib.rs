@@ -27,6 +27,7 @@ pub mod runtime;
 pub mod schema;
 pub mod select;
 pub mod serve;
+pub mod show;
 pub mod timing;
 pub mod tune;
 

@@ -49,7 +49,7 @@ schema_names! {
     /// Package manifests (`manifest.json`).
     Manifest => "manifest", crate::package::Manifest;
     /// The document `prepare show --json` prints.
-    Show => "show", crate::package::Description;
+    Show => "show", crate::show::Description;
     /// Choice files (`choice.rank<r>.json`) that startup selection writes.
     Choice => "choice", crate::tune::choice::Choice;
 }

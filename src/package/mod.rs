@@ -20,11 +20,7 @@ mod write;
 use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use crate::ladder::{Arch, Ladder};
-use crate::tune::choice::Choice;
 
 pub use manifest::{
     kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
@@ -46,9 +42,6 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const LADDER_FILE: &str = "ladder.json";
 /// The directory holding the cubins.
 pub const KERNELS_DIR: &str = "kernels";
-
-/// The contract of `prepare show --json`'s document.
-pub const DESCRIPTION_FORMAT_VERSION: u32 = 1;
 
 /// An opened, verified package.
 #[derive(Debug, Clone)]
@@ -102,35 +95,6 @@ impl Package {
             .iter()
             .zip(self.cubins.iter().map(Vec::as_slice))
     }
-
-    /// The document `prepare show --json` prints, with the choice shown beside the package.
-    pub fn describe(&self, choice: Option<&Choice>) -> Description {
-        Description {
-            format_version: DESCRIPTION_FORMAT_VERSION,
-            package: self.dir.display().to_string(),
-            identity: self.identity.clone(),
-            manifest: self.manifest.clone(),
-            choice: choice.cloned(),
-        }
-    }
-}
-
-/// What `prepare show --json` prints: a package's identity and manifest, and a choice for it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "prepare show document")]
-pub struct Description {
-    /// The contract of this document; 1 so far.
-    pub format_version: u32,
-    /// The package directory as named on the command line.
-    pub package: String,
-    /// The package's identity: sha256 of its `manifest.json`.
-    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
-    pub identity: String,
-    /// The package's manifest, verified.
-    pub manifest: Manifest,
-    /// The choice named by `--choice`, as read (made for this package); null without one.
-    pub choice: Option<Choice>,
 }
 
 /// What `write_package` produced.
