@@ -181,7 +181,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         Some(path) => {
             let choice = Choice::read(path).map_err(Failure::refused)?;
             choice
-                .check_package(path, &package)
+                .check_package(path, package.id())
                 .map_err(Failure::refused)?;
             Some(choice)
         }

@@ -65,7 +65,7 @@ fn read_choice(path: &Path, package: &Package) -> Result<Choice, Failure> {
         other => Failure::refused(other),
     })?;
     choice
-        .check_package(path, package)
+        .check_package(path, package.id())
         .map_err(Failure::refused)?;
     Ok(choice)
 }

@@ -64,6 +64,15 @@ impl Package {
         &self.identity
     }
 
+    /// What a choice made for this package must match: see [`PackageId`].
+    pub fn id(&self) -> PackageId<'_> {
+        PackageId {
+            identity: &self.identity,
+            dir: &self.dir,
+            buckets: &self.manifest.buckets,
+        }
+    }
+
     /// The manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
@@ -95,6 +104,18 @@ impl Package {
             .iter()
             .zip(self.cubins.iter().map(Vec::as_slice))
     }
+}
+
+/// A package as a choice names it: its identity and the ranges of its buckets, which a choice
+/// must match, and the directory it was opened from, for messages.
+#[derive(Debug, Clone, Copy)]
+pub struct PackageId<'a> {
+    /// sha256 of `manifest.json`, lowercase hex.
+    pub identity: &'a str,
+    /// The directory it was opened from.
+    pub dir: &'a Path,
+    /// Its buckets, in ladder order.
+    pub buckets: &'a [BucketRecord],
 }
 
 /// What `write_package` produced.
