@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{closest, json_string, Diagnostic, Rule};
+use super::diagnostic::{closest, json_string, Diagnostic, Rule};
 use crate::ladder::{
     Algorithm, Arch, Bucket, Ladder, Profile, Protocol, Schedule, Transfer, CLUSTER_BLOCKS,
     CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,

@@ -8,8 +8,8 @@ use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::{ValidationError, Validator};
 use serde_json::Value;
 
+use super::diagnostic::{closest, json_string, render_value, Diagnostic, Rule};
 use super::source_map::push_token;
-use super::{closest, json_string, render_value, Diagnostic, Rule};
 
 /// The generated schema and its compiled validator.
 struct Compiled {
