@@ -247,8 +247,3 @@ impl Manifest {
             .any(|bucket| bucket.cluster_size.is_some())
     }
 }
-
-/// The cubin path of a kernel inside a package.
-pub fn kernel_file(name: &str, arch: Arch) -> String {
-    format!("{}/{name}.{arch}.cubin", super::KERNELS_DIR)
-}

@@ -23,9 +23,8 @@ use std::path::{Path, PathBuf};
 use crate::ladder::{Arch, Ladder};
 
 pub use manifest::{
-    kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
-    CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
-    QualifiedGpu,
+    BucketQualification, BucketRecord, CandidateQualification, CandidateRecord, CompilerRecord,
+    KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification, QualifiedGpu,
 };
 pub use read::{open_package, open_package_retrying, parse_manifest_bytes};
 pub use write::{build_manifest, check_output, write_package, write_qualified_package};
@@ -42,6 +41,11 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const LADDER_FILE: &str = "ladder.json";
 /// The directory holding the cubins.
 pub const KERNELS_DIR: &str = "kernels";
+
+/// The cubin path of a kernel inside a package.
+pub fn kernel_file(name: &str, arch: Arch) -> String {
+    format!("{KERNELS_DIR}/{name}.{arch}.cubin")
+}
 
 /// An opened, verified package.
 #[derive(Debug, Clone)]

@@ -13,10 +13,10 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::manifest::{kernel_file, Manifest};
+use super::manifest::Manifest;
 use super::{
-    manifest_schema, FileProblem, FileProblemKind, Package, PackageError, Problem, KERNELS_DIR,
-    LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
+    kernel_file, manifest_schema, FileProblem, FileProblemKind, Package, PackageError, Problem,
+    KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMATS,
 };
 use crate::files::{self, read_limited_at};
 use crate::hash::sha256_hex;

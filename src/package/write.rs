@@ -14,11 +14,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::manifest::{
-    kernel_file, BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord,
-    Manifest, PeerMemoryRecord, Qualification,
+    BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord, Manifest,
+    PeerMemoryRecord, Qualification,
 };
 use super::{
-    PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE, PACKAGE_FORMAT_VERSION,
+    kernel_file, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
+    PACKAGE_FORMAT_VERSION,
 };
 use crate::compile::Compilation;
 use crate::hash::sha256_hex;
