@@ -13,6 +13,7 @@
 //! the same ladder, compilation and tool give the same bytes). Reading verifies every hash and
 //! refuses a changed, missing or extra file by name.
 
+mod check;
 mod manifest;
 mod read;
 mod write;
@@ -22,11 +23,12 @@ use std::path::{Path, PathBuf};
 
 use crate::ladder::{Arch, Ladder};
 
+pub use check::parse_manifest_bytes;
 pub use manifest::{
     BucketQualification, BucketRecord, CandidateQualification, CandidateRecord, CompilerRecord,
     KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification, QualifiedGpu,
 };
-pub use read::{open_package, open_package_retrying, parse_manifest_bytes};
+pub use read::{open_package, open_package_retrying};
 pub use write::{build_manifest, check_output, write_package, write_qualified_package};
 
 /// The package contract this tool writes.
