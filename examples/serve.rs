@@ -152,9 +152,9 @@ fn serve() -> anyhow::Result<()> {
             let Some(operands) = operands(mode, elements) else {
                 continue;
             };
-            let graph = stream.capture(|capture| {
+            let graph = stream.capture(|stream| {
                 handle
-                    .all_reduce_on(capture.stream(), operands, elements, Dtype::Bf16)
+                    .all_reduce_on(stream, operands, elements, Dtype::Bf16)
                     .map_err(anyhow::Error::from)
             })?;
             graphs.push((elements, mode, operands, graph));

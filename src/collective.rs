@@ -817,9 +817,9 @@ impl Collectives {
     ) -> Result<Graph, RuntimeError> {
         let rank = self.rank;
         let graph = stream
-            .capture(|capture| {
+            .capture(|stream| {
                 for _ in 0..ops {
-                    self.enqueue_operands(runtime, capture.stream(), id, elements, operands)
+                    self.enqueue_operands(runtime, stream, id, elements, operands)
                         .map_err(CaptureFailure::Runtime)?;
                 }
                 Ok(())

@@ -341,9 +341,9 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
 
     // The cluster dimensions survive capture into a graph and every replay.
     let graph = stream
-        .capture(|capture| {
-            capture.fill_u8(&output, 0..elements * 4, 0xee)?;
-            capture.launch_cluster(&kernel, geometry, &launch)
+        .capture(|stream| {
+            stream.fill_u8(&output, 0..elements * 4, 0xee)?;
+            stream.launch_cluster(&kernel, geometry, &launch)
         })
         .unwrap();
     graph.upload().unwrap();
@@ -461,7 +461,7 @@ fn captured_graphs_replay_a_peer_flag_protocol_on_two_gpus() {
         let kernel = &kernels[rank];
         graphs.push(
             streams[rank]
-                .capture(|capture| capture.launch(kernel, geometry, &launch))
+                .capture(|stream| stream.launch(kernel, geometry, &launch))
                 .unwrap(),
         );
     }

@@ -296,9 +296,9 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     let geometry = Geometry::new(8, 256).unwrap();
     let replays = 32;
     let graph = stream
-        .capture(|capture| -> Result<(), prepare::gpu::driver::DriverError> {
+        .capture(|stream| -> Result<(), prepare::gpu::driver::DriverError> {
             for _ in 0..replays {
-                capture.launch_loaded(&kernel, geometry, &params)?;
+                stream.launch_loaded(&kernel, geometry, &params)?;
             }
             Ok(())
         })

@@ -1903,12 +1903,13 @@ impl Stream {
         check(result, "cuStreamWaitEvent", Some(self.ordinal))
     }
 
-    /// Captures what `record` queues into a graph. During capture only launches and fills
-    /// can be queued (no host copies, which would capture host pointers), and the stream is
-    /// borrowed exclusively so no other thread's work lands in the graph.
+    /// Captures what `record` queues on the stream it is given (this one) into a graph.
+    /// During capture only work that stays on the device can be queued (launches, fills,
+    /// device copies, NCCL): a host copy fails the capture. The stream is borrowed exclusively
+    /// so no other thread's work lands in the graph.
     pub fn capture<F, E>(&mut self, record: F) -> Result<Graph, E>
     where
-        F: FnOnce(&Capture<'_>) -> Result<(), E>,
+        F: FnOnce(&Stream) -> Result<(), E>,
         E: From<DriverError>,
     {
         let owned = self.owned.clone().ok_or(DriverError::ForeignStream {
@@ -1917,7 +1918,7 @@ impl Stream {
         owned
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .during("cuStreamBeginCapture", Some(self.ordinal))?;
-        let recorded = record(&Capture { stream: self });
+        let recorded = record(self);
         let ended = owned
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .during("cuStreamEndCapture/cuGraphInstantiate", Some(self.ordinal));
@@ -1940,72 +1941,6 @@ impl Stream {
             ordinal: self.ordinal,
             graph,
         })
-    }
-}
-
-/// A stream while it is being captured: what may be queued into a graph.
-#[derive(Debug)]
-pub struct Capture<'a> {
-    stream: &'a Stream,
-}
-
-impl Capture<'_> {
-    /// The stream being captured, for layers that enqueue on a stream (NCCL, the candidates).
-    /// Host copies on it fail the capture.
-    pub fn stream(&self) -> &Stream {
-        self.stream
-    }
-
-    /// See [`Stream::launch`].
-    pub fn launch(
-        &self,
-        kernel: &Kernel,
-        geometry: Geometry,
-        params: &AllReduceParams,
-    ) -> Result<(), DriverError> {
-        self.stream.launch(kernel, geometry, params)
-    }
-
-    /// See [`Stream::launch_cluster`].
-    pub fn launch_cluster(
-        &self,
-        kernel: &ClusterKernel,
-        geometry: ClusterGeometry,
-        params: &AllReduceParams,
-    ) -> Result<(), DriverError> {
-        self.stream.launch_cluster(kernel, geometry, params)
-    }
-
-    /// See [`Stream::launch_loaded`].
-    pub fn launch_loaded(
-        &self,
-        kernel: &LoadedKernel,
-        geometry: Geometry,
-        params: &AllReduceParams,
-    ) -> Result<(), DriverError> {
-        self.stream.launch_loaded(kernel, geometry, params)
-    }
-
-    /// Captures an NCCL sum all-reduce of `count` bf16 elements (see
-    /// [`super::nccl::Communicator::all_reduce_bf16`]).
-    pub fn nccl_all_reduce_bf16(
-        &self,
-        communicator: &super::nccl::Communicator,
-        send: &dyn DeviceMemory,
-        recv: &dyn DeviceMemory,
-        count: usize,
-    ) -> Result<(), super::nccl::NcclError> {
-        communicator.all_reduce_bf16(self.stream, send, recv, count)
-    }
-
-    /// See [`Stream::fill_u8`].
-    pub fn fill_u8(
-        &self,
-        memory: &impl DeviceMemory,
-        range: Range<usize>,
-        value: u8,
-    ) -> Result<(), DriverError> {
-        self.stream.fill_u8(memory, range, value)
     }
 }
 
