@@ -18,7 +18,7 @@ use crate::gpu::driver::{
 };
 use crate::gpu::nccl::{Communicator, NcclDataType};
 use crate::kernels::{self, InputAccess};
-use crate::ladder::{Bucket, Dtype, Ladder, Profile};
+use crate::ladder::{Arch, Bucket, Dtype, Ladder, Profile};
 use crate::package::Package;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
 
@@ -277,7 +277,8 @@ pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), Ru
     let info = crate::gpu::driver::Driver::open()
         .and_then(|driver| driver.describe(runtime.device().ordinal()))
         .map_err(driver(rank))?;
-    if info.arch == Some(package.arch()) {
+    let (major, minor) = info.compute_capability;
+    if Arch::from_compute_capability(major, minor) == Some(package.arch()) {
         return Ok(());
     }
     Err(RuntimeError::WrongArchitecture {

@@ -242,7 +242,8 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
         return;
     };
     let device = &devices[0];
-    let arch = driver.describe(0).unwrap().description().unwrap().arch;
+    let (major, minor) = driver.describe(0).unwrap().compute_capability;
+    let arch = prepare::ladder::Arch::from_compute_capability(major, minor).unwrap();
     let spec = prepare::kernels::all_kernels()
         .into_iter()
         .find(|spec| spec.name == "all_reduce_one_shot_pull_bf16")

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use prepare::compile::{compile_kernels, compile_ladder};
-use prepare::device::{check_candidate_residency, check_package_fits};
+use prepare::device::{check_candidate_residency, check_package_fits, DeviceDescription};
 use prepare::gpu::abort::Abort;
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, ModuleImage, Stream,
@@ -340,7 +340,15 @@ fn run_ladder(
     rows: &mut Vec<Row>,
 ) {
     assert_eq!(ladder.world_size as usize, devices.len(), "{file}");
-    let description = driver.describe(0).unwrap().description().unwrap();
+    let info = driver.describe(0).unwrap();
+    let description = DeviceDescription::of_gpu(
+        0,
+        &info.name,
+        info.compute_capability,
+        info.sm_count,
+        info.cluster_launch,
+    )
+    .unwrap();
     if let Err(refusal) = check_package_fits(ladder, &description) {
         panic!("{file} does not fit GPU 0: {refusal}");
     }
@@ -452,7 +460,7 @@ fn every_custom_candidate_of_the_h200_tp2_ladders_gives_the_reference_sum() {
         return;
     };
     let info = driver.describe(0).unwrap();
-    if info.arch != Some(prepare::ladder::Arch::Sm90) {
+    if info.compute_capability != (9, 0) {
         eprintln!(
             "skipped: the H200 ladders target sm_90, GPU 0 is {}",
             info.arch_name()

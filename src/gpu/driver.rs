@@ -20,9 +20,9 @@ use cudarc::driver::result::DriverError as CudaResult;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use crate::device::{DeviceDescription, Residency};
+use crate::device::Residency;
 use crate::kernels::{AllReduceParams, MAX_BLOCKS};
-use crate::ladder::{Arch, Bucket};
+use crate::ladder::Bucket;
 
 /// The oldest driver this layer runs on: the bindings and the NVRTC cubins are CUDA 13.0's.
 pub const MIN_DRIVER_VERSION: DriverVersion = DriverVersion {
@@ -84,20 +84,6 @@ pub enum DriverError {
         ordinal: usize,
         /// Devices visible.
         count: usize,
-    },
-    /// A GPU whose compute capability names no architecture this tool knows.
-    #[error(
-        "GPU {device} ({name}) is {arch}, an architecture prepare has no kernels or ladders for \
-         (it knows {})",
-        Arch::ALL.map(Arch::name).join(", ")
-    )]
-    UnknownArchitecture {
-        /// GPU ordinal.
-        device: usize,
-        /// Its name.
-        name: String,
-        /// Its compute capability as `sm_XY`.
-        arch: String,
     },
     /// A kernel whose parameters are not the launch contract's.
     #[error(
@@ -425,7 +411,6 @@ impl Driver {
             uuid: format_uuid(&uuid.bytes.map(|char| char.to_ne_bytes()[0])),
             pci_bus_id: c_chars_to_string(&bus_id),
             compute_capability,
-            arch: Arch::from_compute_capability(compute_capability.0, compute_capability.1),
             sm_count: sm_count.max(0) as u32,
             cluster_launch: cluster_launch != 0,
             total_memory_bytes: total_memory as u64,
@@ -499,8 +484,6 @@ pub struct DeviceInfo {
     pub pci_bus_id: String,
     /// Compute capability (9, 0).
     pub compute_capability: (u32, u32),
-    /// The architecture, where this tool knows it.
-    pub arch: Option<Arch>,
     /// Streaming multiprocessors.
     pub sm_count: u32,
     /// Whether it launches thread-block clusters.
@@ -510,21 +493,6 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// What the device rules need, or an error for an architecture this tool does not know.
-    pub fn description(&self) -> Result<DeviceDescription, DriverError> {
-        let arch = self.arch.ok_or_else(|| DriverError::UnknownArchitecture {
-            device: self.ordinal,
-            name: self.name.clone(),
-            arch: self.arch_name(),
-        })?;
-        Ok(DeviceDescription {
-            name: self.name.clone(),
-            arch,
-            sm_count: self.sm_count,
-            cluster_launch: self.cluster_launch,
-        })
-    }
-
     /// The compute capability as an architecture name (`sm_90`), known to this tool or not.
     pub fn arch_name(&self) -> String {
         format!(
@@ -2183,40 +2151,6 @@ mod tests {
         its section headers are 32 bytes, not 64
         it uses extended section numbering, which cubins never do
         ");
-    }
-
-    fn info(arch: Option<Arch>, compute_capability: (u32, u32)) -> DeviceInfo {
-        DeviceInfo {
-            ordinal: 1,
-            name: "NVIDIA Example".to_owned(),
-            uuid: "GPU-00112233-4455-6677-8899-aabbccddeeff".to_owned(),
-            pci_bus_id: "0000:18:00.0".to_owned(),
-            compute_capability,
-            arch,
-            sm_count: 132,
-            cluster_launch: true,
-            total_memory_bytes: 1 << 30,
-        }
-    }
-
-    #[test]
-    fn descriptions_carry_what_the_device_rules_need() {
-        let known = info(Some(Arch::Sm90), (9, 0)).description().unwrap();
-        assert_eq!(
-            known,
-            DeviceDescription {
-                name: "NVIDIA Example".to_owned(),
-                arch: Arch::Sm90,
-                sm_count: 132,
-                cluster_launch: true,
-            }
-        );
-        let unknown = info(None, (7, 5)).description().unwrap_err();
-        assert_eq!(
-            unknown.to_string(),
-            "GPU 1 (NVIDIA Example) is sm_75, an architecture prepare has no kernels or ladders \
-             for (it knows sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, sm_121)"
-        );
     }
 
     #[test]
