@@ -10,11 +10,11 @@
 use std::time::Duration;
 
 use crate::agree::Topology;
-use crate::device::{check_candidate_residency, DropReason};
+use crate::device::{check_candidate_residency, DropReason, Residency};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
-    CallerMemory, DeviceBuffer, DeviceMemory, Event, Geometry, Graph, LoadedKernel, ModuleImage,
-    Stream,
+    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Event, Function, Geometry, Graph,
+    LoadedKernel, ModuleImage, Stream,
 };
 use crate::gpu::nccl::{Communicator, NcclDataType};
 use crate::kernels::{self, InputAccess};
@@ -130,12 +130,12 @@ pub struct Collectives {
 
 /// What can fail while capturing: the capture itself, or what is enqueued.
 enum CaptureFailure {
-    Driver(crate::gpu::driver::DriverError),
+    Driver(DriverError),
     Runtime(RuntimeError),
 }
 
-impl From<crate::gpu::driver::DriverError> for CaptureFailure {
-    fn from(error: crate::gpu::driver::DriverError) -> CaptureFailure {
+impl From<DriverError> for CaptureFailure {
+    fn from(error: DriverError) -> CaptureFailure {
         CaptureFailure::Driver(error)
     }
 }
@@ -250,18 +250,29 @@ fn overlaps(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
-fn driver(rank: u32) -> impl Fn(crate::gpu::driver::DriverError) -> RuntimeError {
+fn driver(rank: u32) -> impl Fn(DriverError) -> RuntimeError {
     move |source| RuntimeError::Driver { rank, source }
 }
 
 /// The geometry a candidate launches with in a bucket.
-pub fn geometry_for(
-    bucket: &Bucket,
-    profile: &Profile,
-) -> Result<Geometry, crate::gpu::driver::DriverError> {
+pub fn geometry_for(bucket: &Bucket, profile: &Profile) -> Result<Geometry, DriverError> {
     match profile.blocks {
         Some(blocks) => Geometry::new(blocks, bucket.threads),
         None => Geometry::of_bucket(bucket),
+    }
+}
+
+/// How much of `geometry` can be resident on the GPU at once, for `kernel`: clusters from the
+/// cluster occupancy query for a clustered geometry, otherwise blocks across the GPU.
+/// [`check_candidate_residency`] compares it with what a bucket needs.
+pub fn resident_capacity(kernel: &Function, geometry: Geometry) -> Result<Residency, DriverError> {
+    match geometry.cluster() {
+        Some(clustered) => kernel
+            .max_active_clusters(clustered)
+            .map(Residency::Clusters),
+        None => kernel
+            .max_active_blocks(geometry.threads())
+            .map(Residency::Blocks),
     }
 }
 
@@ -397,7 +408,7 @@ impl Collectives {
                         .load(&spec.name, spec.cluster)
                         .map_err(driver(rank))?;
                     let geometry = geometry_for(bucket, profile).map_err(driver(rank))?;
-                    let resident = kernel.resident_capacity(geometry).map_err(driver(rank))?;
+                    let resident = resident_capacity(&kernel, geometry).map_err(driver(rank))?;
                     match check_candidate_residency(bucket, profile, resident) {
                         Ok(()) => {
                             entry.launch = Some(match kernels::copy_engine_barriers(&spec) {

@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use prepare::collective::resident_capacity;
 use prepare::compile::{compile_kernels, compile_ladder};
 use prepare::device::{check_candidate_residency, check_package_fits, DeviceDescription};
 use prepare::gpu::abort::Abort;
@@ -376,8 +377,7 @@ fn run_ladder(
             for elements in [largest, odd] {
                 *seed += 1;
                 let kernel = &ranks[0].kernels[&spec.name];
-                let outcome = match kernel
-                    .resident_capacity(geometry)
+                let outcome = match resident_capacity(kernel, geometry)
                     .map(|capacity| check_candidate_residency(bucket, profile, capacity))
                 {
                     Err(error) => Outcome::Failed(error.to_string()),

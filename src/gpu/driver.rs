@@ -20,7 +20,6 @@ use cudarc::driver::result::DriverError as CudaResult;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use crate::device::Residency;
 use crate::kernels::{AllReduceParams, MAX_BLOCKS};
 use crate::ladder::Bucket;
 
@@ -1321,15 +1320,10 @@ impl Function {
         Ok(clusters.max(0) as u32)
     }
 
-    /// How much of `geometry` can be resident on the GPU at once: clusters from
-    /// `cuOccupancyMaxActiveClusters` for a clustered geometry, otherwise blocks per
-    /// multiprocessor times multiprocessors. [`crate::device::check_candidate_residency`]
-    /// compares it with what a bucket needs.
-    pub fn resident_capacity(&self, geometry: Geometry) -> Result<Residency, DriverError> {
-        if let Some(clustered) = geometry.cluster() {
-            return Ok(Residency::Clusters(self.max_active_clusters(clustered)?));
-        }
-        let per_multiprocessor = self.max_active_blocks_per_multiprocessor(geometry.threads)?;
+    /// Blocks of `threads` threads the whole GPU holds at once: blocks per multiprocessor
+    /// times multiprocessors.
+    pub fn max_active_blocks(&self, threads: u32) -> Result<u32, DriverError> {
+        let per_multiprocessor = self.max_active_blocks_per_multiprocessor(threads)?;
         let multiprocessors = self
             .module
             .device
@@ -1339,9 +1333,7 @@ impl Function {
                 "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
                 Some(self.ordinal()),
             )?;
-        Ok(Residency::Blocks(
-            per_multiprocessor.saturating_mul(multiprocessors.max(0) as u32),
-        ))
+        Ok(per_multiprocessor.saturating_mul(multiprocessors.max(0) as u32))
     }
 }
 
