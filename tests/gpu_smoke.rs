@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use prepare::collective::resident_capacity;
+use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::{compile_kernels, compile_ladder};
 use prepare::device::{check_candidate_residency, check_package_fits, DeviceDescription};
 use prepare::gpu::abort::Abort;
@@ -203,10 +203,7 @@ fn reference(inputs: &[Vec<u16>]) -> Vec<u16> {
 /// The geometry a candidate launches with: the bucket's, or the profile's own block count in
 /// an unclustered bucket.
 fn candidate_geometry(bucket: &Bucket, profile: &Profile) -> Geometry {
-    match (bucket.cluster_size, profile.blocks) {
-        (None, Some(blocks)) => Geometry::new(blocks, bucket.threads).unwrap(),
-        _ => Geometry::of_bucket(bucket).unwrap(),
-    }
+    geometry_for(bucket, profile).unwrap()
 }
 
 fn launch_once(

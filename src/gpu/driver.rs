@@ -20,8 +20,7 @@ use cudarc::driver::result::DriverError as CudaResult;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use crate::kernels::{AllReduceParams, MAX_BLOCKS};
-use crate::ladder::Bucket;
+use crate::kernels::AllReduceParams;
 
 /// The oldest driver this layer runs on: the bindings and the NVRTC cubins are CUDA 13.0's.
 pub const MIN_DRIVER_VERSION: DriverVersion = DriverVersion {
@@ -34,6 +33,9 @@ const BUS_ID_BYTES: i32 = 32;
 
 /// Largest portable thread-block cluster.
 pub const MAX_CLUSTER_SIZE: u32 = 8;
+
+/// Most blocks in a one-dimensional grid (`gridDimX`).
+pub const MAX_GRID_BLOCKS: u32 = i32::MAX as u32;
 
 /// Most threads in one block on every supported architecture.
 pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
@@ -1406,9 +1408,9 @@ impl Geometry {
     /// `blocks` blocks of `threads` threads, no clusters.
     pub fn new(blocks: u32, threads: u32) -> Result<Geometry, DriverError> {
         let invalid = |reason: String| Err(DriverError::InvalidGeometry { reason });
-        if blocks == 0 || blocks as usize > MAX_BLOCKS {
+        if blocks == 0 || blocks > MAX_GRID_BLOCKS {
             return invalid(format!(
-                "{blocks} blocks; the launch contract allows 1 to {MAX_BLOCKS}"
+                "{blocks} blocks; 1 to {MAX_GRID_BLOCKS} are possible"
             ));
         }
         if threads == 0 || threads > MAX_THREADS_PER_BLOCK {
@@ -1448,14 +1450,6 @@ impl Geometry {
             cluster_size: Some(cluster_size),
             ..plain
         }))
-    }
-
-    /// A bucket's launch geometry, clustered when the bucket is.
-    pub fn of_bucket(bucket: &Bucket) -> Result<Geometry, DriverError> {
-        match bucket.cluster_size {
-            Some(size) => Geometry::clustered(bucket.blocks, bucket.threads, size).map(Into::into),
-            None => Geometry::new(bucket.blocks, bucket.threads),
-        }
     }
 
     /// Blocks in the grid.
@@ -2017,7 +2011,7 @@ mod tests {
 
         let errors = [
             Geometry::new(0, 256).unwrap_err(),
-            Geometry::new(1025, 256).unwrap_err(),
+            Geometry::new(MAX_GRID_BLOCKS + 1, 256).unwrap_err(),
             Geometry::new(4, 0).unwrap_err(),
             Geometry::new(4, 2048).unwrap_err(),
             Geometry::clustered(64, 512, 16).unwrap_err(),
@@ -2025,35 +2019,13 @@ mod tests {
         ];
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         insta::assert_snapshot!(messages.join("\n"), @r"
-        invalid launch geometry: 0 blocks; the launch contract allows 1 to 1024
-        invalid launch geometry: 1025 blocks; the launch contract allows 1 to 1024
+        invalid launch geometry: 0 blocks; 1 to 2147483647 are possible
+        invalid launch geometry: 2147483648 blocks; 1 to 2147483647 are possible
         invalid launch geometry: 0 threads per block; 1 to 1024 are possible
         invalid launch geometry: 2048 threads per block; 1 to 1024 are possible
         invalid launch geometry: clusters of 16 blocks; 1 to 8 are portable
         invalid launch geometry: 60 blocks is not a whole number of clusters of 8
         ");
-    }
-
-    #[test]
-    fn bucket_geometry_follows_its_cluster_size() {
-        let bucket = |cluster_size| Bucket {
-            max_bytes: 65536,
-            threads: 512,
-            blocks: 64,
-            cluster_size,
-            candidates: vec!["nccl".to_owned()],
-            default: "nccl".to_owned(),
-        };
-        assert_eq!(
-            Geometry::of_bucket(&bucket(Some(8)))
-                .unwrap()
-                .cluster_size(),
-            Some(8)
-        );
-        assert_eq!(
-            Geometry::of_bucket(&bucket(None)).unwrap().cluster_size(),
-            None
-        );
     }
 
     /// A minimal ELF64 cubin: header, one PROGBITS section of `payload` bytes, its section
