@@ -56,3 +56,85 @@ pub const ALIGNMENT_BYTES: u64 = 16;
 /// The input region and the whole buffer are rounded up to this, so scratch starts on a fresh
 /// line.
 pub const BUFFER_ALIGNMENT_BYTES: u64 = 256;
+
+/// Bytes of [`AllReduceParams`], the size every kernel's one parameter has.
+pub const PARAMS_BYTES: usize = std::mem::size_of::<AllReduceParams>();
+
+impl AllReduceParams {
+    /// The parameter as a launch passes it: the C struct's bytes, field by field in its order,
+    /// in this machine's byte order (the struct has no padding).
+    pub fn to_bytes(&self) -> [u8; PARAMS_BYTES] {
+        let mut bytes = [0_u8; PARAMS_BYTES];
+        let scalars = [
+            self.state,
+            self.output,
+            self.input,
+            self.elements,
+            self.scratch_offset,
+            self.timeout_ns,
+        ];
+        let words = self.buffers.iter().chain(&self.signals).chain(&scalars);
+        let mut at = 0;
+        for word in words {
+            bytes[at..at + 8].copy_from_slice(&word.to_ne_bytes());
+            at += 8;
+        }
+        for half in [self.rank, self.world] {
+            bytes[at..at + 4].copy_from_slice(&half.to_ne_bytes());
+            at += 4;
+        }
+        assert_eq!(at, PARAMS_BYTES, "every field is written once");
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn the_bytes_hold_every_field_at_its_offset() {
+        let params = AllReduceParams {
+            buffers: std::array::from_fn(|rank| 0x1000 + rank as u64),
+            signals: std::array::from_fn(|rank| 0x2000 + rank as u64),
+            state: 0x3000,
+            output: 0x4000,
+            input: 0x5000,
+            elements: 6,
+            scratch_offset: 7,
+            timeout_ns: 8,
+            rank: 9,
+            world: 10,
+        };
+        let bytes = params.to_bytes();
+        let word =
+            |offset: usize| u64::from_ne_bytes(bytes[offset..offset + 8].try_into().unwrap());
+        let half =
+            |offset: usize| u32::from_ne_bytes(bytes[offset..offset + 4].try_into().unwrap());
+        for rank in 0..MAX_RANKS {
+            assert_eq!(
+                word(offset_of!(AllReduceParams, buffers) + 8 * rank),
+                params.buffers[rank]
+            );
+            assert_eq!(
+                word(offset_of!(AllReduceParams, signals) + 8 * rank),
+                params.signals[rank]
+            );
+        }
+        assert_eq!(word(offset_of!(AllReduceParams, state)), params.state);
+        assert_eq!(word(offset_of!(AllReduceParams, output)), params.output);
+        assert_eq!(word(offset_of!(AllReduceParams, input)), params.input);
+        assert_eq!(word(offset_of!(AllReduceParams, elements)), params.elements);
+        assert_eq!(
+            word(offset_of!(AllReduceParams, scratch_offset)),
+            params.scratch_offset
+        );
+        assert_eq!(
+            word(offset_of!(AllReduceParams, timeout_ns)),
+            params.timeout_ns
+        );
+        assert_eq!(half(offset_of!(AllReduceParams, rank)), params.rank);
+        assert_eq!(half(offset_of!(AllReduceParams, world)), params.world);
+    }
+}

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use crate::abi::PARAMS_BYTES;
 use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason, Residency};
 use crate::gpu::abort::Abort;
@@ -429,7 +430,7 @@ impl Collectives {
                         .find(|(name, _)| *name == spec.name)
                         .expect("a verified package holds every kernel its ladder needs");
                     let kernel = module
-                        .load(&spec.name, spec.cluster)
+                        .load(&spec.name, spec.cluster, PARAMS_BYTES)
                         .map_err(driver(rank))?;
                     let geometry = geometry_for(bucket, profile).map_err(driver(rank))?;
                     let resident = resident_capacity(&kernel, geometry).map_err(driver(rank))?;
@@ -439,8 +440,12 @@ impl Collectives {
                                 Some([start, end]) => Launch::CopyEngine {
                                     sum: kernel,
                                     geometry,
-                                    start: module.load(start, false).map_err(driver(rank))?,
-                                    end: module.load(end, false).map_err(driver(rank))?,
+                                    start: module
+                                        .load(start, false, PARAMS_BYTES)
+                                        .map_err(driver(rank))?,
+                                    end: module
+                                        .load(end, false, PARAMS_BYTES)
+                                        .map_err(driver(rank))?,
                                 },
                                 None => Launch::Custom {
                                     input: kernels::input_access(&spec)
@@ -667,7 +672,7 @@ impl Collectives {
                     self.timeout,
                 );
                 stream
-                    .launch_loaded(kernel, *geometry, &params)
+                    .launch_loaded(kernel, *geometry, &params.to_bytes())
                     .map_err(driver(self.rank))?;
                 self.finish(stream, &operands, bytes, &plan)
             }
@@ -786,7 +791,7 @@ impl Collectives {
         let barrier = peer.params(registered, output, elements as u64, covered, self.timeout);
         let one_block = Geometry::new(1, 32).map_err(driver(rank))?;
         stream
-            .launch_loaded(start, one_block, &barrier)
+            .launch_loaded(start, one_block, &barrier.to_bytes())
             .map_err(driver(rank))?;
         stream.record(&copy.fork).map_err(driver(rank))?;
         copy.stream.wait_for(&copy.fork).map_err(driver(rank))?;
@@ -816,11 +821,11 @@ impl Collectives {
             params.elements = length as u64 / self.element_bytes;
             params.scratch_offset = (length as u64).next_multiple_of(kernels::ALIGNMENT_BYTES);
             stream
-                .launch_loaded(sum, geometry, &params)
+                .launch_loaded(sum, geometry, &params.to_bytes())
                 .map_err(driver(rank))?;
         }
         stream
-            .launch_loaded(end, one_block, &barrier)
+            .launch_loaded(end, one_block, &barrier.to_bytes())
             .map_err(driver(rank))
     }
 

@@ -257,7 +257,9 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     let module = device
         .load_module(ModuleImage::Cubin(&compiled.kernels[0].cubin))
         .unwrap();
-    let kernel = module.load(&spec.name, false).unwrap();
+    let kernel = module
+        .load(&spec.name, false, prepare::abi::PARAMS_BYTES)
+        .unwrap();
     let mut stream = device.new_stream().unwrap();
 
     let elements = 4096_usize;
@@ -299,7 +301,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     let graph = stream
         .capture(|stream| -> Result<(), prepare::gpu::driver::DriverError> {
             for _ in 0..replays {
-                stream.launch_loaded(&kernel, geometry, &params)?;
+                stream.launch_loaded(&kernel, geometry, &params.to_bytes())?;
             }
             Ok(())
         })

@@ -70,7 +70,12 @@ impl Rank {
             .iter()
             .map(|(name, cluster, cubin)| {
                 let module = device.load_module(ModuleImage::Cubin(cubin)).unwrap();
-                (name.clone(), module.load(name, *cluster).unwrap())
+                (
+                    name.clone(),
+                    module
+                        .load(name, *cluster, prepare::abi::PARAMS_BYTES)
+                        .unwrap(),
+                )
             })
             .collect();
         let rank = Rank {
@@ -246,7 +251,10 @@ fn launch_once(
             params.signals[peer] = peer_memory.signals.address();
         }
         let kernel = &memory.kernels[kernel_name];
-        if let Err(error) = memory.stream.launch_loaded(kernel, geometry, &params) {
+        if let Err(error) = memory
+            .stream
+            .launch_loaded(kernel, geometry, &params.to_bytes())
+        {
             // The ranks already launched wait for this one until their deadline.
             for launched in &ranks[..rank] {
                 launched.stream.synchronize_within(WAIT).unwrap();

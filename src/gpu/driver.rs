@@ -3,15 +3,15 @@
 //! (never the stream-ordered pool, which CUDA IPC refuses), modules loaded from cubins, kernel
 //! launches with and without cluster dimensions, occupancy, peer access, IPC, events and graphs.
 //!
-//! Every custom kernel takes one [`AllReduceParams`] by value (`kernels/prepare_abi.cuh`); a
-//! kernel is checked against that signature when it is looked up, so a launch can never hand
-//! the driver fewer bytes than the kernel reads. A cluster kernel is a [`ClusterKernel`], which
+//! A kernel of this layer takes one parameter by value, which a launch passes as bytes; a
+//! kernel is checked when it is looked up to take exactly one parameter of the size its caller
+//! names, and every launch to pass that many bytes, so a launch can never hand the driver fewer
+//! bytes than the kernel reads. A cluster kernel is a [`ClusterKernel`], which
 //! launches only with a [`ClusterGeometry`]: launched without cluster dimensions it would die
 //! with an illegal instruction and poison the context.
 
 use std::ffi::{c_void, CString};
 use std::fmt;
-use std::mem::size_of;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,8 +19,6 @@ use std::time::{Duration, Instant};
 use cudarc::driver::result::DriverError as CudaResult;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
-
-use crate::kernels::AllReduceParams;
 
 /// The oldest driver this layer runs on: the bindings and the NVRTC cubins are CUDA 13.0's.
 pub const MIN_DRIVER_VERSION: DriverVersion = DriverVersion {
@@ -86,10 +84,10 @@ pub enum DriverError {
         /// Devices visible.
         count: usize,
     },
-    /// A kernel whose parameters are not the launch contract's.
+    /// A kernel whose parameters are not the one parameter its launches pass.
     #[error(
-        "kernel {kernel} on GPU {device} takes {found}, but the launch contract passes one \
-         AllReduceParams of {expected} bytes by value (kernels/prepare_abi.cuh)"
+        "kernel {kernel} on GPU {device} takes {found}, but its launches pass one parameter of \
+         {expected} bytes by value"
     )]
     ParameterMismatch {
         /// Entry symbol.
@@ -98,7 +96,7 @@ pub enum DriverError {
         device: usize,
         /// What the kernel's metadata says.
         found: String,
-        /// `size_of::<AllReduceParams>()`.
+        /// Bytes the caller passes.
         expected: usize,
     },
     /// A kernel looked up as ordinary whose binary demands cluster dimensions.
@@ -1136,7 +1134,7 @@ pub struct Module {
 }
 
 impl Module {
-    fn function(&self, entry: &str) -> Result<Function, DriverError> {
+    fn function(&self, entry: &str, parameter_bytes: usize) -> Result<Function, DriverError> {
         let device = &self.handle.device;
         let name = CString::new(entry).map_err(|_| DriverError::InvalidImage {
             device: device.ordinal,
@@ -1153,15 +1151,17 @@ impl Module {
         let function = Function {
             raw: function,
             entry: entry.to_owned(),
+            parameter_bytes,
             module: Arc::clone(&self.handle),
         };
         function.check_parameters()?;
         Ok(function)
     }
 
-    /// An ordinary kernel: launched with or without cluster dimensions.
-    pub fn kernel(&self, entry: &str) -> Result<Kernel, DriverError> {
-        let function = self.function(entry)?;
+    /// An ordinary kernel taking one parameter of `parameter_bytes`: launched with or without
+    /// cluster dimensions.
+    pub fn kernel(&self, entry: &str, parameter_bytes: usize) -> Result<Kernel, DriverError> {
+        let function = self.function(entry, parameter_bytes)?;
         if function.attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET,
             "cuFuncGetAttribute(CLUSTER_SIZE_MUST_BE_SET)",
@@ -1175,30 +1175,42 @@ impl Module {
         Ok(Kernel { function })
     }
 
-    /// A kernel with cluster instructions: launched only with cluster dimensions.
-    pub fn cluster_kernel(&self, entry: &str) -> Result<ClusterKernel, DriverError> {
+    /// A kernel with cluster instructions taking one parameter of `parameter_bytes`: launched
+    /// only with cluster dimensions.
+    pub fn cluster_kernel(
+        &self,
+        entry: &str,
+        parameter_bytes: usize,
+    ) -> Result<ClusterKernel, DriverError> {
         Ok(ClusterKernel {
-            function: self.function(entry)?,
+            function: self.function(entry, parameter_bytes)?,
         })
     }
 
-    /// The kernel as a [`LoadedKernel`], a cluster kernel when `cluster` says so (as
-    /// `KernelSpec::cluster` does).
-    pub fn load(&self, entry: &str, cluster: bool) -> Result<LoadedKernel, DriverError> {
+    /// The kernel as a [`LoadedKernel`], a cluster kernel when `cluster` says so.
+    pub fn load(
+        &self,
+        entry: &str,
+        cluster: bool,
+        parameter_bytes: usize,
+    ) -> Result<LoadedKernel, DriverError> {
         if cluster {
-            self.cluster_kernel(entry).map(LoadedKernel::Cluster)
+            self.cluster_kernel(entry, parameter_bytes)
+                .map(LoadedKernel::Cluster)
         } else {
-            self.kernel(entry).map(LoadedKernel::Ordinary)
+            self.kernel(entry, parameter_bytes)
+                .map(LoadedKernel::Ordinary)
         }
     }
 }
 
-/// A kernel entry point checked against the launch contract; what [`Kernel`] and
+/// A kernel entry point checked to take one parameter of a known size; what [`Kernel`] and
 /// [`ClusterKernel`] share.
 #[derive(Debug)]
 pub struct Function {
     raw: sys::CUfunction,
     entry: String,
+    parameter_bytes: usize,
     module: Arc<ModuleHandle>,
 }
 
@@ -1240,9 +1252,9 @@ impl Function {
         .map(|value| value.max(0) as u32)
     }
 
-    /// Refuses an entry point whose parameters are not exactly one `AllReduceParams`.
+    /// Refuses an entry point whose parameters are not exactly one of `parameter_bytes`.
     fn check_parameters(&self) -> Result<(), DriverError> {
-        let expected = size_of::<AllReduceParams>();
+        let expected = self.parameter_bytes;
         let mismatch = |found: String| DriverError::ParameterMismatch {
             kernel: self.entry.clone(),
             device: self.ordinal(),
@@ -1725,8 +1737,16 @@ impl Stream {
         &self,
         function: &Function,
         geometry: Geometry,
-        params: &AllReduceParams,
+        params: &[u8],
     ) -> Result<(), DriverError> {
+        if params.len() != function.parameter_bytes {
+            return Err(DriverError::ParameterMismatch {
+                kernel: function.entry.clone(),
+                device: function.ordinal(),
+                found: format!("one parameter of {} bytes", function.parameter_bytes),
+                expected: params.len(),
+            });
+        }
         if function.ordinal() != self.ordinal {
             return Err(DriverError::WrongDevice {
                 what: format!("kernel {}", function.entry),
@@ -1738,10 +1758,11 @@ impl Stream {
         let clustered = geometry.cluster_size.is_some();
         let mut attribute = cluster_attribute(geometry.cluster_size.unwrap_or(1));
         let config = launch_config(&geometry, self.raw, &mut attribute, clustered);
-        let mut arguments = [std::ptr::from_ref(params).cast_mut().cast::<c_void>()];
+        let mut arguments = [params.as_ptr().cast_mut().cast::<c_void>()];
         // SAFETY: the function was checked at lookup to take exactly one parameter of
-        // size_of::<AllReduceParams>() bytes, so the driver reads exactly `*params`, which is
-        // borrowed for the call (the driver copies it before returning). `config` and its
+        // `parameter_bytes`, and `params` holds that many bytes (checked above), so the driver
+        // reads exactly `params`, which is borrowed for the call (the driver copies it before
+        // returning). `config` and its
         // attribute live across the call; the function's module is loaded in the current
         // context, which is the stream's (same device, checked above).
         let result = unsafe {
@@ -1760,7 +1781,7 @@ impl Stream {
         &self,
         kernel: &Kernel,
         geometry: Geometry,
-        params: &AllReduceParams,
+        params: &[u8],
     ) -> Result<(), DriverError> {
         self.launch_function(kernel, geometry, params)
     }
@@ -1770,7 +1791,7 @@ impl Stream {
         &self,
         kernel: &ClusterKernel,
         geometry: ClusterGeometry,
-        params: &AllReduceParams,
+        params: &[u8],
     ) -> Result<(), DriverError> {
         self.launch_function(kernel, geometry.0, params)
     }
@@ -1781,7 +1802,7 @@ impl Stream {
         &self,
         kernel: &LoadedKernel,
         geometry: Geometry,
-        params: &AllReduceParams,
+        params: &[u8],
     ) -> Result<(), DriverError> {
         match kernel {
             LoadedKernel::Ordinary(kernel) => self.launch(kernel, geometry, params),
