@@ -6,7 +6,7 @@ use std::time::Duration;
 use cudarc::driver::result::DriverError as CudaResult;
 use cudarc::driver::sys;
 
-use super::device::DriverVersion;
+use super::version::DriverVersion;
 
 /// Why a driver operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,8 +1,8 @@
 //! Safe wrappers over the CUDA driver API (cudarc's dynamically loaded `driver` bindings), one
-//! file a concern: errors (`error`), the driver and its GPUs with their primary contexts
-//! (`device`), device memory and IPC (`memory`), modules and the cubin check (`module`),
-//! streams with their copies and waits (`stream`), geometries, occupancy and launches
-//! (`launch`), events and graphs (`graph`).
+//! file a concern: errors (`error`), driver versions (`version`), the driver and its GPUs with
+//! their primary contexts (`device`), device memory and IPC (`memory`), modules and the cubin
+//! check (`module`), streams with their copies and waits (`stream`), geometries, occupancy and
+//! launches (`launch`), events and graphs (`graph`).
 //!
 //! The layer knows nothing of ladders or of the kernels' contract. A kernel takes one parameter
 //! by value, which a launch passes as bytes: it is checked when it is looked up to take exactly
@@ -16,8 +16,9 @@ mod launch;
 mod memory;
 mod module;
 mod stream;
+mod version;
 
-pub use device::{visible_devices, Device, DeviceInfo, Driver, DriverVersion, MIN_DRIVER_VERSION};
+pub use device::{visible_devices, Device, DeviceInfo, Driver};
 pub use error::DriverError;
 pub use graph::{Event, Graph};
 pub use launch::{
@@ -28,3 +29,4 @@ pub use memory::{
 };
 pub use module::{check_cubin, ClusterKernel, Function, Kernel, LoadedKernel, Module, ModuleImage};
 pub use stream::Stream;
+pub use version::{DriverVersion, MIN_DRIVER_VERSION};
