@@ -7,24 +7,30 @@
 //! Creating it is collective (splits, IPC mapping, and an agreement on which entries every rank
 //! can run): every rank creates it for the same package at the same point.
 
+mod drops;
+mod geometry;
+mod operands;
+
 use std::time::Duration;
+
+pub use drops::agree_drops;
+use drops::qualified_wrong;
+pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
+pub use operands::{plan_operands, BufferLayout, OperandPlan, Operands, Staging};
 
 use crate::abi::PARAMS_BYTES;
 use crate::agree::Topology;
-use crate::device::{check_candidate_residency, DropReason, Residency};
+use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
-    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Event, Function, Geometry, Graph,
-    LoadedKernel, ModuleImage, Stream,
+    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Event, Geometry, Graph, LoadedKernel,
+    ModuleImage, Stream,
 };
 use crate::gpu::nccl::{Communicator, NcclDataType};
 use crate::kernels::{self, InputAccess};
-use crate::ladder::{Arch, Bucket, Dtype, Ladder, Profile};
+use crate::ladder::{Arch, Dtype, Ladder};
 use crate::package::Package;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
-
-/// Bytes of one gathered drop reason (JSON, cut to fit).
-const REASON_SLOT_BYTES: usize = 1024;
 
 /// A copy-engine launch moves the message in chunks of at least this many bytes, so the sum
 /// of one chunk runs while the next is copied. On 2x H200 a 64 MiB message took 243 us in
@@ -144,160 +150,10 @@ impl From<DriverError> for CaptureFailure {
 /// An index into [`Collectives::entries`].
 pub type EntryId = usize;
 
-/// The memory one all-reduce reads its message from and writes its sum to, on this rank's GPU;
-/// the same memory for an all-reduce in place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Operands {
-    /// The message.
-    pub input: CallerMemory,
-    /// Where the sum goes.
-    pub output: CallerMemory,
-}
-
-/// How the message reaches a kernel that must read it from the registered buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Staging {
-    /// It is read where it is.
-    None,
-    /// It is copied to the registered buffer's start.
-    Copy,
-    /// It overlaps the registered buffer: copied to the private output buffer, then to the
-    /// registered buffer's start (a copy whose source and destination overlap is undefined).
-    ThroughPrivate,
-}
-
-/// Where a custom kernel reads and writes one all-reduce, and what is copied around it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OperandPlan {
-    /// What is copied before the kernel.
-    pub staging: Staging,
-    /// The address the kernel reads this rank's message from.
-    pub input: u64,
-    /// The address the kernel writes the sum to.
-    pub output: u64,
-    /// The kernel writes the private output buffer, copied to the caller's output after it.
-    pub bounce: bool,
-}
-
-/// This rank's buffers, as device address ranges.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BufferLayout {
-    /// The registered buffer's input region (peers read a message there from its start).
-    pub input_region: std::ops::Range<u64>,
-    /// The registered buffer's scratch, after the input region.
-    pub scratch: std::ops::Range<u64>,
-    /// The private output buffer, large enough for any message.
-    pub private_output: u64,
-}
-
-/// Where a kernel of `access` reads and writes a message of `bytes` at `input`, summed to
-/// `output`. The rules: a kernel whose peers read the message reads it at the registered
-/// buffer's start, copied there unless it is there; so does any kernel given a message that is
-/// not 16-byte aligned. The kernel writes the private output buffer instead of `output`, and
-/// the sum is copied after it, when `output` is misaligned, partly overlaps what the kernel
-/// reads, lies in the input region while peers may read it after this rank wrote an element
-/// (one-shot pull, the copy-engine one-shot), or touches the scratch.
-pub fn plan_operands(
-    access: InputAccess,
-    input: u64,
-    output: u64,
-    bytes: u64,
-    layout: &BufferLayout,
-) -> OperandPlan {
-    let aligned = |address: u64| address % kernels::ALIGNMENT_BYTES == 0;
-    let message = input..input.saturating_add(bytes);
-    let registered = layout.input_region.start;
-    let (staging, kernel_input) = if matches!(access, InputAccess::Local) && aligned(input) {
-        (Staging::None, input)
-    } else if input == registered {
-        (Staging::None, registered)
-    } else if overlaps(&message, &layout.input_region) || overlaps(&message, &layout.scratch) {
-        (Staging::ThroughPrivate, registered)
-    } else {
-        (Staging::Copy, registered)
-    };
-    let reads = kernel_input..kernel_input.saturating_add(bytes);
-    let written = output..output.saturating_add(bytes);
-    let peers_read_input_region = matches!(
-        access,
-        InputAccess::Peers {
-            output_may_alias: false
-        }
-    );
-    let bounce = !aligned(output)
-        || (overlaps(&written, &reads) && output != kernel_input)
-        || (peers_read_input_region && overlaps(&written, &layout.input_region))
-        || overlaps(&written, &layout.scratch);
-    OperandPlan {
-        staging,
-        input: kernel_input,
-        output: if bounce {
-            layout.private_output
-        } else {
-            output
-        },
-        bounce,
-    }
-}
-
 /// NCCL's name for a ladder's element type.
 pub fn nccl_type(dtype: Dtype) -> NcclDataType {
     match dtype {
         Dtype::Bf16 => NcclDataType::Bf16,
-    }
-}
-
-fn overlaps(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
-    a.start < b.end && b.start < a.end
-}
-
-fn driver(rank: u32) -> impl Fn(DriverError) -> RuntimeError {
-    move |source| RuntimeError::Driver { rank, source }
-}
-
-/// The geometry a candidate launches with in a bucket: the profile's own blocks where it has
-/// them, otherwise the bucket's geometry (see [`bucket_geometry`]).
-pub fn geometry_for(bucket: &Bucket, profile: &Profile) -> Result<Geometry, DriverError> {
-    match profile.blocks {
-        Some(blocks) => Geometry::new(contract_blocks(blocks)?, bucket.threads),
-        None => bucket_geometry(bucket),
-    }
-}
-
-/// A bucket's launch geometry, clustered when the bucket is.
-pub fn bucket_geometry(bucket: &Bucket) -> Result<Geometry, DriverError> {
-    let blocks = contract_blocks(bucket.blocks)?;
-    match bucket.cluster_size {
-        Some(size) => Geometry::clustered(blocks, bucket.threads, size).map(Into::into),
-        None => Geometry::new(blocks, bucket.threads),
-    }
-}
-
-/// `blocks`, refused when the launch contract does not allow that many (its signal and state
-/// words are laid out per block, up to [`kernels::MAX_BLOCKS`]).
-fn contract_blocks(blocks: u32) -> Result<u32, DriverError> {
-    if blocks as usize > kernels::MAX_BLOCKS {
-        return Err(DriverError::InvalidGeometry {
-            reason: format!(
-                "{blocks} blocks; the launch contract allows 1 to {}",
-                kernels::MAX_BLOCKS
-            ),
-        });
-    }
-    Ok(blocks)
-}
-
-/// How much of `geometry` can be resident on the GPU at once, for `kernel`: clusters from the
-/// cluster occupancy query for a clustered geometry, otherwise blocks across the GPU.
-/// [`check_candidate_residency`] compares it with what a bucket needs.
-pub fn resident_capacity(kernel: &Function, geometry: Geometry) -> Result<Residency, DriverError> {
-    match geometry.cluster() {
-        Some(clustered) => kernel
-            .max_active_clusters(clustered)
-            .map(Residency::Clusters),
-        None => kernel
-            .max_active_blocks(geometry.threads())
-            .map(Residency::Blocks),
     }
 }
 
@@ -312,7 +168,7 @@ pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), Ru
     let rank = runtime.rank();
     let info = crate::gpu::driver::Driver::open()
         .and_then(|driver| driver.describe(runtime.device().ordinal()))
-        .map_err(driver(rank))?;
+        .map_err(RuntimeError::driver(rank))?;
     let (major, minor) = info.compute_capability;
     if Arch::from_compute_capability(major, minor) == Some(package.arch()) {
         return Ok(());
@@ -376,13 +232,13 @@ impl Collectives {
                 runtime
                     .device()
                     .allocate(message_bytes.max(2))
-                    .map_err(driver(rank))?,
+                    .map_err(RuntimeError::driver(rank))?,
             )
         };
         let output = runtime
             .device()
             .allocate(message_bytes.max(2))
-            .map_err(driver(rank))?;
+            .map_err(RuntimeError::driver(rank))?;
 
         // Each loaded kernel keeps its module loaded.
         let mut modules = Vec::new();
@@ -391,7 +247,7 @@ impl Collectives {
                 let module = runtime
                     .device()
                     .load_module(ModuleImage::Cubin(cubin))
-                    .map_err(driver(rank))?;
+                    .map_err(RuntimeError::driver(rank))?;
                 modules.push((record.name.clone(), module));
             }
         }
@@ -431,9 +287,11 @@ impl Collectives {
                         .expect("a verified package holds every kernel its ladder needs");
                     let kernel = module
                         .load(&spec.name, spec.cluster, PARAMS_BYTES)
-                        .map_err(driver(rank))?;
-                    let geometry = geometry_for(bucket, profile).map_err(driver(rank))?;
-                    let resident = resident_capacity(&kernel, geometry).map_err(driver(rank))?;
+                        .map_err(RuntimeError::driver(rank))?;
+                    let geometry =
+                        geometry_for(bucket, profile).map_err(RuntimeError::driver(rank))?;
+                    let resident =
+                        resident_capacity(&kernel, geometry).map_err(RuntimeError::driver(rank))?;
                     match check_candidate_residency(bucket, profile, resident) {
                         Ok(()) => {
                             entry.launch = Some(match kernels::copy_engine_barriers(&spec) {
@@ -442,10 +300,10 @@ impl Collectives {
                                     geometry,
                                     start: module
                                         .load(start, false, PARAMS_BYTES)
-                                        .map_err(driver(rank))?,
+                                        .map_err(RuntimeError::driver(rank))?,
                                     end: module
                                         .load(end, false, PARAMS_BYTES)
-                                        .map_err(driver(rank))?,
+                                        .map_err(RuntimeError::driver(rank))?,
                                 },
                                 None => Launch::Custom {
                                     input: kernels::input_access(&spec)
@@ -474,13 +332,17 @@ impl Collectives {
             let chunks = copy_engine_chunks(slot_bytes).len();
             let slot_bytes = slot_bytes as usize;
             Some(CopyEngine {
-                stream: device.new_stream().map_err(driver(rank))?,
-                fork: device.new_event(false).map_err(driver(rank))?,
+                stream: device.new_stream().map_err(RuntimeError::driver(rank))?,
+                fork: device
+                    .new_event(false)
+                    .map_err(RuntimeError::driver(rank))?,
                 chunks: (0..chunks)
                     .map(|_| device.new_event(false))
                     .collect::<Result<_, _>>()
-                    .map_err(driver(rank))?,
-                scratch: device.allocate(slot_bytes * peers).map_err(driver(rank))?,
+                    .map_err(RuntimeError::driver(rank))?,
+                scratch: device
+                    .allocate(slot_bytes * peers)
+                    .map_err(RuntimeError::driver(rank))?,
                 slot_bytes,
             })
         } else {
@@ -673,7 +535,7 @@ impl Collectives {
                 );
                 stream
                     .launch_loaded(kernel, *geometry, &params.to_bytes())
-                    .map_err(driver(self.rank))?;
+                    .map_err(RuntimeError::driver(self.rank))?;
                 self.finish(stream, &operands, bytes, &plan)
             }
             Some(Launch::CopyEngine {
@@ -732,14 +594,14 @@ impl Collectives {
             Staging::None => {}
             Staging::Copy => stream
                 .copy_device(registered, 0, &operands.input, 0, bytes)
-                .map_err(driver(rank))?,
+                .map_err(RuntimeError::driver(rank))?,
             Staging::ThroughPrivate => {
                 stream
                     .copy_device(&self.output, 0, &operands.input, 0, bytes)
-                    .map_err(driver(rank))?;
+                    .map_err(RuntimeError::driver(rank))?;
                 stream
                     .copy_device(registered, 0, &self.output, 0, bytes)
-                    .map_err(driver(rank))?;
+                    .map_err(RuntimeError::driver(rank))?;
             }
         }
         Ok(plan)
@@ -756,7 +618,7 @@ impl Collectives {
         if plan.bounce {
             stream
                 .copy_device(&operands.output, 0, &self.output, 0, bytes as usize)
-                .map_err(driver(self.rank))?;
+                .map_err(RuntimeError::driver(self.rank))?;
         }
         Ok(())
     }
@@ -789,12 +651,16 @@ impl Collectives {
         let covered = bytes.next_multiple_of(kernels::ALIGNMENT_BYTES);
         let registered = peer.buffer().address();
         let barrier = peer.params(registered, output, elements as u64, covered, self.timeout);
-        let one_block = Geometry::new(1, 32).map_err(driver(rank))?;
+        let one_block = Geometry::new(1, 32).map_err(RuntimeError::driver(rank))?;
         stream
             .launch_loaded(start, one_block, &barrier.to_bytes())
-            .map_err(driver(rank))?;
-        stream.record(&copy.fork).map_err(driver(rank))?;
-        copy.stream.wait_for(&copy.fork).map_err(driver(rank))?;
+            .map_err(RuntimeError::driver(rank))?;
+        stream
+            .record(&copy.fork)
+            .map_err(RuntimeError::driver(rank))?;
+        copy.stream
+            .wait_for(&copy.fork)
+            .map_err(RuntimeError::driver(rank))?;
         for (chunk, range) in copy_engine_chunks(bytes).into_iter().enumerate() {
             let length = (range.end - range.start) as usize;
             let mut params = barrier;
@@ -810,23 +676,25 @@ impl Collectives {
                     .expect("peer memory maps every rank's buffer");
                 copy.stream
                     .copy_device(&copy.scratch, slot + at, from, at, length)
-                    .map_err(driver(rank))?;
+                    .map_err(RuntimeError::driver(rank))?;
                 params.buffers[source as usize] = copy.scratch.address() + (slot + at) as u64;
             }
             let event = &copy.chunks[chunk];
-            copy.stream.record(event).map_err(driver(rank))?;
-            stream.wait_for(event).map_err(driver(rank))?;
+            copy.stream
+                .record(event)
+                .map_err(RuntimeError::driver(rank))?;
+            stream.wait_for(event).map_err(RuntimeError::driver(rank))?;
             params.output += range.start;
             params.input = params.buffers[rank as usize];
             params.elements = length as u64 / self.element_bytes;
             params.scratch_offset = (length as u64).next_multiple_of(kernels::ALIGNMENT_BYTES);
             stream
                 .launch_loaded(sum, geometry, &params.to_bytes())
-                .map_err(driver(rank))?;
+                .map_err(RuntimeError::driver(rank))?;
         }
         stream
             .launch_loaded(end, one_block, &barrier.to_bytes())
-            .map_err(driver(rank))
+            .map_err(RuntimeError::driver(rank))
     }
 
     /// Captures `ops` back-to-back launches of entry `id` at `elements` into a graph replayed
@@ -869,7 +737,7 @@ impl Collectives {
                 CaptureFailure::Driver(source) => RuntimeError::Driver { rank, source },
                 CaptureFailure::Runtime(error) => error,
             })?;
-        graph.upload().map_err(driver(rank))?;
+        graph.upload().map_err(RuntimeError::driver(rank))?;
         Ok(graph)
     }
 
@@ -894,7 +762,7 @@ impl Collectives {
         // A stream still busy after that cannot be read (the read would wait for it).
         stream
             .synchronize_within(self.timeout * 2)
-            .map_err(driver(self.rank))?;
+            .map_err(RuntimeError::driver(self.rank))?;
         self.check_abort(stream, step)
     }
 
@@ -932,7 +800,7 @@ impl Collectives {
         let mut word = [0_u64; 1];
         stream
             .read(peer.state(), 0, &mut word)
-            .map_err(driver(self.rank))?;
+            .map_err(RuntimeError::driver(self.rank))?;
         match Abort::decode(word[0]) {
             None => Ok(()),
             Some(abort) => Err(RuntimeError::Aborted {
@@ -944,265 +812,9 @@ impl Collectives {
     }
 }
 
-/// The drop the package's qualification recorded for a candidate when it says the kernel is
-/// wrong (not exact, or it could not be captured); residency and peer access depend on the
-/// machine and are decided here again.
-fn qualified_wrong(package: &Package, bucket: usize, profile: &str) -> Option<DropReason> {
-    let qualification = package.manifest().qualification.as_ref()?;
-    let candidate = qualification
-        .buckets
-        .iter()
-        .find(|recorded| recorded.index == bucket)?
-        .candidates
-        .iter()
-        .find(|candidate| candidate.profile == profile)?;
-    match &candidate.outcome {
-        crate::package::Outcome::Dropped(
-            reason @ (DropReason::NotExact { .. } | DropReason::CaptureFailed { .. }),
-        ) => Some(reason.clone()),
-        _ => None,
-    }
-}
-
-/// Agrees which entries every rank drops: an entry any rank drops is dropped everywhere, with
-/// the reason of the lowest such rank, so every rank ends with the same list. Collective.
-pub fn agree_drops(
-    runtime: &Runtime,
-    local: &[Option<DropReason>],
-    step: &str,
-) -> Result<Vec<Option<DropReason>>, RuntimeError> {
-    let world = runtime.world() as usize;
-    let mut agreed = vec![None; local.len()];
-    for (chunk_index, chunk) in local.chunks(crate::agree::RECORD_BYTES).enumerate() {
-        let flags: Vec<u8> = chunk
-            .iter()
-            .map(|reason| u8::from(reason.is_some()))
-            .collect();
-        let gathered = runtime.all_gather(&flags, step)?;
-        for position in 0..chunk.len() {
-            let id = chunk_index * crate::agree::RECORD_BYTES + position;
-            let first = (0..world).find(|rank| gathered[rank * chunk.len() + position] != 0);
-            let Some(first) = first else {
-                continue;
-            };
-            // The reason travels from the rank that has it, so every rank records the same.
-            let mut slot = vec![0_u8; REASON_SLOT_BYTES];
-            if runtime.rank() as usize == first {
-                let reason = local[id].as_ref().expect("this rank dropped it");
-                let bytes = encode_reason(reason);
-                slot[..bytes.len()].copy_from_slice(&bytes);
-            }
-            let reasons = runtime.all_gather(&slot, step)?;
-            let theirs = &reasons[first * REASON_SLOT_BYTES..(first + 1) * REASON_SLOT_BYTES];
-            agreed[id] = Some(decode_reason(theirs, first));
-        }
-    }
-    Ok(agreed)
-}
-
-/// A drop reason as JSON that fits a slot; a message too long is cut.
-fn encode_reason(reason: &DropReason) -> Vec<u8> {
-    let mut reason = reason.clone();
-    loop {
-        let bytes = serde_json::to_vec(&reason).expect("a drop reason serializes");
-        if bytes.len() <= REASON_SLOT_BYTES {
-            return bytes;
-        }
-        let message = match &mut reason {
-            DropReason::CaptureFailed { message }
-            | DropReason::NotExact { message }
-            | DropReason::NoPeerAccess { message } => message,
-            DropReason::NotResident { .. } => unreachable!("a residency reason is short"),
-        };
-        let keep = message.len().saturating_sub(64);
-        let mut cut = keep;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-        message.push_str(" ...");
-    }
-}
-
-fn decode_reason(slot: &[u8], rank: usize) -> DropReason {
-    let end = slot
-        .iter()
-        .position(|&byte| byte == 0)
-        .unwrap_or(slot.len());
-    serde_json::from_slice(&slot[..end]).unwrap_or_else(|_| DropReason::CaptureFailed {
-        message: format!("rank {rank} dropped it; its reason could not be read"),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    const MIB: u64 = 1 << 20;
-
-    /// A registered buffer at 1 GiB (16 MiB of input region, then 48 MiB of scratch) and a
-    /// private output buffer at 2 GiB.
-    fn layout() -> BufferLayout {
-        BufferLayout {
-            input_region: 1024 * MIB..1040 * MIB,
-            scratch: 1040 * MIB..1088 * MIB,
-            private_output: 2048 * MIB,
-        }
-    }
-
-    fn accesses() -> impl Strategy<Value = InputAccess> {
-        prop_oneof![
-            Just(InputAccess::Local),
-            Just(InputAccess::Peers {
-                output_may_alias: false
-            }),
-            Just(InputAccess::Peers {
-                output_may_alias: true
-            }),
-        ]
-    }
-
-    /// Addresses around and inside both buffers, aligned or not.
-    fn addresses() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            Just(1024 * MIB),
-            Just(1024 * MIB + 2),
-            (0..64 * MIB).prop_map(|offset| 1024 * MIB + offset),
-            (0..64 * MIB).prop_map(|offset| 512 * MIB + offset * 2),
-            (0..8 * MIB).prop_map(|offset| 3072 * MIB + offset * 16),
-        ]
-    }
-
-    fn range(start: u64, bytes: u64) -> std::ops::Range<u64> {
-        start..start + bytes
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
-
-        /// Whatever the caller passes, the kernel gets what its contract asks for.
-        #[test]
-        fn every_plan_keeps_the_kernel_contract(
-            access in accesses(),
-            input in addresses(),
-            in_place in any::<bool>(),
-            output in addresses(),
-            elements in 1_u64..4 * MIB,
-        ) {
-            let bytes = elements * 2;
-            let output = if in_place { input } else { output };
-            let layout = layout();
-            let plan = plan_operands(access, input, output, bytes, &layout);
-            // Every address the kernel is given is 16-byte aligned.
-            prop_assert_eq!(plan.input % 16, 0);
-            prop_assert_eq!(plan.output % 16, 0);
-            // A kernel whose peers read the message reads it at the registered start.
-            if !matches!(access, InputAccess::Local) {
-                prop_assert_eq!(plan.input, layout.input_region.start);
-            }
-            // The message reaches the kernel: read where it is, or copied where it is read.
-            match plan.staging {
-                Staging::None => prop_assert_eq!(plan.input, input),
-                Staging::Copy => {
-                    prop_assert!(!overlaps(&range(input, bytes), &range(plan.input, bytes)));
-                }
-                Staging::ThroughPrivate => {
-                    prop_assert!(overlaps(&range(input, bytes), &layout.input_region)
-                        || overlaps(&range(input, bytes), &layout.scratch));
-                }
-            }
-            // The kernel writes over what it reads exactly or not at all, never the scratch,
-            // and never the input region while peers may still read it there.
-            let reads = range(plan.input, bytes);
-            let writes = range(plan.output, bytes);
-            prop_assert!(plan.output == plan.input || !overlaps(&reads, &writes));
-            prop_assert!(!overlaps(&writes, &layout.scratch));
-            if access == (InputAccess::Peers { output_may_alias: false }) {
-                prop_assert!(!overlaps(&writes, &layout.input_region));
-            }
-            // The sum reaches the caller: written there, or copied there from the private buffer.
-            prop_assert_eq!(plan.bounce, plan.output != output);
-            if plan.bounce {
-                prop_assert_eq!(plan.output, layout.private_output);
-            }
-        }
-    }
-
-    #[test]
-    fn zero_copy_and_aligned_tensors_take_no_copy_where_the_kernel_allows() {
-        let layout = layout();
-        let registered = layout.input_region.start;
-        let tensor = 3072 * MIB;
-        let output = 3200 * MIB;
-        let peers = InputAccess::Peers {
-            output_may_alias: false,
-        };
-        let gather = InputAccess::Peers {
-            output_may_alias: true,
-        };
-        let plan = |access, input, output| plan_operands(access, input, output, 4096, &layout);
-        // Zero copy, out of place: nothing copied for any kernel.
-        for access in [InputAccess::Local, peers, gather] {
-            let zero_copy = plan(access, registered, output);
-            assert_eq!(
-                (zero_copy.staging, zero_copy.bounce),
-                (Staging::None, false)
-            );
-        }
-        // Zero copy in place: only the one-shot pull and the copy engine write elsewhere.
-        assert!(!plan(InputAccess::Local, registered, registered).bounce);
-        assert!(!plan(gather, registered, registered).bounce);
-        assert!(plan(peers, registered, registered).bounce);
-        // Any tensor: the local kernels read it where it is, in place too; the others get it
-        // copied, and then write the caller's memory directly.
-        let local = plan(InputAccess::Local, tensor, tensor);
-        assert_eq!(
-            (local.staging, local.input, local.bounce),
-            (Staging::None, tensor, false)
-        );
-        let pulled = plan(peers, tensor, tensor);
-        assert_eq!(
-            (pulled.staging, pulled.output, pulled.bounce),
-            (Staging::Copy, tensor, false)
-        );
-        // Misaligned: copied in, and the sum bounced out.
-        let misaligned = plan(InputAccess::Local, tensor + 2, output + 2);
-        assert_eq!(
-            (misaligned.staging, misaligned.bounce),
-            (Staging::Copy, true)
-        );
-        // A view inside the zero-copy region, off its start, for a pull: through the private
-        // buffer.
-        assert_eq!(
-            plan(peers, registered + 32, output).staging,
-            Staging::ThroughPrivate
-        );
-    }
-
-    #[test]
-    fn bucket_geometry_follows_its_cluster_size_within_the_launch_contract() {
-        let bucket = |blocks, cluster_size| Bucket {
-            max_bytes: 65536,
-            threads: 512,
-            blocks,
-            cluster_size,
-            candidates: vec!["nccl".to_owned()],
-            default: "nccl".to_owned(),
-        };
-        let clustered = bucket_geometry(&bucket(64, Some(8))).unwrap();
-        assert_eq!(clustered.cluster_size(), Some(8));
-        assert_eq!(
-            bucket_geometry(&bucket(64, None)).unwrap().cluster_size(),
-            None
-        );
-        assert_eq!(
-            bucket_geometry(&bucket(1025, None))
-                .unwrap_err()
-                .to_string(),
-            "invalid launch geometry: 1025 blocks; the launch contract allows 1 to 1024"
-        );
-    }
 
     #[test]
     fn copy_engine_chunks_cover_the_message_in_whole_vectors() {
@@ -1233,30 +845,5 @@ mod tests {
         }
         assert_eq!(copy_engine_chunks(0), vec![0..0]);
         assert_eq!(copy_engine_chunks(3 * COPY_ENGINE_CHUNK_BYTES).len(), 3);
-    }
-
-    #[test]
-    fn long_reasons_are_cut_to_fit_a_slot_and_read_back() {
-        let reason = DropReason::NotExact {
-            message: "é".repeat(2000),
-        };
-        let bytes = encode_reason(&reason);
-        assert!(bytes.len() <= REASON_SLOT_BYTES);
-        let mut slot = vec![0_u8; REASON_SLOT_BYTES];
-        slot[..bytes.len()].copy_from_slice(&bytes);
-        let DropReason::NotExact { message } = decode_reason(&slot, 1) else {
-            panic!("the variant survives");
-        };
-        assert!(message.ends_with(" ..."));
-        assert!(message.starts_with('é'));
-    }
-
-    #[test]
-    fn an_unreadable_slot_names_the_rank() {
-        let slot = vec![b'x'; REASON_SLOT_BYTES];
-        assert_eq!(
-            decode_reason(&slot, 3).to_string(),
-            "capture failed: rank 3 dropped it; its reason could not be read"
-        );
     }
 }
