@@ -7,12 +7,15 @@
 //! Creating it is collective (splits, IPC mapping, and an agreement on which entries every rank
 //! can run): every rank creates it for the same package at the same point.
 
+mod copy_engine;
 mod drops;
 mod geometry;
 mod operands;
 
 use std::time::Duration;
 
+pub use copy_engine::{copy_engine_chunks, COPY_ENGINE_CHUNK_BYTES};
+use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
 use drops::qualified_wrong;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
@@ -23,7 +26,7 @@ use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
-    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Event, Geometry, Graph, LoadedKernel,
+    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Geometry, Graph, LoadedKernel,
     ModuleImage, Stream,
 };
 use crate::gpu::nccl::{Communicator, NcclDataType};
@@ -31,14 +34,6 @@ use crate::kernels::{self, InputAccess};
 use crate::ladder::{Arch, Dtype, Ladder};
 use crate::package::Package;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
-
-/// A copy-engine launch moves the message in chunks of at least this many bytes, so the sum
-/// of one chunk runs while the next is copied. On 2x H200 a 64 MiB message took 243 us in
-/// chunks of 16 MiB, 265 us in chunks of 4 MiB (docs/kernel-notes.md).
-pub const COPY_ENGINE_CHUNK_BYTES: u64 = 16 << 20;
-
-/// At most this many chunks per copy-engine launch (larger messages take larger chunks).
-const COPY_ENGINE_MAX_CHUNKS: u64 = 64;
 
 /// How an entry launches.
 #[derive(Debug)]
@@ -52,43 +47,10 @@ enum Launch {
         /// How it reads this rank's message.
         input: InputAccess,
     },
-    /// Copies by the copy engines between two barrier kernels, summed chunk by chunk
-    /// (kernels/all_reduce_one_shot_copy_engine.cu says what runs where).
-    CopyEngine {
-        /// The chunk sum, with the candidate's geometry.
-        sum: LoadedKernel,
-        geometry: Geometry,
-        /// The start and end barriers, one block each.
-        start: LoadedKernel,
-        end: LoadedKernel,
-    },
+    /// Copies by the copy engines between two barrier kernels, summed chunk by chunk.
+    CopyEngine(CopyEngineKernels),
     /// NCCL on the runtime's communicator (`None`) or on a profile's own split.
     Nccl { split: Option<usize> },
-}
-
-/// What the copy-engine candidates share on one rank: the stream their copies go on, the events
-/// that order each chunk's sum after its copies, and the scratch the peers' messages are copied
-/// into (per peer one slot of the largest message of the buckets that have such a candidate,
-/// private to this rank).
-#[derive(Debug)]
-struct CopyEngine {
-    stream: Stream,
-    fork: Event,
-    chunks: Vec<Event>,
-    scratch: DeviceBuffer,
-    slot_bytes: usize,
-}
-
-/// The chunks of a copy-engine launch for a message of `bytes`: byte ranges, each a whole
-/// number of 16-byte vectors except the last, which ends at `bytes`.
-pub fn copy_engine_chunks(bytes: u64) -> Vec<std::ops::Range<u64>> {
-    let per_chunk = bytes
-        .div_ceil(COPY_ENGINE_MAX_CHUNKS)
-        .max(COPY_ENGINE_CHUNK_BYTES)
-        .next_multiple_of(kernels::ALIGNMENT_BYTES);
-    (0..bytes.div_ceil(per_chunk).max(1))
-        .map(|chunk| chunk * per_chunk..((chunk + 1) * per_chunk).min(bytes))
-        .collect()
 }
 
 /// One candidate of one bucket on this rank.
@@ -295,7 +257,7 @@ impl Collectives {
                     match check_candidate_residency(bucket, profile, resident) {
                         Ok(()) => {
                             entry.launch = Some(match kernels::copy_engine_barriers(&spec) {
-                                Some([start, end]) => Launch::CopyEngine {
+                                Some([start, end]) => Launch::CopyEngine(CopyEngineKernels {
                                     sum: kernel,
                                     geometry,
                                     start: module
@@ -304,7 +266,7 @@ impl Collectives {
                                     end: module
                                         .load(end, false, PARAMS_BYTES)
                                         .map_err(RuntimeError::driver(rank))?,
-                                },
+                                }),
                                 None => Launch::Custom {
                                     input: kernels::input_access(&spec)
                                         .expect("a kernel of this crate"),
@@ -324,30 +286,18 @@ impl Collectives {
         let copy_engine_slot = kernels::copy_engine_slot_bytes(ladder).filter(|_| {
             entries
                 .iter()
-                .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine { .. })))
+                .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine(_))))
         });
-        let copy_engine = if let Some(slot_bytes) = copy_engine_slot {
-            let device = runtime.device();
-            let peers = runtime.world() as usize - 1;
-            let chunks = copy_engine_chunks(slot_bytes).len();
-            let slot_bytes = slot_bytes as usize;
-            Some(CopyEngine {
-                stream: device.new_stream().map_err(RuntimeError::driver(rank))?,
-                fork: device
-                    .new_event(false)
-                    .map_err(RuntimeError::driver(rank))?,
-                chunks: (0..chunks)
-                    .map(|_| device.new_event(false))
-                    .collect::<Result<_, _>>()
-                    .map_err(RuntimeError::driver(rank))?,
-                scratch: device
-                    .allocate(slot_bytes * peers)
-                    .map_err(RuntimeError::driver(rank))?,
-                slot_bytes,
+        let copy_engine = copy_engine_slot
+            .map(|slot_bytes| {
+                CopyEngine::new(
+                    runtime,
+                    slot_bytes,
+                    ladder.dtype.size_bytes(),
+                    runtime.timeout(),
+                )
             })
-        } else {
-            None
-        };
+            .transpose()?;
         let mut collectives = Collectives {
             entries,
             input,
@@ -538,12 +488,7 @@ impl Collectives {
                     .map_err(RuntimeError::driver(self.rank))?;
                 self.finish(stream, &operands, bytes, &plan)
             }
-            Some(Launch::CopyEngine {
-                sum,
-                geometry,
-                start,
-                end,
-            }) => {
+            Some(Launch::CopyEngine(kernels)) => {
                 let Input::Peer(peer) = &self.input else {
                     unreachable!("custom entries exist only with peer memory")
                 };
@@ -551,14 +496,10 @@ impl Collectives {
                     output_may_alias: false,
                 };
                 let plan = self.plan(stream, peer, &operands, bytes, access)?;
-                self.enqueue_copy_engine(
-                    stream,
-                    elements,
-                    plan.output,
-                    sum,
-                    *geometry,
-                    [start, end],
-                )?;
+                self.copy_engine
+                    .as_ref()
+                    .expect("a copy-engine entry comes with the copy engine's stream")
+                    .enqueue(stream, peer, kernels, elements, plan.output)?;
                 self.finish(stream, &operands, bytes, &plan)
             }
         }
@@ -621,80 +562,6 @@ impl Collectives {
                 .map_err(RuntimeError::driver(self.rank))?;
         }
         Ok(())
-    }
-
-    /// Enqueues a copy-engine all-reduce on `stream`: the start barrier; on the copy stream,
-    /// per chunk, every peer's chunk copied into this rank's scratch; per chunk, once its copies
-    /// are done, the chunk's sum on `stream`; the end barrier. The copy stream forks from
-    /// `stream` after the start barrier and joins it at every chunk's sum, so a capture on
-    /// `stream` takes the copies into its graph. The message is in the registered buffer; the
-    /// sum goes to device address `output`.
-    fn enqueue_copy_engine(
-        &self,
-        stream: &Stream,
-        elements: usize,
-        output: u64,
-        sum: &LoadedKernel,
-        geometry: Geometry,
-        [start, end]: [&LoadedKernel; 2],
-    ) -> Result<(), RuntimeError> {
-        let rank = self.rank;
-        let Input::Peer(peer) = &self.input else {
-            unreachable!("custom entries exist only with peer memory")
-        };
-        let copy = self
-            .copy_engine
-            .as_ref()
-            .expect("a copy-engine entry comes with the copy engine's stream");
-        let bytes = elements as u64 * self.element_bytes;
-        // The barriers read no data; the scratch offset only has to cover the message.
-        let covered = bytes.next_multiple_of(kernels::ALIGNMENT_BYTES);
-        let registered = peer.buffer().address();
-        let barrier = peer.params(registered, output, elements as u64, covered, self.timeout);
-        let one_block = Geometry::new(1, 32).map_err(RuntimeError::driver(rank))?;
-        stream
-            .launch_loaded(start, one_block, &barrier.to_bytes())
-            .map_err(RuntimeError::driver(rank))?;
-        stream
-            .record(&copy.fork)
-            .map_err(RuntimeError::driver(rank))?;
-        copy.stream
-            .wait_for(&copy.fork)
-            .map_err(RuntimeError::driver(rank))?;
-        for (chunk, range) in copy_engine_chunks(bytes).into_iter().enumerate() {
-            let length = (range.end - range.start) as usize;
-            let mut params = barrier;
-            for source in 0..barrier.world {
-                let at = range.start as usize;
-                if source == rank {
-                    params.buffers[source as usize] += range.start;
-                    continue;
-                }
-                let slot = copy.slot_bytes * (source - u32::from(source > rank)) as usize;
-                let from = peer
-                    .rank_buffer(source)
-                    .expect("peer memory maps every rank's buffer");
-                copy.stream
-                    .copy_device(&copy.scratch, slot + at, from, at, length)
-                    .map_err(RuntimeError::driver(rank))?;
-                params.buffers[source as usize] = copy.scratch.address() + (slot + at) as u64;
-            }
-            let event = &copy.chunks[chunk];
-            copy.stream
-                .record(event)
-                .map_err(RuntimeError::driver(rank))?;
-            stream.wait_for(event).map_err(RuntimeError::driver(rank))?;
-            params.output += range.start;
-            params.input = params.buffers[rank as usize];
-            params.elements = length as u64 / self.element_bytes;
-            params.scratch_offset = (length as u64).next_multiple_of(kernels::ALIGNMENT_BYTES);
-            stream
-                .launch_loaded(sum, geometry, &params.to_bytes())
-                .map_err(RuntimeError::driver(rank))?;
-        }
-        stream
-            .launch_loaded(end, one_block, &barrier.to_bytes())
-            .map_err(RuntimeError::driver(rank))
     }
 
     /// Captures `ops` back-to-back launches of entry `id` at `elements` into a graph replayed
@@ -809,41 +676,5 @@ impl Collectives {
                 abort,
             }),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn copy_engine_chunks_cover_the_message_in_whole_vectors() {
-        for bytes in [
-            0,
-            2,
-            16,
-            COPY_ENGINE_CHUNK_BYTES - 2,
-            COPY_ENGINE_CHUNK_BYTES,
-            COPY_ENGINE_CHUNK_BYTES + 2,
-            5 * COPY_ENGINE_CHUNK_BYTES + 14,
-            COPY_ENGINE_MAX_CHUNKS * COPY_ENGINE_CHUNK_BYTES + 2,
-            4 << 30,
-        ] {
-            let chunks = copy_engine_chunks(bytes);
-            assert!(chunks.len() as u64 <= COPY_ENGINE_MAX_CHUNKS, "{bytes}");
-            assert_eq!(chunks.first().map(|chunk| chunk.start), Some(0), "{bytes}");
-            assert_eq!(chunks.last().map(|chunk| chunk.end), Some(bytes), "{bytes}");
-            for pair in chunks.windows(2) {
-                assert_eq!(pair[0].end, pair[1].start, "{bytes}");
-                assert!(pair[0].end > pair[0].start, "{bytes}");
-                assert_eq!(pair[0].end % kernels::ALIGNMENT_BYTES, 0, "{bytes}");
-                assert!(
-                    pair[0].end - pair[0].start >= COPY_ENGINE_CHUNK_BYTES,
-                    "{bytes}"
-                );
-            }
-        }
-        assert_eq!(copy_engine_chunks(0), vec![0..0]);
-        assert_eq!(copy_engine_chunks(3 * COPY_ENGINE_CHUNK_BYTES).len(), 3);
     }
 }
