@@ -27,38 +27,6 @@ pub struct DeviceDescription {
 }
 
 impl DeviceDescription {
-    /// NVIDIA RTX PRO 6000 Blackwell (GB202): sm_120, 188 SMs.
-    pub fn rtx_pro_6000() -> DeviceDescription {
-        DeviceDescription {
-            name: "NVIDIA RTX PRO 6000 Blackwell".to_owned(),
-            arch: Arch::Sm120,
-            sm_count: 188,
-            cluster_launch: true,
-        }
-    }
-
-    /// NVIDIA GB10 (DGX Spark): sm_121, 48 SMs.
-    pub fn gb10() -> DeviceDescription {
-        DeviceDescription {
-            name: "NVIDIA GB10".to_owned(),
-            arch: Arch::Sm121,
-            sm_count: 48,
-            cluster_launch: true,
-        }
-    }
-
-    /// NVIDIA H200: sm_90, 132 SMs.
-    pub fn h200() -> DeviceDescription {
-        DeviceDescription {
-            name: "NVIDIA H200".to_owned(),
-            arch: Arch::Sm90,
-            sm_count: 132,
-            cluster_launch: true,
-        }
-    }
-}
-
-impl DeviceDescription {
     /// A GPU as the driver reports it: its compute capability gives the architecture, refused
     /// when this tool has no kernels or ladders for it (`ordinal` and `name` name the GPU).
     pub fn of_gpu(
