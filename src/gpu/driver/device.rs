@@ -220,6 +220,13 @@ impl DeviceInfo {
     }
 }
 
+/// Makes `context` (GPU `ordinal`'s) current on this thread.
+pub(super) fn bind(context: &CudaContext, ordinal: usize) -> Result<(), DriverError> {
+    context
+        .bind_to_thread()
+        .during("cuCtxSetCurrent", Some(ordinal))
+}
+
 /// One GPU with its primary context retained. Work goes through its
 /// [`Stream`](super::Stream)s.
 #[derive(Debug, Clone)]
@@ -235,9 +242,20 @@ impl Device {
     }
 
     pub(super) fn bind(&self) -> Result<(), DriverError> {
-        self.context
-            .bind_to_thread()
-            .during("cuCtxSetCurrent", Some(self.ordinal))
+        bind(&self.context, self.ordinal)
+    }
+
+    /// Runs `release` with this GPU's context current and idle, so no queued kernel, copy or
+    /// fill still uses what it gives back: how the memory and modules of this layer are freed
+    /// on drop. Errors cannot be reported from a drop; they only arise on a context that is
+    /// already broken, which the calls that broke it reported.
+    pub(super) fn release_after_work(&self, release: impl FnOnce()) {
+        if self.bind().is_ok() {
+            // SAFETY: the context is current (bound above); waiting for its work has no
+            // precondition.
+            let _ = unsafe { sys::cuCtxSynchronize() };
+            release();
+        }
     }
 
     /// Waits for all work on this GPU, without a bound.

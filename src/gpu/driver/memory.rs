@@ -236,31 +236,32 @@ impl DeviceBuffer {
     }
 }
 
-impl DeviceMemory for DeviceBuffer {
-    fn address(&self) -> u64 {
-        self.address
-    }
-    fn len_bytes(&self) -> usize {
-        self.bytes
-    }
-    fn ordinal(&self) -> usize {
-        self.device.ordinal
-    }
+/// Implements [`DeviceMemory`] for this layer's own memory: an address, a size and the GPU
+/// whose context holds it.
+macro_rules! held_memory {
+    ($($type:ty),*) => {
+        $(impl DeviceMemory for $type {
+            fn address(&self) -> u64 {
+                self.address
+            }
+            fn len_bytes(&self) -> usize {
+                self.bytes
+            }
+            fn ordinal(&self) -> usize {
+                self.device.ordinal
+            }
+        })*
+    };
 }
+held_memory!(DeviceBuffer, PeerBuffer);
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; they only arise on a context that is already
-        // broken, which the calls that broke it reported.
-        if self.device.bind().is_ok() {
-            // SAFETY: the context is current; waiting for its work first means no queued
-            // kernel, copy or fill still uses the allocation when it is freed; the address is
-            // this allocation's base and is freed exactly once.
-            unsafe {
-                let _ = sys::cuCtxSynchronize();
-                let _ = sys::cuMemFree_v2(self.address);
-            }
-        }
+        self.device.release_after_work(|| {
+            // SAFETY: the context is current and idle; the address is this allocation's base
+            // and is freed exactly once.
+            let _ = unsafe { sys::cuMemFree_v2(self.address) };
+        });
     }
 }
 
@@ -313,14 +314,11 @@ impl HostWords {
 
 impl Drop for HostWords {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            // SAFETY: waiting for the context's work first means no copy still writes the
-            // words; the pointer is this allocation's and is freed exactly once.
-            unsafe {
-                let _ = sys::cuCtxSynchronize();
-                let _ = sys::cuMemFreeHost(self.words.cast());
-            }
-        }
+        self.device.release_after_work(|| {
+            // SAFETY: the context is idle, so no copy still writes the words; the pointer is
+            // this allocation's and is freed exactly once.
+            let _ = unsafe { sys::cuMemFreeHost(self.words.cast()) };
+        });
     }
 }
 
@@ -336,27 +334,12 @@ pub struct PeerBuffer {
     device: Device,
 }
 
-impl DeviceMemory for PeerBuffer {
-    fn address(&self) -> u64 {
-        self.address
-    }
-    fn len_bytes(&self) -> usize {
-        self.bytes
-    }
-    fn ordinal(&self) -> usize {
-        self.device.ordinal
-    }
-}
-
 impl Drop for PeerBuffer {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            // SAFETY: the context is current and idle after the synchronize, so no work uses
-            // the mapping; it was opened by cuIpcOpenMemHandle and is closed exactly once.
-            unsafe {
-                let _ = sys::cuCtxSynchronize();
-                let _ = sys::cuIpcCloseMemHandle(self.address);
-            }
-        }
+        self.device.release_after_work(|| {
+            // SAFETY: the context is current and idle, so no work uses the mapping; it was
+            // opened by cuIpcOpenMemHandle and is closed exactly once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.address) };
+        });
     }
 }

@@ -158,15 +158,11 @@ unsafe impl Sync for ModuleHandle {}
 
 impl Drop for ModuleHandle {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            // SAFETY: the context is current and idle after the synchronize, so no kernel of
-            // the module still runs; every Function holds this handle, so none outlives it;
-            // unloaded exactly once.
-            unsafe {
-                let _ = sys::cuCtxSynchronize();
-                let _ = sys::cuModuleUnload(self.module);
-            }
-        }
+        self.device.release_after_work(|| {
+            // SAFETY: the context is current and idle, so no kernel of the module still runs;
+            // every Function holds this handle, so none outlives it; unloaded exactly once.
+            let _ = unsafe { sys::cuModuleUnload(self.module) };
+        });
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::device::Device;
+use super::device::{bind, Device};
 use super::error::{check, CallContext, DriverError};
 use super::memory::{DeviceCopy, DeviceMemory, HostWords};
 
@@ -84,9 +84,7 @@ impl Stream {
     }
 
     pub(super) fn bind(&self) -> Result<(), DriverError> {
-        self.context
-            .bind_to_thread()
-            .during("cuCtxSetCurrent", Some(self.ordinal))
+        bind(&self.context, self.ordinal)
     }
 
     pub(super) fn checked_range(
