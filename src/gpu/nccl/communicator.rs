@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cudarc::nccl::sys;
 
 use super::error::NcclError;
-use super::library::{api, check, error_message, IN_PROGRESS, SUCCESS};
+use super::library::{api, check, error_message, Api, IN_PROGRESS, SUCCESS};
 use super::{CommConfig, NcclDataType, UniqueId};
 use crate::gpu::driver::{DeviceMemory, Stream};
 
@@ -351,12 +351,16 @@ impl Communicator {
         })
     }
 
-    fn check_buffers(
+    /// Enqueues `call` on `stream` once every buffer is on the stream's GPU and holds the bytes
+    /// paired with it: `enqueue` makes the call with the library and the raw stream.
+    fn enqueue(
         &self,
         call: &'static str,
         stream: &Stream,
         buffers: &[(&dyn DeviceMemory, usize)],
-    ) -> Result<sys::cudaStream_t, NcclError> {
+        enqueue: impl FnOnce(&Api, sys::cudaStream_t) -> c_int,
+    ) -> Result<(), NcclError> {
+        let api = api()?;
         self.ensure_live()?;
         for (memory, needed) in buffers {
             if memory.ordinal() != stream.ordinal() {
@@ -381,7 +385,8 @@ impl Communicator {
                 });
             }
         }
-        Ok(stream.bound_raw()?.cast())
+        let result = enqueue(api, stream.bound_raw()?.cast());
+        check(api, call, self.rank, result, self.handle.raw)
     }
 
     /// Enqueues a sum all-reduce of `count` elements of `dtype` from `send` into `recv` (they may
@@ -395,25 +400,24 @@ impl Communicator {
         count: usize,
         dtype: NcclDataType,
     ) -> Result<(), NcclError> {
-        let api = api()?;
         let bytes = self.message_bytes("ncclAllReduce", count, dtype.size_bytes())?;
-        let raw_stream =
-            self.check_buffers("ncclAllReduce", stream, &[(send, bytes), (recv, bytes)])?;
-        // SAFETY: both buffers hold `count` elements of `dtype` on the stream's device (checked
-        // above) and are freed only after that device's work completes; the stream is live and
-        // its context current.
-        let result = unsafe {
-            (api.all_reduce)(
-                send.address() as *const c_void,
-                recv.address() as *mut c_void,
-                count,
-                dtype.raw(),
-                sys::ncclRedOp_t::ncclSum,
-                self.handle.raw,
-                raw_stream,
-            )
-        };
-        check(api, "ncclAllReduce", self.rank, result, self.handle.raw)
+        let buffers = [(send, bytes), (recv, bytes)];
+        self.enqueue("ncclAllReduce", stream, &buffers, |api, raw_stream| {
+            // SAFETY: both buffers hold `count` elements of `dtype` on the stream's device
+            // (checked by `enqueue`) and are freed only after that device's work completes; the
+            // stream is live and its context current.
+            unsafe {
+                (api.all_reduce)(
+                    send.address() as *const c_void,
+                    recv.address() as *mut c_void,
+                    count,
+                    dtype.raw(),
+                    sys::ncclRedOp_t::ncclSum,
+                    self.handle.raw,
+                    raw_stream,
+                )
+            }
+        })
     }
 
     /// Enqueues a sum all-reduce of `count` bf16 elements (see [`Communicator::all_reduce`]).
@@ -436,24 +440,23 @@ impl Communicator {
         recv: &dyn DeviceMemory,
         bytes: usize,
     ) -> Result<(), NcclError> {
-        let api = api()?;
         let total = self.message_bytes("ncclAllGather", bytes, self.world as usize)?;
-        let raw_stream =
-            self.check_buffers("ncclAllGather", stream, &[(send, bytes), (recv, total)])?;
-        // SAFETY: `send` holds `bytes` and `recv` world x `bytes` bytes on the stream's device
-        // (checked above), freed only after that device's work completes; the stream is live and
-        // its context current.
-        let result = unsafe {
-            (api.all_gather)(
-                send.address() as *const c_void,
-                recv.address() as *mut c_void,
-                bytes,
-                sys::ncclDataType_t::ncclUint8,
-                self.handle.raw,
-                raw_stream,
-            )
-        };
-        check(api, "ncclAllGather", self.rank, result, self.handle.raw)
+        let buffers = [(send, bytes), (recv, total)];
+        self.enqueue("ncclAllGather", stream, &buffers, |api, raw_stream| {
+            // SAFETY: `send` holds `bytes` and `recv` world x `bytes` bytes on the stream's
+            // device (checked by `enqueue`), freed only after that device's work completes; the
+            // stream is live and its context current.
+            unsafe {
+                (api.all_gather)(
+                    send.address() as *const c_void,
+                    recv.address() as *mut c_void,
+                    bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    self.handle.raw,
+                    raw_stream,
+                )
+            }
+        })
     }
 }
 

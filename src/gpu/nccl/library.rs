@@ -18,7 +18,7 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use nix::libc;
 
 use super::error::{NcclError, MIN_VERSION, OVERRIDE_VARIABLE};
-use crate::gpu::search;
+use crate::gpu::search::{self, bind};
 
 /// Library file names, preferred first.
 const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
@@ -277,22 +277,6 @@ pub(super) struct Nccl {
     _library: Library,
 }
 
-macro_rules! bind {
-    ($library:expr, $path:expr, $symbol:literal) => {{
-        // SAFETY: the field this initialises has the prototype nccl.h declares for the symbol
-        // (with cudarc's layouts of its types), and the pointer is used only while `Nccl` owns
-        // the library, which is never unloaded.
-        let symbol = unsafe { $library.get(concat!($symbol, "\0").as_bytes()) }.map_err(
-            |error: libloading::Error| NcclError::Symbol {
-                path: $path.to_path_buf(),
-                symbol: $symbol,
-                message: error.to_string(),
-            },
-        )?;
-        *symbol
-    }};
-}
-
 /// Splits `ncclGetVersion`'s code (major x 10000 + minor x 100 + patch since 2.9).
 pub(super) fn decode_version(code: c_int) -> (u32, u32, u32) {
     let code = code.max(0) as u32;
@@ -313,17 +297,22 @@ fn open(location: &Location) -> Result<Nccl, NcclError> {
         path: path.to_path_buf(),
         message: error.to_string(),
     })?;
+    let missing = |symbol, message| NcclError::Symbol {
+        path: path.to_path_buf(),
+        symbol,
+        message,
+    };
     let api = Api {
-        get_version: bind!(library, path, "ncclGetVersion"),
-        get_unique_id: bind!(library, path, "ncclGetUniqueId"),
-        comm_init_rank_config: bind!(library, path, "ncclCommInitRankConfig"),
-        comm_split: bind!(library, path, "ncclCommSplit"),
-        comm_abort: bind!(library, path, "ncclCommAbort"),
-        comm_get_async_error: bind!(library, path, "ncclCommGetAsyncError"),
-        get_error_string: bind!(library, path, "ncclGetErrorString"),
-        get_last_error: bind!(library, path, "ncclGetLastError"),
-        all_reduce: bind!(library, path, "ncclAllReduce"),
-        all_gather: bind!(library, path, "ncclAllGather"),
+        get_version: bind!(library, "ncclGetVersion", missing),
+        get_unique_id: bind!(library, "ncclGetUniqueId", missing),
+        comm_init_rank_config: bind!(library, "ncclCommInitRankConfig", missing),
+        comm_split: bind!(library, "ncclCommSplit", missing),
+        comm_abort: bind!(library, "ncclCommAbort", missing),
+        comm_get_async_error: bind!(library, "ncclCommGetAsyncError", missing),
+        get_error_string: bind!(library, "ncclGetErrorString", missing),
+        get_last_error: bind!(library, "ncclGetLastError", missing),
+        all_reduce: bind!(library, "ncclAllReduce", missing),
+        all_gather: bind!(library, "ncclAllGather", missing),
     };
     let mut code: c_int = 0;
     // SAFETY: ncclGetVersion writes one int through a pointer to a live local.
