@@ -104,7 +104,7 @@ fn serve() -> anyhow::Result<()> {
         "selected: cache hit {}, {:.1} ms of selection work, choice sha256 {}",
         selection.cache_hit,
         selection.times.selection.as_secs_f64() * 1e3,
-        prepare::cache::hex(&handle.choice(Dtype::Bf16)?.digest())
+        prepare::hash::hex(&handle.choice(Dtype::Bf16)?.digest())
     );
 
     // The server's own stream, buffers and graphs.
@@ -152,9 +152,9 @@ fn serve() -> anyhow::Result<()> {
             let Some(operands) = operands(mode, elements) else {
                 continue;
             };
-            let graph = stream.capture(|capture| {
+            let graph = stream.capture(|stream| {
                 handle
-                    .all_reduce_on(capture.stream(), operands, elements, Dtype::Bf16)
+                    .all_reduce_on(stream, operands, elements, Dtype::Bf16)
                     .map_err(anyhow::Error::from)
             })?;
             graphs.push((elements, mode, operands, graph));

@@ -4,7 +4,6 @@
 //! torn file, however many writers race.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -42,7 +41,7 @@ impl Fingerprint {
     /// The cache key: sha256 of the fingerprint's JSON, in hex.
     pub fn key(&self) -> String {
         let json = serde_json::to_vec(self).expect("a fingerprint always serialises");
-        crate::package::sha256_hex(&json)
+        crate::hash::sha256_hex(&json)
     }
 }
 
@@ -57,17 +56,6 @@ pub fn nccl_settings(vars: impl IntoIterator<Item = (String, String)>) -> BTreeM
             name.starts_with("NCCL_") && !RENDEZVOUS_SETTINGS.contains(&name.as_str())
         })
         .collect()
-}
-
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
-            let _ = write!(text, "{byte:02x}");
-            text
-        })
 }
 
 /// Why the cache could not be used.
@@ -129,24 +117,7 @@ impl Cache {
         };
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let path = self.path(key);
-        write_atomically(&path, bytes).map_err(io(&path))?;
+        crate::files::write_atomically(&path, bytes).map_err(io(&path))?;
         Ok(path)
     }
-}
-
-/// Writes `bytes` to `path` through a synced temporary file in the same directory and a rename.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let mut file = tempfile::NamedTempFile::new_in(dir)?;
-    // A temporary file is private to its owner; what is written here (choices, cache entries,
-    // reports, plots) is meant to be read like any other file.
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        file.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    }
-    file.write_all(bytes)?;
-    file.as_file().sync_all()?;
-    file.persist(path).map_err(|error| error.error)?;
-    Ok(())
 }

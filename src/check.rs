@@ -151,8 +151,10 @@ fn check_nccl_graph(runtime: &Runtime, seed: u64) -> Result<bool, RuntimeError> 
     stream
         .write(&send, 0, &inputs[rank as usize])
         .map_err(driver)?;
-    let graph = stream.capture(|capture| {
-        capture.nccl_all_reduce_bf16(runtime.communicator(), &send, &receive, NCCL_CHECK_ELEMENTS)
+    let graph = stream.capture(|stream| {
+        runtime
+            .communicator()
+            .all_reduce_bf16(stream, &send, &receive, NCCL_CHECK_ELEMENTS)
     })?;
     let mut exact = true;
     for _ in 0..GRAPH_REPLAYS {

@@ -27,34 +27,29 @@ pub struct DeviceDescription {
 }
 
 impl DeviceDescription {
-    /// NVIDIA RTX PRO 6000 Blackwell (GB202): sm_120, 188 SMs.
-    pub fn rtx_pro_6000() -> DeviceDescription {
-        DeviceDescription {
-            name: "NVIDIA RTX PRO 6000 Blackwell".to_owned(),
-            arch: Arch::Sm120,
-            sm_count: 188,
-            cluster_launch: true,
-        }
-    }
-
-    /// NVIDIA GB10 (DGX Spark): sm_121, 48 SMs.
-    pub fn gb10() -> DeviceDescription {
-        DeviceDescription {
-            name: "NVIDIA GB10".to_owned(),
-            arch: Arch::Sm121,
-            sm_count: 48,
-            cluster_launch: true,
-        }
-    }
-
-    /// NVIDIA H200: sm_90, 132 SMs.
-    pub fn h200() -> DeviceDescription {
-        DeviceDescription {
-            name: "NVIDIA H200".to_owned(),
-            arch: Arch::Sm90,
-            sm_count: 132,
-            cluster_launch: true,
-        }
+    /// A GPU as the driver reports it: its compute capability gives the architecture, refused
+    /// when this tool has no kernels or ladders for it (`ordinal` and `name` name the GPU).
+    pub fn of_gpu(
+        ordinal: usize,
+        name: &str,
+        compute_capability: (u32, u32),
+        sm_count: u32,
+        cluster_launch: bool,
+    ) -> Result<DeviceDescription, DeviceError> {
+        let (major, minor) = compute_capability;
+        let arch = Arch::from_compute_capability(major, minor).ok_or_else(|| {
+            DeviceError::UnknownArchitecture {
+                device: ordinal,
+                name: name.to_owned(),
+                arch: format!("sm_{major}{minor}"),
+            }
+        })?;
+        Ok(DeviceDescription {
+            name: name.to_owned(),
+            arch,
+            sm_count,
+            cluster_launch,
+        })
     }
 }
 
@@ -71,6 +66,20 @@ impl fmt::Display for DeviceDescription {
 /// A package or ladder that does not fit an architecture or a device (exit code 1).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
+    /// A GPU whose compute capability names no architecture this tool knows.
+    #[error(
+        "GPU {device} ({name}) is {arch}, an architecture prepare has no kernels or ladders for \
+         (it knows {}) [unknown_architecture]",
+        arch_list(&Arch::ALL)
+    )]
+    UnknownArchitecture {
+        /// GPU ordinal.
+        device: usize,
+        /// Its name.
+        name: String,
+        /// Its compute capability as `sm_XY`.
+        arch: String,
+    },
     /// `prepare export` for an architecture the ladder does not list.
     #[error(
         "ladder {ladder} targets {} only, not {arch} [architecture_not_targeted]",
@@ -132,6 +141,7 @@ impl DeviceError {
     /// The rule's stable name, as printed in brackets.
     pub fn rule(&self) -> &'static str {
         match self {
+            DeviceError::UnknownArchitecture { .. } => "unknown_architecture",
             DeviceError::ExportTargetRefused { .. }
             | DeviceError::ArchitectureNotTargeted { .. } => "architecture_not_targeted",
             DeviceError::ClusterLaunchUnsupported { .. } => "cluster_launch_unsupported",
@@ -411,6 +421,29 @@ mod tests {
         assert_eq!(
             reasons[0].to_string(),
             "not resident: needs 8 clusters at once, the occupancy query allows 5 clusters"
+        );
+    }
+
+    #[test]
+    fn a_gpu_is_described_by_its_compute_capability() {
+        let known = DeviceDescription::of_gpu(1, "NVIDIA Example", (9, 0), 132, true).unwrap();
+        assert_eq!(
+            known,
+            DeviceDescription {
+                name: "NVIDIA Example".to_owned(),
+                arch: Arch::Sm90,
+                sm_count: 132,
+                cluster_launch: true,
+            }
+        );
+        let unknown =
+            DeviceDescription::of_gpu(1, "NVIDIA Example", (7, 5), 40, false).unwrap_err();
+        assert_eq!(unknown.rule(), "unknown_architecture");
+        assert_eq!(
+            unknown.to_string(),
+            "GPU 1 (NVIDIA Example) is sm_75, an architecture prepare has no kernels or ladders \
+             for (it knows sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, sm_121) \
+             [unknown_architecture]"
         );
     }
 }

@@ -1,14 +1,16 @@
 //! Reading the files a user names (ladders, manifests, choices, cache entries, id files): each is
 //! opened once, checked to be a regular file through its open handle, and read with a size
 //! limit, so a FIFO, a device or a huge file is refused by name instead of blocking the tool
-//! or exhausting its memory. Also the escaping of file text before it reaches a terminal.
+//! or exhausting its memory. Also writing a file atomically (so a reader never sees a torn one),
+//! and the escaping of file text before it reaches a terminal. A leaf: it names nothing else in
+//! the crate.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Read as _};
+use std::io::{self, Read as _, Write as _};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::Path;
 
 use nix::fcntl::OFlag;
@@ -234,6 +236,20 @@ pub fn check_writable_directory(dir: &Path) -> io::Result<()> {
             format!("{} is not writable: {errno}", existing.display()),
         )
     })
+}
+
+/// Writes `bytes` to `path` through a synced temporary file in the same directory and a rename.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    // A temporary file is private to its owner; what is written here (choices, cache entries,
+    // reports, plots) is meant to be read like any other file.
+    file.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|error| error.error)?;
+    Ok(())
 }
 
 #[cfg(test)]

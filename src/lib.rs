@@ -4,6 +4,7 @@
 //!
 //! The library never prints; progress goes through [`progress::Reporter`].
 
+pub mod abi;
 pub mod agree;
 pub mod bench;
 pub mod cache;
@@ -13,6 +14,8 @@ pub mod compile;
 pub mod device;
 pub mod files;
 pub mod gpu;
+pub mod hash;
+pub mod json_schema;
 pub mod kernels;
 pub mod ladder;
 pub mod launch;
@@ -24,6 +27,7 @@ pub mod runtime;
 pub mod schema;
 pub mod select;
 pub mod serve;
+pub mod show;
 pub mod timing;
 pub mod tune;
 

@@ -245,7 +245,7 @@ fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeEr
                 crate::files::check_id_file_ours(path)
                     .map_err(|error| file_error(error.to_string()))?;
                 let id = UniqueId::new()?;
-                crate::cache::write_atomically(path, &crate::files::encode_id_file(&id.to_bytes()))
+                crate::files::write_atomically(path, &crate::files::encode_id_file(&id.to_bytes()))
                     .map_err(|error| file_error(error.to_string()))?;
                 return Ok(id);
             }

@@ -1,29 +1,9 @@
-//! JSON Schemas generated from the Rust types, so the committed `schemas/*.schema.json` files
-//! and the types that read those documents cannot disagree.
+//! The registry of the JSON Schemas generated from the Rust types, so the committed
+//! `schemas/*.schema.json` files and the types that read those documents cannot disagree. It
+//! names every document type (ladder, manifest, show document, choice), so it sits above all
+//! of them; the generator itself is [`crate::json_schema`].
 
-use schemars::JsonSchema;
-
-/// The JSON Schema (draft 2020-12) of a type, as a JSON value, with the keywords a reader
-/// looks for first (`$schema`, `title`, `description`) at the top.
-pub fn schema_for<T: JsonSchema>() -> serde_json::Value {
-    let schema = schemars::generate::SchemaSettings::draft2020_12()
-        .for_deserialize()
-        .into_generator()
-        .into_root_schema_for::<T>();
-    match schema.to_value() {
-        serde_json::Value::Object(mut members) => {
-            let mut ordered = serde_json::Map::new();
-            for key in ["$schema", "title", "description"] {
-                if let Some(value) = members.shift_remove(key) {
-                    ordered.insert(key.to_owned(), value);
-                }
-            }
-            ordered.extend(members);
-            serde_json::Value::Object(ordered)
-        }
-        other => other,
-    }
-}
+use crate::json_schema::schema_for;
 
 /// Renders a schema the way it is committed: pretty JSON with a trailing newline.
 pub fn to_pretty_json(schema: &serde_json::Value) -> String {
@@ -69,7 +49,7 @@ schema_names! {
     /// Package manifests (`manifest.json`).
     Manifest => "manifest", crate::package::Manifest;
     /// The document `prepare show --json` prints.
-    Show => "show", crate::package::Description;
+    Show => "show", crate::show::Description;
     /// Choice files (`choice.rank<r>.json`) that startup selection writes.
     Choice => "choice", crate::tune::choice::Choice;
 }
@@ -84,9 +64,4 @@ impl SchemaName {
     pub fn generate_text(self) -> String {
         to_pretty_json(&self.generate())
     }
-}
-
-/// The ladder's JSON Schema.
-pub fn ladder_schema() -> serde_json::Value {
-    schema_for::<crate::ladder::Ladder>()
 }

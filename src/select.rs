@@ -249,7 +249,7 @@ pub fn select(
     // ranks look up and write the same key.
     let gathered =
         runtime.all_gather(fingerprint.key().as_bytes(), "the fingerprint all-gather")?;
-    let key = crate::package::sha256_hex(&gathered);
+    let key = crate::hash::sha256_hex(&gathered);
     let cache = options.cache_dir.as_ref().map(Cache::new);
 
     // The cache is used only when every rank found the same entry. Every rank takes part in

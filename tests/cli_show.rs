@@ -385,7 +385,7 @@ fn show_json_holds_the_choice_as_read() {
         validator.is_valid(&document),
         "the document fits its schema"
     );
-    let description: prepare::package::Description = serde_json::from_value(document).unwrap();
+    let description: prepare::show::Description = serde_json::from_value(document).unwrap();
     assert_eq!(description.choice, Some(choice));
     settings.bind(|| {
         insta::assert_snapshot!(serde_json::to_string_pretty(&file).unwrap());

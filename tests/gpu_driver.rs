@@ -8,13 +8,14 @@ mod gpu_support;
 
 use std::time::Duration;
 
-use prepare::device::Residency;
+use prepare::abi::PARAMS_BYTES;
 use prepare::gpu::abort::{Abort, AbortReason};
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, DriverError, Geometry, IpcHandle, Module,
     ModuleImage, Stream,
 };
 use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+use prepare::ladder::Arch;
 
 use gpu_support::{compile_ptx, gpus, SplitMix};
 
@@ -30,7 +31,8 @@ fn test_source() -> String {
 
 fn load(driver: Driver, device: &Device) -> Module {
     let info = driver.describe(device.ordinal()).unwrap();
-    let arch = info.arch.unwrap_or_else(|| {
+    let (major, minor) = info.compute_capability;
+    let arch = Arch::from_compute_capability(major, minor).unwrap_or_else(|| {
         panic!(
             "GPU {} is {}, unknown to this tool",
             info.ordinal,
@@ -87,9 +89,6 @@ fn describes_every_visible_gpu() {
         assert!(info.sm_count > 0);
         assert!(info.total_memory_bytes > 0);
         assert!(info.arch_name().starts_with("sm_"));
-        if let Ok(description) = info.description() {
-            assert_eq!(description.sm_count, info.sm_count);
-        }
         if info.compute_capability.0 >= 9 {
             assert!(
                 info.cluster_launch,
@@ -150,16 +149,22 @@ fn refuses_kernels_that_do_not_take_the_launch_contract() {
     };
     let module = load(driver, &devices[0]);
     let errors = [
-        module.kernel("driver_two_parameters").unwrap_err(),
-        module.kernel("driver_small_parameter").unwrap_err(),
-        module.cluster_kernel("driver_no_parameters").unwrap_err(),
-        module.kernel("no_such_kernel").unwrap_err(),
+        module
+            .kernel("driver_two_parameters", PARAMS_BYTES)
+            .unwrap_err(),
+        module
+            .kernel("driver_small_parameter", PARAMS_BYTES)
+            .unwrap_err(),
+        module
+            .cluster_kernel("driver_no_parameters", PARAMS_BYTES)
+            .unwrap_err(),
+        module.kernel("no_such_kernel", PARAMS_BYTES).unwrap_err(),
     ];
     let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
     insta::assert_snapshot!(messages.join("\n"), @r"
-    kernel driver_two_parameters on GPU 0 takes more than one parameter, but the launch contract passes one AllReduceParams of 184 bytes by value (kernels/prepare_abi.cuh)
-    kernel driver_small_parameter on GPU 0 takes one parameter of 4 bytes at offset 0, but the launch contract passes one AllReduceParams of 184 bytes by value (kernels/prepare_abi.cuh)
-    kernel driver_no_parameters on GPU 0 takes no parameters, but the launch contract passes one AllReduceParams of 184 bytes by value (kernels/prepare_abi.cuh)
+    kernel driver_two_parameters on GPU 0 takes more than one parameter, but its launches pass one parameter of 184 bytes by value
+    kernel driver_small_parameter on GPU 0 takes one parameter of 4 bytes at offset 0, but its launches pass one parameter of 184 bytes by value
+    kernel driver_no_parameters on GPU 0 takes no parameters, but its launches pass one parameter of 184 bytes by value
     cuModuleGetFunction on GPU 0 failed: CUDA_ERROR_NOT_FOUND (named symbol not found)
     ");
 
@@ -174,10 +179,16 @@ fn refuses_kernels_that_do_not_take_the_launch_contract() {
     );
 
     // A cluster kernel paired with a plain geometry never reaches the driver.
-    let cluster = module.load("driver_cluster_exchange", true).unwrap();
+    let cluster = module
+        .load("driver_cluster_exchange", true, PARAMS_BYTES)
+        .unwrap();
     let stream = devices[0].new_stream().unwrap();
     let error = stream
-        .launch_loaded(&cluster, Geometry::new(64, 512).unwrap(), &params(0, 1))
+        .launch_loaded(
+            &cluster,
+            Geometry::new(64, 512).unwrap(),
+            &params(0, 1).to_bytes(),
+        )
         .unwrap_err();
     assert_eq!(
         error.to_string(),
@@ -213,7 +224,7 @@ fn two_gpus_read_and_write_each_other_through_peer_access() {
     let modules: Vec<Module> = devices.iter().map(|device| load(driver, device)).collect();
     let kernels: Vec<_> = modules
         .iter()
-        .map(|module| module.kernel("driver_pull_push").unwrap())
+        .map(|module| module.kernel("driver_pull_push", PARAMS_BYTES).unwrap())
         .collect();
     let streams: Vec<Stream> = devices
         .iter()
@@ -256,7 +267,7 @@ fn two_gpus_read_and_write_each_other_through_peer_access() {
                 .fill_u8(&memory.output, 0..bytes, 0xee)
                 .unwrap();
             streams[rank]
-                .launch(&kernels[rank], geometry, &launch)
+                .launch(&kernels[rank], geometry, &launch.to_bytes())
                 .unwrap();
         }
         for (rank, memory) in ranks.iter().enumerate() {
@@ -291,13 +302,11 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
         return;
     }
     let module = load(driver, device);
-    let kernel = module.cluster_kernel("driver_cluster_exchange").unwrap();
+    let kernel = module
+        .cluster_kernel("driver_cluster_exchange", PARAMS_BYTES)
+        .unwrap();
     let geometry = Geometry::clustered(64, 512, 8).unwrap();
     let clusters = kernel.max_active_clusters(geometry).unwrap();
-    assert_eq!(
-        kernel.resident_capacity(geometry.into()).unwrap(),
-        Residency::Clusters(clusters)
-    );
     eprintln!(
         "{}: {clusters} clusters of 8x512 resident at once",
         info.name
@@ -307,13 +316,8 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
         "a clustered bucket's 8 clusters must all be resident"
     );
     assert!(kernel.max_active_blocks_per_multiprocessor(512).unwrap() >= 1);
-    let ordinary = module.kernel("driver_pull_push").unwrap();
-    let Residency::Blocks(blocks) = ordinary
-        .resident_capacity(Geometry::new(1024, 1024).unwrap())
-        .unwrap()
-    else {
-        panic!("an unclustered geometry's capacity is counted in blocks");
-    };
+    let ordinary = module.kernel("driver_pull_push", PARAMS_BYTES).unwrap();
+    let blocks = ordinary.max_active_blocks(1024).unwrap();
     assert!(
         blocks >= info.sm_count && blocks < 1024 * info.sm_count,
         "{blocks} blocks of 1024 threads"
@@ -332,7 +336,9 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
         .collect();
 
     stream.fill_u8(&output, 0..elements * 4, 0xee).unwrap();
-    stream.launch_cluster(&kernel, geometry, &launch).unwrap();
+    stream
+        .launch_cluster(&kernel, geometry, &launch.to_bytes())
+        .unwrap();
     stream.synchronize_within(WAIT).unwrap();
     assert!(
         read_u32(&stream, &output, 0, elements) == expected,
@@ -341,9 +347,9 @@ fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule(
 
     // The cluster dimensions survive capture into a graph and every replay.
     let graph = stream
-        .capture(|capture| {
-            capture.fill_u8(&output, 0..elements * 4, 0xee)?;
-            capture.launch_cluster(&kernel, geometry, &launch)
+        .capture(|stream| {
+            stream.fill_u8(&output, 0..elements * 4, 0xee)?;
+            stream.launch_cluster(&kernel, geometry, &launch.to_bytes())
         })
         .unwrap();
     graph.upload().unwrap();
@@ -394,7 +400,7 @@ fn a_missing_peer_ends_in_the_sticky_abort_word_within_the_deadline() {
     };
     let device = &devices[0];
     let module = load(driver, device);
-    let kernel = module.kernel("driver_flag_exchange").unwrap();
+    let kernel = module.kernel("driver_flag_exchange", PARAMS_BYTES).unwrap();
     let stream = device.new_stream().unwrap();
     let own = flag_memory(device, &stream);
     // Rank 1 never runs: its flags are a local stand-in nobody waits on.
@@ -408,7 +414,9 @@ fn a_missing_peer_ends_in_the_sticky_abort_word_within_the_deadline() {
 
     let geometry = Geometry::new(1, 32).unwrap();
     let start = std::time::Instant::now();
-    stream.launch(&kernel, geometry, &launch).unwrap();
+    stream
+        .launch(&kernel, geometry, &launch.to_bytes())
+        .unwrap();
     stream.synchronize_within(WAIT).unwrap();
     let abort = Abort::decode(read_u64(&stream, &own.state, 0, 1)[0]).expect("an abort word");
     assert_eq!(
@@ -418,7 +426,9 @@ fn a_missing_peer_ends_in_the_sticky_abort_word_within_the_deadline() {
     eprintln!("{abort}, after {:?}", start.elapsed());
 
     // Sticky: the next launch returns at once, without advancing the epoch.
-    stream.launch(&kernel, geometry, &launch).unwrap();
+    stream
+        .launch(&kernel, geometry, &launch.to_bytes())
+        .unwrap();
     stream.synchronize_within(Duration::from_secs(1)).unwrap();
     assert_eq!(read_u64(&stream, &own.state, 0, 2), vec![abort.word, 1]);
     assert_eq!(read_u64(&stream, &own.output, 0, 1), vec![0]);
@@ -435,7 +445,7 @@ fn captured_graphs_replay_a_peer_flag_protocol_on_two_gpus() {
     let modules: Vec<Module> = devices.iter().map(|device| load(driver, device)).collect();
     let kernels: Vec<_> = modules
         .iter()
-        .map(|module| module.kernel("driver_flag_exchange").unwrap())
+        .map(|module| module.kernel("driver_flag_exchange", PARAMS_BYTES).unwrap())
         .collect();
     let mut streams: Vec<Stream> = devices
         .iter()
@@ -461,7 +471,7 @@ fn captured_graphs_replay_a_peer_flag_protocol_on_two_gpus() {
         let kernel = &kernels[rank];
         graphs.push(
             streams[rank]
-                .capture(|capture| capture.launch(kernel, geometry, &launch))
+                .capture(|stream| stream.launch(kernel, geometry, &launch.to_bytes()))
                 .unwrap(),
         );
     }

@@ -242,7 +242,8 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
         return;
     };
     let device = &devices[0];
-    let arch = driver.describe(0).unwrap().description().unwrap().arch;
+    let (major, minor) = driver.describe(0).unwrap().compute_capability;
+    let arch = prepare::ladder::Arch::from_compute_capability(major, minor).unwrap();
     let spec = prepare::kernels::all_kernels(prepare::ladder::Dtype::Bf16, 2)
         .into_iter()
         .find(|spec| spec.name == "all_reduce_one_shot_pull_bf16")
@@ -256,7 +257,9 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     let module = device
         .load_module(ModuleImage::Cubin(&compiled.kernels[0].cubin))
         .unwrap();
-    let kernel = module.load(&spec.name, false).unwrap();
+    let kernel = module
+        .load(&spec.name, false, prepare::abi::PARAMS_BYTES)
+        .unwrap();
     let mut stream = device.new_stream().unwrap();
 
     let elements = 4096_usize;
@@ -296,9 +299,9 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     let geometry = Geometry::new(8, 256).unwrap();
     let replays = 32;
     let graph = stream
-        .capture(|capture| -> Result<(), prepare::gpu::driver::DriverError> {
+        .capture(|stream| -> Result<(), prepare::gpu::driver::DriverError> {
             for _ in 0..replays {
-                capture.launch_loaded(&kernel, geometry, &params)?;
+                stream.launch_loaded(&kernel, geometry, &params.to_bytes())?;
             }
             Ok(())
         })

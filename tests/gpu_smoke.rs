@@ -13,8 +13,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::{compile_kernels, compile_ladder};
-use prepare::device::{check_candidate_residency, check_package_fits};
+use prepare::device::{check_candidate_residency, check_package_fits, DeviceDescription};
 use prepare::gpu::abort::Abort;
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, ModuleImage, Stream,
@@ -69,7 +70,12 @@ impl Rank {
             .iter()
             .map(|(name, cluster, cubin)| {
                 let module = device.load_module(ModuleImage::Cubin(cubin)).unwrap();
-                (name.clone(), module.load(name, *cluster).unwrap())
+                (
+                    name.clone(),
+                    module
+                        .load(name, *cluster, prepare::abi::PARAMS_BYTES)
+                        .unwrap(),
+                )
             })
             .collect();
         let rank = Rank {
@@ -202,10 +208,7 @@ fn reference(inputs: &[Vec<u16>]) -> Vec<u16> {
 /// The geometry a candidate launches with: the bucket's, or the profile's own block count in
 /// an unclustered bucket.
 fn candidate_geometry(bucket: &Bucket, profile: &Profile) -> Geometry {
-    match (bucket.cluster_size, profile.blocks) {
-        (None, Some(blocks)) => Geometry::new(blocks, bucket.threads).unwrap(),
-        _ => Geometry::of_bucket(bucket).unwrap(),
-    }
+    geometry_for(bucket, profile).unwrap()
 }
 
 fn launch_once(
@@ -248,7 +251,10 @@ fn launch_once(
             params.signals[peer] = peer_memory.signals.address();
         }
         let kernel = &memory.kernels[kernel_name];
-        if let Err(error) = memory.stream.launch_loaded(kernel, geometry, &params) {
+        if let Err(error) = memory
+            .stream
+            .launch_loaded(kernel, geometry, &params.to_bytes())
+        {
             // The ranks already launched wait for this one until their deadline.
             for launched in &ranks[..rank] {
                 launched.stream.synchronize_within(WAIT).unwrap();
@@ -340,7 +346,15 @@ fn run_ladder(
     rows: &mut Vec<Row>,
 ) {
     assert_eq!(ladder.world_size as usize, devices.len(), "{file}");
-    let description = driver.describe(0).unwrap().description().unwrap();
+    let info = driver.describe(0).unwrap();
+    let description = DeviceDescription::of_gpu(
+        0,
+        &info.name,
+        info.compute_capability,
+        info.sm_count,
+        info.cluster_launch,
+    )
+    .unwrap();
     if let Err(refusal) = check_package_fits(ladder, &description) {
         panic!("{file} does not fit GPU 0: {refusal}");
     }
@@ -368,8 +382,7 @@ fn run_ladder(
             for elements in [largest, odd] {
                 *seed += 1;
                 let kernel = &ranks[0].kernels[&spec.name];
-                let outcome = match kernel
-                    .resident_capacity(geometry)
+                let outcome = match resident_capacity(kernel, geometry)
                     .map(|capacity| check_candidate_residency(bucket, profile, capacity))
                 {
                     Err(error) => Outcome::Failed(error.to_string()),
@@ -452,7 +465,7 @@ fn every_custom_candidate_of_the_h200_tp2_ladders_gives_the_reference_sum() {
         return;
     };
     let info = driver.describe(0).unwrap();
-    if info.arch != Some(prepare::ladder::Arch::Sm90) {
+    if info.compute_capability != (9, 0) {
         eprintln!(
             "skipped: the H200 ladders target sm_90, GPU 0 is {}",
             info.arch_name()

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use package_support::{compilation, files, ladder, names, scratch, write_fixture, LADDER};
 use prepare::device::{DropReason, Residency};
+use prepare::hash::sha256_hex;
 use prepare::ladder::Arch;
 use prepare::package::{
     self, open_package, write_package, write_qualified_package, BucketQualification,
@@ -36,7 +37,7 @@ fn round_trip_gives_back_what_was_written() {
 
     let package = open_package(&out).unwrap();
     let manifest_bytes = fs::read(out.join("manifest.json")).unwrap();
-    assert_eq!(package.identity(), package::sha256_hex(&manifest_bytes));
+    assert_eq!(package.identity(), sha256_hex(&manifest_bytes));
     assert_eq!(summary.identity, package.identity());
     assert_eq!((summary.kernels, summary.buckets), (3, 2));
     assert!(!summary.replaced);
@@ -582,7 +583,7 @@ fn a_ladder_that_matches_its_hash_but_is_invalid_is_refused() {
     let invalid = LADDER.replace("\"world_size\": 4", "\"world_size\": 9");
     fs::write(out.join("ladder.json"), &invalid).unwrap();
     rewrite_manifest(&out, |manifest| {
-        manifest.ladder.sha256 = package::sha256_hex(invalid.as_bytes());
+        manifest.ladder.sha256 = sha256_hex(invalid.as_bytes());
     });
     let error = open_package(&out).unwrap_err();
     assert!(

@@ -145,7 +145,7 @@ proptest! {
         let path = scratch.path().join("choice.json");
         fs::write(&path, &corrupted).unwrap();
         if let Ok(read) = Choice::read(Path::new(&path)) {
-            let _ = read.check_package(&path, &package);
+            let _ = read.check_package(&path, package.id());
         }
     }
 

@@ -94,3 +94,66 @@ fn the_committed_schema_refuses_what_the_schema_stage_refuses() {
         );
     }
 }
+
+/// The files of src/ import one way: no file names an item of a file that, through others,
+/// names an item of it; and so do the top-level modules (`ladder`, `package`, `gpu`, ...).
+/// `PREPARE_PRINT_IMPORTS=1` prints both graphs (with `--nocapture`).
+#[test]
+fn source_files_import_one_way() {
+    let files = repository::imports::graph(&root().join("src"));
+    let modules = repository::imports::modules(&files);
+    if std::env::var("PREPARE_PRINT_IMPORTS").is_ok_and(|value| value == "1") {
+        #[allow(clippy::print_stdout)]
+        {
+            print!("{}", repository::imports::render(&files));
+            print!("{}", repository::imports::render(&modules));
+        }
+    }
+    for (what, graph) in [("files", &files), ("top-level modules", &modules)] {
+        let cycles: Vec<String> = repository::imports::cycles(graph)
+            .iter()
+            .map(|cycle| {
+                format!(
+                    "{}:\n{}",
+                    cycle.join(", "),
+                    repository::imports::cycle_edges(graph, cycle)
+                )
+            })
+            .collect();
+        assert!(
+            cycles.is_empty(),
+            "{what} of src/ that name each other's items, directly or through others:\n{}",
+            cycles.join("\n")
+        );
+    }
+}
+
+/// The graph follows a path through a re-export to the file that defines the item, and finds
+/// the cycle that makes; without the cycle, none.
+#[test]
+fn the_import_graph_follows_reexports_to_a_cycle() {
+    let scratch = tempfile::tempdir().expect("a temporary directory");
+    let src = scratch.path();
+    let write = |name: &str, text: &str| std::fs::write(src.join(name), text).expect("writable");
+    write("main.rs", "fn main() {}\n");
+    write("lib.rs", "mod a;\nmod b;\npub use b::B;\n");
+    write(
+        "a.rs",
+        "/// Not [`crate::b`].\npub struct A(pub crate::B);\n",
+    );
+    write("b.rs", "pub struct B;\n");
+    let graph = repository::imports::graph(src);
+    assert_eq!(
+        repository::imports::render(&graph),
+        "a.rs -> b.rs\n",
+        "the re-export in lib.rs is not an edge of its own"
+    );
+    assert!(repository::imports::cycles(&graph).is_empty());
+
+    write("b.rs", "pub struct B(Option<Box<super::a::A>>);\n");
+    let graph = repository::imports::graph(src);
+    assert_eq!(
+        repository::imports::cycles(&graph),
+        [["a.rs".to_owned(), "b.rs".to_owned()]]
+    );
+}

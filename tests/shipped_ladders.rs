@@ -36,12 +36,38 @@ fn ladder(name: &str) -> Ladder {
     validate_ladder_file(&path).unwrap_or_else(|error| panic!("{error}"))
 }
 
+/// NVIDIA RTX PRO 6000 Blackwell (GB202): sm_120, 188 SMs.
+fn rtx_pro_6000() -> DeviceDescription {
+    DeviceDescription {
+        name: "NVIDIA RTX PRO 6000 Blackwell".to_owned(),
+        arch: Arch::Sm120,
+        sm_count: 188,
+        cluster_launch: true,
+    }
+}
+
+/// NVIDIA GB10 (DGX Spark): sm_121, 48 SMs.
+fn gb10() -> DeviceDescription {
+    DeviceDescription {
+        name: "NVIDIA GB10".to_owned(),
+        arch: Arch::Sm121,
+        sm_count: 48,
+        cluster_launch: true,
+    }
+}
+
+/// NVIDIA H200: sm_90, 132 SMs.
+fn h200() -> DeviceDescription {
+    DeviceDescription {
+        name: "NVIDIA H200".to_owned(),
+        arch: Arch::Sm90,
+        sm_count: 132,
+        cluster_launch: true,
+    }
+}
+
 fn devices() -> [DeviceDescription; 3] {
-    [
-        DeviceDescription::rtx_pro_6000(),
-        DeviceDescription::gb10(),
-        DeviceDescription::h200(),
-    ]
+    [rtx_pro_6000(), gb10(), h200()]
 }
 
 #[test]
@@ -182,7 +208,7 @@ fn targets_are_the_architecture_rule() {
 
 #[test]
 fn rtx_pro_6000_runs_every_gb202_catalog() {
-    let device = DeviceDescription::rtx_pro_6000();
+    let device = rtx_pro_6000();
     for name in GB202 {
         assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
     }
@@ -190,7 +216,7 @@ fn rtx_pro_6000_runs_every_gb202_catalog() {
 
 #[test]
 fn gb10_is_told_to_use_the_ordinary_catalog() {
-    let device = DeviceDescription::gb10();
+    let device = gb10();
     assert_eq!(
         check_package_fits(&ladder("gb202_pcie_tp4"), &device),
         Ok(())
@@ -214,7 +240,7 @@ fn gb10_is_told_to_use_the_ordinary_catalog() {
 
 #[test]
 fn h200_runs_the_h200_catalogs_and_no_gb202_one() {
-    let device = DeviceDescription::h200();
+    let device = h200();
     for name in H200 {
         assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
     }
@@ -234,7 +260,7 @@ fn h200_runs_the_h200_catalogs_and_no_gb202_one() {
 fn a_device_without_cluster_launch_is_refused_clustered_catalogs() {
     let device = DeviceDescription {
         cluster_launch: false,
-        ..DeviceDescription::h200()
+        ..h200()
     };
     assert_eq!(
         check_package_fits(&ladder("h200_nvlink_tp2"), &device),

@@ -120,7 +120,7 @@ pub fn write_plots(report: &BenchReport, dir: &Path) -> Result<Vec<PathBuf>, Plo
 }
 
 fn write(path: &Path, svg: &str) -> Result<(), PlotError> {
-    crate::cache::write_atomically(path, svg.as_bytes()).map_err(|source| PlotError::Io {
+    crate::files::write_atomically(path, svg.as_bytes()).map_err(|source| PlotError::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -181,7 +181,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         Some(path) => {
             let choice = Choice::read(path).map_err(Failure::refused)?;
             choice
-                .check_package(path, &package)
+                .check_package(path, package.id())
                 .map_err(Failure::refused)?;
             Some(choice)
         }
@@ -574,7 +574,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         let mut bytes = serde_json::to_vec_pretty(&report).expect("a report serializes");
         bytes.push(b'\n');
         let json = dir.join("bench.json");
-        prepare::cache::write_atomically(&json, &bytes)
+        prepare::files::write_atomically(&json, &bytes)
             .with_context(|| format!("cannot write {}", json.display()))
             .map_err(Failure::runtime)?;
         log(format!("wrote {}", json.display()));

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use prepare::device::DeviceDescription;
 use prepare::ladder::{validate_ladder_bytes, Arch, Ladder, LadderError};
 use prepare::package::{self, Outcome, PackageError, Qualification, QualifiedGpu};
 use prepare::progress::Reporter;
@@ -177,7 +178,14 @@ fn gpus_architecture(ladder: &Ladder, gpus: &[u32]) -> Result<Arch, Failure> {
     let mut arch = None;
     for &gpu in gpus {
         let info = driver.describe(gpu as usize).map_err(Failure::runtime)?;
-        let description = info.description().map_err(Failure::refused)?;
+        let description = DeviceDescription::of_gpu(
+            info.ordinal,
+            &info.name,
+            info.compute_capability,
+            info.sm_count,
+            info.cluster_launch,
+        )
+        .map_err(Failure::refused)?;
         prepare::device::check_package_fits(ladder, &description)
             .with_context(|| format!("GPU {gpu}"))
             .map_err(Failure::refused)?;
@@ -295,7 +303,7 @@ fn qualify_rank(
         let mut bytes =
             serde_json::to_vec_pretty(&qualification).expect("a qualification always serializes");
         bytes.push(b'\n');
-        prepare::cache::write_atomically(&report_path, &bytes)
+        prepare::files::write_atomically(&report_path, &bytes)
             .with_context(|| format!("cannot write {}", report_path.display()))
             .map_err(Failure::runtime)?;
     }

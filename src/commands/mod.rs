@@ -4,6 +4,7 @@
 mod bench;
 mod check;
 mod export;
+mod failure;
 mod ranks;
 mod schema;
 mod show;
@@ -11,6 +12,8 @@ mod tune;
 mod validate;
 
 use clap::{Parser, Subcommand};
+
+pub use failure::Failure;
 
 /// Prepares collective-communication packages and picks the fastest exact all-reduce.
 #[derive(Debug, Parser)]
@@ -48,49 +51,5 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Check(args) => check::run(&args),
         Command::Tune(args) => tune::run(&args),
         Command::Bench(args) => bench::run(&args),
-    }
-}
-
-/// A failed command and the exit code it maps to.
-#[derive(Debug)]
-pub enum Failure {
-    /// The input was refused: invalid ladder, tampered or mismatched package, unfit device.
-    Refused(anyhow::Error),
-    /// The flags are wrong in a way clap cannot see (a GPU named twice).
-    Usage(anyhow::Error),
-    /// The driver, NVRTC, NCCL or a peer failed.
-    Runtime(anyhow::Error),
-}
-
-impl Failure {
-    /// Exit code 1: the input was refused.
-    pub fn refused(error: impl Into<anyhow::Error>) -> Failure {
-        Failure::Refused(error.into())
-    }
-
-    /// Exit code 2: the flags are wrong.
-    pub fn usage(error: impl Into<anyhow::Error>) -> Failure {
-        Failure::Usage(error.into())
-    }
-
-    /// Exit code 3: something failed at run time.
-    pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
-        Failure::Runtime(error.into())
-    }
-
-    /// The error to print.
-    pub fn error(&self) -> &anyhow::Error {
-        match self {
-            Failure::Refused(error) | Failure::Usage(error) | Failure::Runtime(error) => error,
-        }
-    }
-
-    /// The process exit code.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Failure::Refused(_) => 1,
-            Failure::Usage(_) => 2,
-            Failure::Runtime(_) => 3,
-        }
     }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use prepare::package::{self, CandidateRecord, Manifest, Outcome, Package};
+use prepare::show::Description;
 use prepare::tune::choice::{BucketChoice, Choice, ChoiceError, Tuning};
 use prepare::tune::{CandidateOutcome, DecisionReason, Policy, SizeFigures};
 
@@ -35,7 +36,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         .map(|path| read_choice(path, &package))
         .transpose()?;
     let output = if args.json {
-        let mut text = serde_json::to_string_pretty(&package.describe(choice.as_ref()))
+        let mut text = serde_json::to_string_pretty(&Description::new(&package, choice.as_ref()))
             .expect("a package description always serializes");
         text.push('\n');
         text
@@ -64,7 +65,7 @@ fn read_choice(path: &Path, package: &Package) -> Result<Choice, Failure> {
         other => Failure::refused(other),
     })?;
     choice
-        .check_package(path, package)
+        .check_package(path, package.id())
         .map_err(Failure::refused)?;
     Ok(choice)
 }

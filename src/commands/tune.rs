@@ -179,7 +179,7 @@ fn run_rank(
         .map_err(Failure::runtime)?;
     let selection = handle.selection(dtype).map_err(Failure::runtime)?;
     let choice = &selection.choice;
-    let digest = prepare::cache::hex(&choice.digest());
+    let digest = prepare::hash::hex(&choice.digest());
     if rank == 0 {
         let times = selection.times;
         if selection.cache_hit {

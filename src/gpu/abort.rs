@@ -2,7 +2,7 @@
 //! wait passed its deadline or its launch broke the contract, decoded into the reason and the
 //! rank it names.
 
-use crate::kernels::{ABORT_FLAG, ABORT_INVALID_LAUNCH, ABORT_PEER_TIMEOUT};
+use crate::abi::{ABORT_FLAG, ABORT_INVALID_LAUNCH, ABORT_PEER_TIMEOUT};
 
 /// Why a kernel gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

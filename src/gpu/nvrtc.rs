@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use libloading::Library;
 
-use super::search;
+use super::search::{self, bind};
 
 /// What to tell someone without NVRTC.
 const HOW_TO_GET: &str = "install it with `pip install nvidia-cuda-nvrtc==13.0.*` (into the \
@@ -302,21 +302,6 @@ impl std::fmt::Debug for Nvrtc {
 /// Libraries loaded so far, by location.
 static LOADED: Mutex<Vec<(Location, &'static Nvrtc)>> = Mutex::new(Vec::new());
 
-macro_rules! bind {
-    ($library:expr, $path:expr, $symbol:literal) => {{
-        // SAFETY: the field this initialises has the prototype nvrtc.h declares for the symbol,
-        // and the pointer is used only while `Nvrtc` owns the library.
-        let symbol = unsafe { $library.get(concat!($symbol, "\0").as_bytes()) }.map_err(
-            |error: libloading::Error| NvrtcError::Symbol {
-                path: $path.clone(),
-                symbol: $symbol,
-                message: error.to_string(),
-            },
-        )?;
-        *symbol
-    }};
-}
-
 impl Nvrtc {
     /// Loads NVRTC from the usual places ([`NvrtcSearch::from_env`]).
     pub fn load() -> Result<&'static Nvrtc, NvrtcError> {
@@ -356,18 +341,23 @@ impl Nvrtc {
             Location::Name(_) => None,
         };
         let library = open(&path)?;
+        let missing = |symbol, message| NvrtcError::Symbol {
+            path: path.clone(),
+            symbol,
+            message,
+        };
         let api = Api {
-            version: bind!(library, path, "nvrtcVersion"),
-            get_error_string: bind!(library, path, "nvrtcGetErrorString"),
-            get_num_supported_archs: bind!(library, path, "nvrtcGetNumSupportedArchs"),
-            get_supported_archs: bind!(library, path, "nvrtcGetSupportedArchs"),
-            create_program: bind!(library, path, "nvrtcCreateProgram"),
-            destroy_program: bind!(library, path, "nvrtcDestroyProgram"),
-            compile_program: bind!(library, path, "nvrtcCompileProgram"),
-            get_program_log_size: bind!(library, path, "nvrtcGetProgramLogSize"),
-            get_program_log: bind!(library, path, "nvrtcGetProgramLog"),
-            get_cubin_size: bind!(library, path, "nvrtcGetCUBINSize"),
-            get_cubin: bind!(library, path, "nvrtcGetCUBIN"),
+            version: bind!(library, "nvrtcVersion", missing),
+            get_error_string: bind!(library, "nvrtcGetErrorString", missing),
+            get_num_supported_archs: bind!(library, "nvrtcGetNumSupportedArchs", missing),
+            get_supported_archs: bind!(library, "nvrtcGetSupportedArchs", missing),
+            create_program: bind!(library, "nvrtcCreateProgram", missing),
+            destroy_program: bind!(library, "nvrtcDestroyProgram", missing),
+            compile_program: bind!(library, "nvrtcCompileProgram", missing),
+            get_program_log_size: bind!(library, "nvrtcGetProgramLogSize", missing),
+            get_program_log: bind!(library, "nvrtcGetProgramLog", missing),
+            get_cubin_size: bind!(library, "nvrtcGetCUBINSize", missing),
+            get_cubin: bind!(library, "nvrtcGetCUBIN", missing),
         };
         let (mut major, mut minor) = (0, 0);
         // SAFETY: both pointers are to live c_ints, as nvrtcVersion requires.

@@ -227,7 +227,7 @@ impl Manifest {
     pub fn compute_checksum(&self) -> String {
         let mut unsigned = self.clone();
         unsigned.checksum = String::new();
-        super::sha256_hex(&unsigned.to_bytes())
+        crate::hash::sha256_hex(&unsigned.to_bytes())
     }
 
     /// Sets `checksum` from the content.
@@ -246,9 +246,4 @@ impl Manifest {
             .iter()
             .any(|bucket| bucket.cluster_size.is_some())
     }
-}
-
-/// The cubin path of a kernel inside a package.
-pub fn kernel_file(name: &str, arch: Arch) -> String {
-    format!("{}/{name}.{arch}.cubin", super::KERNELS_DIR)
 }

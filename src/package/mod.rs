@@ -13,6 +13,7 @@
 //! the same ladder, compilation and tool give the same bytes). Reading verifies every hash and
 //! refuses a changed, missing or extra file by name.
 
+mod check;
 mod manifest;
 mod read;
 mod write;
@@ -20,19 +21,14 @@ mod write;
 use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-
 use crate::ladder::{Arch, Ladder};
-use crate::tune::choice::Choice;
 
+pub use check::parse_manifest_bytes;
 pub use manifest::{
-    kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
-    CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
-    QualifiedGpu,
+    BucketQualification, BucketRecord, CandidateQualification, CandidateRecord, CompilerRecord,
+    KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification, QualifiedGpu,
 };
-pub use read::{open_package, open_package_retrying, parse_manifest_bytes};
+pub use read::{open_package, open_package_retrying};
 pub use write::{build_manifest, check_output, write_package, write_qualified_package};
 
 /// The package contract this tool writes.
@@ -48,8 +44,10 @@ pub const LADDER_FILE: &str = "ladder.json";
 /// The directory holding the cubins.
 pub const KERNELS_DIR: &str = "kernels";
 
-/// The contract of `prepare show --json`'s document.
-pub const DESCRIPTION_FORMAT_VERSION: u32 = 1;
+/// The cubin path of a kernel inside a package.
+pub fn kernel_file(name: &str, arch: Arch) -> String {
+    format!("{KERNELS_DIR}/{name}.{arch}.cubin")
+}
 
 /// An opened, verified package.
 #[derive(Debug, Clone)]
@@ -70,6 +68,15 @@ impl Package {
     /// The package's identity: sha256 of `manifest.json`, lowercase hex.
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// What a choice made for this package must match: see [`PackageId`].
+    pub fn id(&self) -> PackageId<'_> {
+        PackageId {
+            identity: &self.identity,
+            dir: &self.dir,
+            buckets: &self.manifest.buckets,
+        }
     }
 
     /// The manifest.
@@ -103,35 +110,18 @@ impl Package {
             .iter()
             .zip(self.cubins.iter().map(Vec::as_slice))
     }
-
-    /// The document `prepare show --json` prints, with the choice shown beside the package.
-    pub fn describe(&self, choice: Option<&Choice>) -> Description {
-        Description {
-            format_version: DESCRIPTION_FORMAT_VERSION,
-            package: self.dir.display().to_string(),
-            identity: self.identity.clone(),
-            manifest: self.manifest.clone(),
-            choice: choice.cloned(),
-        }
-    }
 }
 
-/// What `prepare show --json` prints: a package's identity and manifest, and a choice for it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "prepare show document")]
-pub struct Description {
-    /// The contract of this document; 1 so far.
-    pub format_version: u32,
-    /// The package directory as named on the command line.
-    pub package: String,
-    /// The package's identity: sha256 of its `manifest.json`.
-    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
-    pub identity: String,
-    /// The package's manifest, verified.
-    pub manifest: Manifest,
-    /// The choice named by `--choice`, as read (made for this package); null without one.
-    pub choice: Option<Choice>,
+/// A package as a choice names it: its identity and the ranges of its buckets, which a choice
+/// must match, and the directory it was opened from, for messages.
+#[derive(Debug, Clone, Copy)]
+pub struct PackageId<'a> {
+    /// sha256 of `manifest.json`, lowercase hex.
+    pub identity: &'a str,
+    /// The directory it was opened from.
+    pub dir: &'a Path,
+    /// Its buckets, in ladder order.
+    pub buckets: &'a [BucketRecord],
 }
 
 /// What `write_package` produced.
@@ -422,12 +412,7 @@ fn describe_unknown_format(found: u64, writer: Option<&str>) -> String {
     }
 }
 
-/// sha256 of bytes, lowercase hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
-}
-
 /// The manifest's JSON Schema, as committed in `schemas/manifest.schema.json`.
 pub fn manifest_schema() -> serde_json::Value {
-    crate::schema::schema_for::<Manifest>()
+    crate::json_schema::schema_for::<Manifest>()
 }

@@ -13,15 +13,17 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::check::{check_manifest, peer_memory};
 use super::manifest::{
-    kernel_file, BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord,
-    Manifest, PeerMemoryRecord, Qualification,
+    BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord, Manifest,
+    Qualification,
 };
 use super::{
-    sha256_hex, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
+    kernel_file, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
     PACKAGE_FORMAT_VERSION,
 };
 use crate::compile::Compilation;
+use crate::hash::sha256_hex;
 use crate::kernels;
 use crate::ladder::{Arch, Ladder};
 
@@ -377,20 +379,8 @@ pub fn build_manifest(
     manifest.seal();
     // The reader's own checks, so that nothing is written that open_package would refuse (a
     // kernel name that is no file name, a qualification that does not fit the buckets).
-    super::read::check_manifest(Path::new(MANIFEST_FILE), &manifest)?;
+    check_manifest(Path::new(MANIFEST_FILE), &manifest)?;
     Ok(manifest)
-}
-
-/// The peer memory a package of these buckets needs: also what a reader requires.
-pub(super) fn peer_memory(ladder: &Ladder, buckets: &[BucketRecord]) -> PeerMemoryRecord {
-    let custom = buckets
-        .iter()
-        .flat_map(|bucket| &bucket.candidates)
-        .any(|candidate| candidate.kernel.is_some());
-    PeerMemoryRecord {
-        buffer_bytes: kernels::peer_buffer_bytes(ladder),
-        signal_bytes: if custom { kernels::SIGNAL_BYTES } else { 0 },
-    }
 }
 
 fn cluster_word(cluster: bool) -> &'static str {
@@ -633,8 +623,9 @@ fn replace(
     }
 }
 
+/// Swaps two directories in one rename.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn exchange(staged: &Path, out: &Path) -> std::io::Result<()> {
+pub(super) fn exchange(staged: &Path, out: &Path) -> std::io::Result<()> {
     let here = nix::fcntl::AT_FDCWD;
     nix::fcntl::renameat2(
         here,
@@ -646,8 +637,9 @@ fn exchange(staged: &Path, out: &Path) -> std::io::Result<()> {
     .map_err(std::io::Error::from)
 }
 
+/// Swaps two directories in one rename.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn exchange(_staged: &Path, _out: &Path) -> std::io::Result<()> {
+pub(super) fn exchange(_staged: &Path, _out: &Path) -> std::io::Result<()> {
     Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
 }
 

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{BucketDecision, Policy};
-use crate::cache::{hex, write_atomically};
-use crate::package::Package;
+use crate::files::write_atomically;
+use crate::hash::hex;
+use crate::package::PackageId;
 
 /// The choice format this tool writes and reads. 2: every candidate is timed at its bucket's
 /// smallest and largest message, with figures per size and a slowdown (1: at the largest only).
@@ -166,20 +167,20 @@ impl Choice {
 
     /// Checks that the choice, read from `path`, was made for `package`: the same identity,
     /// then one entry per bucket covering the package's bucket's range.
-    pub fn check_package(&self, path: &Path, package: &Package) -> Result<(), ChoiceError> {
-        if self.package != package.identity() {
+    pub fn check_package(&self, path: &Path, package: PackageId<'_>) -> Result<(), ChoiceError> {
+        if self.package != package.identity {
             return Err(ChoiceError::OtherPackage {
                 path: path.to_path_buf(),
                 found: self.package.clone(),
-                package: package.dir().to_path_buf(),
-                expected: package.identity().to_owned(),
+                package: package.dir.to_path_buf(),
+                expected: package.identity.to_owned(),
             });
         }
         let invalid = |message: String| ChoiceError::Invalid {
             path: path.to_path_buf(),
             message,
         };
-        let buckets = &package.manifest().buckets;
+        let buckets = package.buckets;
         if self.buckets.len() != buckets.len() {
             return Err(invalid(format!(
                 "/buckets: {} buckets, but its package has {}",

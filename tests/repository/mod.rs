@@ -2,6 +2,8 @@
 //! folder in it.
 #![allow(dead_code)]
 
+pub mod imports;
+
 use std::path::{Path, PathBuf};
 
 /// The crate root.

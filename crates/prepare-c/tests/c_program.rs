@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use prepare::compile::Compilation;
+use prepare::hash::sha256_hex;
 use prepare::ladder::{Arch, Ladder};
-use prepare::package::{sha256_hex, write_package, Manifest};
+use prepare::package::{write_package, Manifest};
 
 /// A ladder whose only candidate is NCCL: its package holds no kernel, so it is written
 /// without NVRTC.

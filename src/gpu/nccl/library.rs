@@ -1,8 +1,8 @@
 //! Finding and opening NCCL. cudarc's loader opens only `libnccl.so` by name and panics when it
 //! is missing, while PyTorch's `nvidia-nccl-cu*` wheels and distributions ship `libnccl.so.2`,
 //! outside the loader path. So this module finds the library itself, opens it once for the
-//! process and binds the entry points the communicator code calls; cudarc's `nccl::sys` gives
-//! only the types.
+//! process, binds the entry points the communicator code calls and turns their results into
+//! errors; cudarc's `nccl::sys` gives only the types.
 //!
 //! The order: an NCCL already loaded in this process (inside PyTorch, so a communicator a
 //! server hands over belongs to the same library), `PREPARE_NCCL`, a Python environment's wheel,
@@ -17,25 +17,14 @@ use cudarc::nccl::sys;
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use nix::libc;
 
-use super::NcclError;
-use crate::gpu::search;
-
-/// The environment variable naming the library or its directory.
-pub const OVERRIDE_VARIABLE: &str = "PREPARE_NCCL";
-
-/// What to tell someone without NCCL.
-pub(super) const HOW_TO_GET: &str = "install it with `pip install nvidia-nccl-cu13` (into the \
-     active virtual environment; PyTorch's CUDA 13 builds bring it), install a system package \
-     that provides libnccl.so.2, or set PREPARE_NCCL to the library or the directory holding it";
+use super::error::{NcclError, MIN_VERSION, OVERRIDE_VARIABLE};
+use crate::gpu::search::{self, bind};
 
 /// Library file names, preferred first.
 const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
 
 /// Where wheels put the library inside site-packages.
 const WHEEL_DIRECTORIES: [&str; 2] = ["nvidia/nccl/lib", "nvidia/cu13/lib"];
-
-/// The oldest NCCL whose `ncclConfig_t` matches the one this crate fills.
-pub(super) const MIN_VERSION: (u32, u32) = (2, 28);
 
 /// How the library in use was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -288,22 +277,6 @@ pub(super) struct Nccl {
     _library: Library,
 }
 
-macro_rules! bind {
-    ($library:expr, $path:expr, $symbol:literal) => {{
-        // SAFETY: the field this initialises has the prototype nccl.h declares for the symbol
-        // (with cudarc's layouts of its types), and the pointer is used only while `Nccl` owns
-        // the library, which is never unloaded.
-        let symbol = unsafe { $library.get(concat!($symbol, "\0").as_bytes()) }.map_err(
-            |error: libloading::Error| NcclError::Symbol {
-                path: $path.to_path_buf(),
-                symbol: $symbol,
-                message: error.to_string(),
-            },
-        )?;
-        *symbol
-    }};
-}
-
 /// Splits `ncclGetVersion`'s code (major x 10000 + minor x 100 + patch since 2.9).
 pub(super) fn decode_version(code: c_int) -> (u32, u32, u32) {
     let code = code.max(0) as u32;
@@ -324,17 +297,22 @@ fn open(location: &Location) -> Result<Nccl, NcclError> {
         path: path.to_path_buf(),
         message: error.to_string(),
     })?;
+    let missing = |symbol, message| NcclError::Symbol {
+        path: path.to_path_buf(),
+        symbol,
+        message,
+    };
     let api = Api {
-        get_version: bind!(library, path, "ncclGetVersion"),
-        get_unique_id: bind!(library, path, "ncclGetUniqueId"),
-        comm_init_rank_config: bind!(library, path, "ncclCommInitRankConfig"),
-        comm_split: bind!(library, path, "ncclCommSplit"),
-        comm_abort: bind!(library, path, "ncclCommAbort"),
-        comm_get_async_error: bind!(library, path, "ncclCommGetAsyncError"),
-        get_error_string: bind!(library, path, "ncclGetErrorString"),
-        get_last_error: bind!(library, path, "ncclGetLastError"),
-        all_reduce: bind!(library, path, "ncclAllReduce"),
-        all_gather: bind!(library, path, "ncclAllGather"),
+        get_version: bind!(library, "ncclGetVersion", missing),
+        get_unique_id: bind!(library, "ncclGetUniqueId", missing),
+        comm_init_rank_config: bind!(library, "ncclCommInitRankConfig", missing),
+        comm_split: bind!(library, "ncclCommSplit", missing),
+        comm_abort: bind!(library, "ncclCommAbort", missing),
+        comm_get_async_error: bind!(library, "ncclCommGetAsyncError", missing),
+        get_error_string: bind!(library, "ncclGetErrorString", missing),
+        get_last_error: bind!(library, "ncclGetLastError", missing),
+        all_reduce: bind!(library, "ncclAllReduce", missing),
+        all_gather: bind!(library, "ncclAllGather", missing),
     };
     let mut code: c_int = 0;
     // SAFETY: ncclGetVersion writes one int through a pointer to a live local.
@@ -380,6 +358,58 @@ pub(super) fn load() -> Result<&'static Nccl, NcclError> {
     let location = locate(&|name| std::env::var_os(name), &Process)?;
     let nccl = open(&location)?;
     Ok(LOADED.get_or_init(|| nccl))
+}
+
+/// The entry points of the library in use, loading it on first use.
+pub(super) fn api() -> Result<&'static Api, NcclError> {
+    Ok(&load()?.api)
+}
+
+/// `ncclSuccess`.
+pub(super) const SUCCESS: c_int = sys::ncclResult_t::ncclSuccess as c_int;
+
+/// `ncclInProgress`: a nonblocking call has not finished yet.
+pub(super) const IN_PROGRESS: c_int = sys::ncclResult_t::ncclInProgress as c_int;
+
+/// NCCL's description of `result`, with the communicator's last error when it has one.
+pub(super) fn error_message(api: &Api, result: c_int, comm: sys::ncclComm_t) -> String {
+    // SAFETY: both functions return pointers to static or communicator-owned NUL-terminated
+    // strings (or null), which are copied before any other NCCL call.
+    unsafe {
+        let describe = |pointer: *const std::ffi::c_char| {
+            if pointer.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(pointer).to_string_lossy().into_owned()
+            }
+        };
+        let general = describe((api.get_error_string)(result));
+        let last = describe((api.get_last_error)(comm));
+        if last.is_empty() {
+            general
+        } else {
+            format!("{general} ({last})")
+        }
+    }
+}
+
+/// A call's result as this module's error, naming the call and the rank; in progress is not an
+/// error.
+pub(super) fn check(
+    api: &Api,
+    call: &'static str,
+    rank: u32,
+    result: c_int,
+    comm: sys::ncclComm_t,
+) -> Result<(), NcclError> {
+    match result {
+        SUCCESS | IN_PROGRESS => Ok(()),
+        error => Err(NcclError::Call {
+            call,
+            rank,
+            message: error_message(api, error, comm),
+        }),
+    }
 }
 
 #[cfg(test)]

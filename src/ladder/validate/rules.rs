@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{closest, json_string, Diagnostic, Rule};
+use super::diagnostic::{closest, json_string, Diagnostic, Rule};
 use crate::ladder::{
     Algorithm, Arch, Bucket, Ladder, Profile, Protocol, Schedule, Transfer, CLUSTER_BLOCKS,
     CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,
@@ -14,7 +14,7 @@ use crate::ladder::{
 /// Ranks a ladder may have: peer kernels run within one host.
 const WORLD_SIZES: std::ops::RangeInclusive<u32> = 2..=8;
 /// Blocks a launch may have (the kernels' per-block flag arrays hold this many).
-const MAX_BLOCKS: u32 = crate::kernels::MAX_BLOCKS as u32;
+const MAX_BLOCKS: u32 = crate::abi::MAX_BLOCKS as u32;
 /// Threads a block may have, and the warp size they come in.
 const MAX_THREADS: u32 = 1024;
 const WARP: u32 = 32;

@@ -8,8 +8,8 @@ use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::{ValidationError, Validator};
 use serde_json::Value;
 
+use super::diagnostic::{closest, json_string, render_value, Diagnostic, Rule};
 use super::source_map::push_token;
-use super::{closest, json_string, render_value, Diagnostic, Rule};
 
 /// The generated schema and its compiled validator.
 struct Compiled {
@@ -20,7 +20,7 @@ struct Compiled {
 fn compiled() -> &'static Compiled {
     static COMPILED: OnceLock<Compiled> = OnceLock::new();
     COMPILED.get_or_init(|| {
-        let schema = crate::schema::ladder_schema();
+        let schema = crate::json_schema::schema_for::<crate::ladder::Ladder>();
         let validator = jsonschema::draft202012::new(&schema)
             .expect("the schema generated from the ladder types is a valid draft 2020-12 schema");
         Compiled { schema, validator }

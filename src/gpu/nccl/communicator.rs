@@ -1,10 +1,8 @@
-//! NCCL, found and opened by [`library()`] and called with cudarc's `nccl::sys` types: a
-//! nonblocking communicator for the bounded bootstrap, blocking communicators split from it for
-//! the collectives (a nonblocking communicator's collectives are slower), and a watchdog that
-//! aborts a communicator when a deadline passes, since no NCCL call can time out by itself.
+//! Communicators: a nonblocking one for the bounded bootstrap, blocking ones split from it for
+//! the collectives (a nonblocking communicator's collectives are slower), the collectives
+//! themselves, and the watchdog that aborts a communicator when a deadline passes.
 
-use std::ffi::{c_int, c_void, CStr};
-use std::path::PathBuf;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -12,275 +10,13 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
 
-use super::driver::{DeviceMemory, DriverError, Stream};
-
-mod library;
-
-use library::{Api, HOW_TO_GET, MIN_VERSION};
-pub use library::{Found, LibraryInfo, OVERRIDE_VARIABLE};
+use super::error::NcclError;
+use super::library::{api, check, error_message, Api, IN_PROGRESS, SUCCESS};
+use super::{CommConfig, NcclDataType, UniqueId};
+use crate::gpu::driver::{DeviceMemory, Stream};
 
 /// How often a nonblocking operation is polled.
 const POLL_INTERVAL: Duration = Duration::from_micros(200);
-
-/// Why an NCCL call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NcclError {
-    /// No library in any place searched.
-    #[error("NCCL (libnccl.so.2) was not found; {HOW_TO_GET}. Looked in: {}", .looked.join("; "))]
-    NotFound {
-        /// The places searched, in order.
-        looked: Vec<String>,
-    },
-    /// `PREPARE_NCCL` is set but does not lead to a library.
-    #[error("{OVERRIDE_VARIABLE} names {}, which {problem}; point it at libnccl.so.2 or the directory holding it", .path.display())]
-    BadOverride {
-        /// The value of the variable.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// The library was found but the loader refused it.
-    #[error("cannot load NCCL from {}: {message}; {HOW_TO_GET}", .path.display())]
-    Open {
-        /// The file or name opened.
-        path: PathBuf,
-        /// The loader's message.
-        message: String,
-    },
-    /// The library lacks an entry point this module calls.
-    #[error("NCCL at {} has no {symbol} ({message}): NCCL {}.{} or newer is needed; {HOW_TO_GET}", .path.display(), MIN_VERSION.0, MIN_VERSION.1)]
-    Symbol {
-        /// The library.
-        path: PathBuf,
-        /// The missing function.
-        symbol: &'static str,
-        /// The loader's message.
-        message: String,
-    },
-    /// The library is older than the communicator config this module fills.
-    #[error("NCCL at {} is version {version}; {}.{} or newer is needed; {HOW_TO_GET}", .path.display(), MIN_VERSION.0, MIN_VERSION.1)]
-    TooOld {
-        /// The library.
-        path: PathBuf,
-        /// The version it reports.
-        version: String,
-    },
-    /// A call returned an error.
-    #[error("{call} failed on rank {rank}: {message}")]
-    Call {
-        /// The NCCL function.
-        call: &'static str,
-        /// This rank.
-        rank: u32,
-        /// NCCL's error string and last error.
-        message: String,
-    },
-    /// A step did not finish before the deadline; the communicator was aborted.
-    #[error("{step} did not finish within {seconds:.1} s on rank {rank}; the communicator was aborted (a peer may have died or never started)")]
-    Timeout {
-        /// What was waited for.
-        step: &'static str,
-        /// This rank.
-        rank: u32,
-        /// The time allowed.
-        seconds: f64,
-    },
-    /// The stream's context could not be made current.
-    #[error(transparent)]
-    Driver(#[from] DriverError),
-    /// Buffers do not fit the operation.
-    #[error("{call} on rank {rank}: {message}")]
-    Buffers {
-        /// The NCCL function.
-        call: &'static str,
-        /// This rank.
-        rank: u32,
-        /// What does not fit.
-        message: String,
-    },
-    /// The communicator was aborted earlier, by the watchdog or after an error.
-    #[error("the communicator of rank {rank} was aborted")]
-    Aborted {
-        /// This rank.
-        rank: u32,
-    },
-}
-
-/// The NCCL this process uses, found and opened on first use: one already loaded in the process,
-/// then `PREPARE_NCCL`, a Python environment's `nvidia-nccl-cu*` wheel, the loader's search.
-pub fn library() -> Result<LibraryInfo, NcclError> {
-    Ok(library::load()?.info.clone())
-}
-
-/// The file of the NCCL this process uses, if one can be loaded.
-pub fn library_path() -> Option<PathBuf> {
-    library::load().ok().map(|nccl| nccl.info.path.clone())
-}
-
-/// Whether NCCL can be loaded.
-pub fn is_available() -> bool {
-    library::load().is_ok()
-}
-
-/// NCCL's version as (major, minor, patch).
-pub fn version() -> Result<(u32, u32, u32), NcclError> {
-    Ok(library::load()?.info.version)
-}
-
-fn api() -> Result<&'static Api, NcclError> {
-    Ok(&library::load()?.api)
-}
-
-/// `ncclSuccess`.
-const SUCCESS: c_int = sys::ncclResult_t::ncclSuccess as c_int;
-/// `ncclInProgress`: a nonblocking call has not finished yet.
-const IN_PROGRESS: c_int = sys::ncclResult_t::ncclInProgress as c_int;
-
-fn error_message(api: &Api, result: c_int, comm: sys::ncclComm_t) -> String {
-    // SAFETY: both functions return pointers to static or communicator-owned NUL-terminated
-    // strings (or null), which are copied before any other NCCL call.
-    unsafe {
-        let describe = |pointer: *const std::ffi::c_char| {
-            if pointer.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(pointer).to_string_lossy().into_owned()
-            }
-        };
-        let general = describe((api.get_error_string)(result));
-        let last = describe((api.get_last_error)(comm));
-        if last.is_empty() {
-            general
-        } else {
-            format!("{general} ({last})")
-        }
-    }
-}
-
-fn check(
-    api: &Api,
-    call: &'static str,
-    rank: u32,
-    result: c_int,
-    comm: sys::ncclComm_t,
-) -> Result<(), NcclError> {
-    match result {
-        SUCCESS | IN_PROGRESS => Ok(()),
-        error => Err(NcclError::Call {
-            call,
-            rank,
-            message: error_message(api, error, comm),
-        }),
-    }
-}
-
-/// The element types NCCL sums here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NcclDataType {
-    /// bfloat16.
-    Bf16,
-    /// IEEE half precision.
-    F16,
-    /// IEEE single precision.
-    F32,
-}
-
-impl NcclDataType {
-    /// Bytes per element.
-    pub fn size_bytes(self) -> usize {
-        match self {
-            NcclDataType::Bf16 | NcclDataType::F16 => 2,
-            NcclDataType::F32 => 4,
-        }
-    }
-
-    fn raw(self) -> sys::ncclDataType_t {
-        match self {
-            NcclDataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
-            NcclDataType::F16 => sys::ncclDataType_t::ncclFloat16,
-            NcclDataType::F32 => sys::ncclDataType_t::ncclFloat32,
-        }
-    }
-}
-
-/// The 128-byte identity every rank of a communicator starts from.
-#[derive(Clone, Copy)]
-pub struct UniqueId(sys::ncclUniqueId);
-
-impl std::fmt::Debug for UniqueId {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("UniqueId(..)")
-    }
-}
-
-impl UniqueId {
-    /// A new id. When `NCCL_COMM_ID` (host:port) is set, every rank derives the same id from it
-    /// and rank 0 serves the rendezvous there.
-    pub fn new() -> Result<UniqueId, NcclError> {
-        let api = api()?;
-        let mut id = sys::ncclUniqueId { internal: [0; 128] };
-        // SAFETY: ncclGetUniqueId fills the 128-byte struct it is given.
-        let result = unsafe { (api.get_unique_id)(&raw mut id) };
-        check(api, "ncclGetUniqueId", 0, result, std::ptr::null_mut())?;
-        Ok(UniqueId(id))
-    }
-
-    /// The id's bytes, to hand to other ranks (`--id-file`).
-    pub fn to_bytes(&self) -> [u8; 128] {
-        self.0.internal.map(|byte| byte as u8)
-    }
-
-    /// An id from bytes written by [`UniqueId::to_bytes`].
-    pub fn from_bytes(bytes: [u8; 128]) -> UniqueId {
-        UniqueId(sys::ncclUniqueId {
-            internal: bytes.map(|byte| byte as std::ffi::c_char),
-        })
-    }
-}
-
-/// Communicator settings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CommConfig {
-    /// Calls return at once with `ncclInProgress` and are polled.
-    pub nonblocking: bool,
-    /// Share the parent's resources when splitting.
-    pub split_share: bool,
-    /// `maxCTAs`.
-    pub max_ctas: Option<u32>,
-    /// `minCTAs`.
-    pub min_ctas: Option<u32>,
-}
-
-/// The first version whose `ncclConfig_t` layout cudarc's bindings describe.
-const CONFIG_VERSION: u32 = 22_800;
-const CONFIG_MAGIC: u32 = 0xcafe_beef;
-const UNDEFINED_INT: i32 = i32::MIN;
-
-impl CommConfig {
-    /// The raw config, filled as `NCCL_CONFIG_INITIALIZER` does, then set.
-    fn raw(&self) -> sys::ncclConfig_t {
-        let undefined = |value: Option<u32>| value.map_or(UNDEFINED_INT, |value| value as i32);
-        sys::ncclConfig_t {
-            size: std::mem::size_of::<sys::ncclConfig_t>(),
-            magic: CONFIG_MAGIC,
-            version: CONFIG_VERSION,
-            blocking: i32::from(!self.nonblocking),
-            cgaClusterSize: UNDEFINED_INT,
-            minCTAs: undefined(self.min_ctas),
-            maxCTAs: undefined(self.max_ctas),
-            netName: std::ptr::null(),
-            splitShare: i32::from(self.split_share),
-            trafficClass: UNDEFINED_INT,
-            commName: std::ptr::null(),
-            collnetEnable: UNDEFINED_INT,
-            CTAPolicy: UNDEFINED_INT,
-            shrinkShare: UNDEFINED_INT,
-            nvlsCTAs: UNDEFINED_INT,
-            nChannelsPerNetPeer: UNDEFINED_INT,
-            nvlinkCentricSched: UNDEFINED_INT,
-        }
-    }
-}
 
 /// The raw handle, shared with the watchdog.
 struct Handle {
@@ -291,6 +27,7 @@ struct Handle {
 // SAFETY: NCCL documents ncclCommAbort as callable from another thread to stop a communicator
 // whose operations hang; every other use goes through the owning `Communicator`.
 unsafe impl Send for Handle {}
+
 // SAFETY: as above; the flag is atomic.
 unsafe impl Sync for Handle {}
 
@@ -614,12 +351,16 @@ impl Communicator {
         })
     }
 
-    fn check_buffers(
+    /// Enqueues `call` on `stream` once every buffer is on the stream's GPU and holds the bytes
+    /// paired with it: `enqueue` makes the call with the library and the raw stream.
+    fn enqueue(
         &self,
         call: &'static str,
         stream: &Stream,
         buffers: &[(&dyn DeviceMemory, usize)],
-    ) -> Result<sys::cudaStream_t, NcclError> {
+        enqueue: impl FnOnce(&Api, sys::cudaStream_t) -> c_int,
+    ) -> Result<(), NcclError> {
+        let api = api()?;
         self.ensure_live()?;
         for (memory, needed) in buffers {
             if memory.ordinal() != stream.ordinal() {
@@ -644,7 +385,8 @@ impl Communicator {
                 });
             }
         }
-        Ok(stream.bound_raw()?.cast())
+        let result = enqueue(api, stream.bound_raw()?.cast());
+        check(api, call, self.rank, result, self.handle.raw)
     }
 
     /// Enqueues a sum all-reduce of `count` elements of `dtype` from `send` into `recv` (they may
@@ -658,25 +400,24 @@ impl Communicator {
         count: usize,
         dtype: NcclDataType,
     ) -> Result<(), NcclError> {
-        let api = api()?;
         let bytes = self.message_bytes("ncclAllReduce", count, dtype.size_bytes())?;
-        let raw_stream =
-            self.check_buffers("ncclAllReduce", stream, &[(send, bytes), (recv, bytes)])?;
-        // SAFETY: both buffers hold `count` elements of `dtype` on the stream's device (checked
-        // above) and are freed only after that device's work completes; the stream is live and
-        // its context current.
-        let result = unsafe {
-            (api.all_reduce)(
-                send.address() as *const c_void,
-                recv.address() as *mut c_void,
-                count,
-                dtype.raw(),
-                sys::ncclRedOp_t::ncclSum,
-                self.handle.raw,
-                raw_stream,
-            )
-        };
-        check(api, "ncclAllReduce", self.rank, result, self.handle.raw)
+        let buffers = [(send, bytes), (recv, bytes)];
+        self.enqueue("ncclAllReduce", stream, &buffers, |api, raw_stream| {
+            // SAFETY: both buffers hold `count` elements of `dtype` on the stream's device
+            // (checked by `enqueue`) and are freed only after that device's work completes; the
+            // stream is live and its context current.
+            unsafe {
+                (api.all_reduce)(
+                    send.address() as *const c_void,
+                    recv.address() as *mut c_void,
+                    count,
+                    dtype.raw(),
+                    sys::ncclRedOp_t::ncclSum,
+                    self.handle.raw,
+                    raw_stream,
+                )
+            }
+        })
     }
 
     /// Enqueues a sum all-reduce of `count` bf16 elements (see [`Communicator::all_reduce`]).
@@ -699,24 +440,23 @@ impl Communicator {
         recv: &dyn DeviceMemory,
         bytes: usize,
     ) -> Result<(), NcclError> {
-        let api = api()?;
         let total = self.message_bytes("ncclAllGather", bytes, self.world as usize)?;
-        let raw_stream =
-            self.check_buffers("ncclAllGather", stream, &[(send, bytes), (recv, total)])?;
-        // SAFETY: `send` holds `bytes` and `recv` world x `bytes` bytes on the stream's device
-        // (checked above), freed only after that device's work completes; the stream is live and
-        // its context current.
-        let result = unsafe {
-            (api.all_gather)(
-                send.address() as *const c_void,
-                recv.address() as *mut c_void,
-                bytes,
-                sys::ncclDataType_t::ncclUint8,
-                self.handle.raw,
-                raw_stream,
-            )
-        };
-        check(api, "ncclAllGather", self.rank, result, self.handle.raw)
+        let buffers = [(send, bytes), (recv, total)];
+        self.enqueue("ncclAllGather", stream, &buffers, |api, raw_stream| {
+            // SAFETY: `send` holds `bytes` and `recv` world x `bytes` bytes on the stream's
+            // device (checked by `enqueue`), freed only after that device's work completes; the
+            // stream is live and its context current.
+            unsafe {
+                (api.all_gather)(
+                    send.address() as *const c_void,
+                    recv.address() as *mut c_void,
+                    bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    self.handle.raw,
+                    raw_stream,
+                )
+            }
+        })
     }
 }
 
@@ -805,20 +545,5 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn data_types_have_their_sizes_and_nccl_codes() {
-        let types = [NcclDataType::Bf16, NcclDataType::F16, NcclDataType::F32];
-        let sizes: Vec<usize> = types.iter().map(|dtype| dtype.size_bytes()).collect();
-        assert_eq!(sizes, [2, 2, 4]);
-        let codes: Vec<u32> = types.iter().map(|dtype| dtype.raw() as u32).collect();
-        // nccl.h: ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9.
-        assert_eq!(codes, [9, 6, 7]);
     }
 }

@@ -1,0 +1,682 @@
+//! A package's candidates made ready on one rank: every kernel loaded, peer memory mapped, the
+//! NCCL profiles' communicators split, and every (bucket, candidate) pair an [`Entry`] that can
+//! be enqueued or captured in a graph at any message size its bucket covers. Qualification,
+//! timing and the serving handle all launch through this one place, so what is checked is what
+//! is timed and what is served.
+//!
+//! Creating it is collective (splits, IPC mapping, and an agreement on which entries every rank
+//! can run): every rank creates it for the same package at the same point.
+
+mod copy_engine;
+mod drops;
+mod geometry;
+mod operands;
+
+use std::time::Duration;
+
+pub use copy_engine::{copy_engine_chunks, COPY_ENGINE_CHUNK_BYTES};
+use copy_engine::{CopyEngine, CopyEngineKernels};
+pub use drops::agree_drops;
+use drops::qualified_wrong;
+pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
+pub use operands::{plan_operands, BufferLayout, OperandPlan, Operands, Staging};
+
+use crate::abi::PARAMS_BYTES;
+use crate::agree::Topology;
+use crate::device::{check_candidate_residency, DropReason};
+use crate::gpu::abort::Abort;
+use crate::gpu::driver::{
+    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Geometry, Graph, LoadedKernel,
+    ModuleImage, Stream,
+};
+use crate::gpu::nccl::{Communicator, NcclDataType};
+use crate::kernels::{self, InputAccess};
+use crate::ladder::{Arch, Dtype, Ladder};
+use crate::package::Package;
+use crate::runtime::{PeerMemory, Runtime, RuntimeError};
+
+/// How an entry launches.
+#[derive(Debug)]
+enum Launch {
+    /// A custom kernel with its geometry.
+    Custom {
+        kernel: LoadedKernel,
+        geometry: Geometry,
+        /// Where the kernel's scratch starts in every rank's buffer.
+        scratch_offset: u64,
+        /// How it reads this rank's message.
+        input: InputAccess,
+    },
+    /// Copies by the copy engines between two barrier kernels, summed chunk by chunk.
+    CopyEngine(CopyEngineKernels),
+    /// NCCL on the runtime's communicator (`None`) or on a profile's own split.
+    Nccl { split: Option<usize> },
+}
+
+/// One candidate of one bucket on this rank.
+#[derive(Debug)]
+pub struct Entry {
+    /// The bucket's index in the ladder.
+    pub bucket: usize,
+    /// The profile id.
+    pub profile: String,
+    /// Whether it is NCCL.
+    pub nccl: bool,
+    /// Why it cannot run on every rank, agreed by all ranks; `None` when it can.
+    pub dropped: Option<DropReason>,
+    launch: Option<Launch>,
+}
+
+/// Where an entry's input comes from: the peer-mapped buffer, or a plain one when only NCCL
+/// runs.
+#[derive(Debug)]
+enum Input {
+    Peer(PeerMemory),
+    Plain(DeviceBuffer),
+}
+
+/// A package's candidates on one rank.
+#[derive(Debug)]
+pub struct Collectives {
+    // Dropped first: an aborted split's kernels end before the buffers wait for the device.
+    splits: Vec<Communicator>,
+    entries: Vec<Entry>,
+    // Buffers and communicators outlive nothing that uses them: graphs are the caller's, and
+    // the caller keeps `Collectives` alive while replaying them.
+    input: Input,
+    output: DeviceBuffer,
+    copy_engine: Option<CopyEngine>,
+    capacity: usize,
+    // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
+    input_region: u64,
+    dtype: Dtype,
+    element_bytes: u64,
+    // Each bucket's largest message, in elements: the most its candidates' scratch holds.
+    bucket_capacity: Vec<usize>,
+    timeout: Duration,
+    rank: u32,
+}
+
+/// What can fail while capturing: the capture itself, or what is enqueued.
+enum CaptureFailure {
+    Driver(DriverError),
+    Runtime(RuntimeError),
+}
+
+impl From<DriverError> for CaptureFailure {
+    fn from(error: DriverError) -> CaptureFailure {
+        CaptureFailure::Driver(error)
+    }
+}
+
+/// An index into [`Collectives::entries`].
+pub type EntryId = usize;
+
+/// NCCL's name for a ladder's element type.
+pub fn nccl_type(dtype: Dtype) -> NcclDataType {
+    match dtype {
+        Dtype::Bf16 => NcclDataType::Bf16,
+        Dtype::Fp16 => NcclDataType::F16,
+        Dtype::Fp32 => NcclDataType::F32,
+    }
+}
+
+/// The largest message of the ladder, in elements.
+fn capacity_elements(ladder: &Ladder) -> usize {
+    let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
+    largest.div_ceil(ladder.dtype.size_bytes()) as usize
+}
+
+/// The package's architecture must be this rank's GPU's.
+pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), RuntimeError> {
+    let rank = runtime.rank();
+    let info = crate::gpu::driver::Driver::open()
+        .and_then(|driver| driver.describe(runtime.device().ordinal()))
+        .map_err(RuntimeError::driver(rank))?;
+    let (major, minor) = info.compute_capability;
+    if Arch::from_compute_capability(major, minor) == Some(package.arch()) {
+        return Ok(());
+    }
+    Err(RuntimeError::WrongArchitecture {
+        rank,
+        package: package.arch().to_string(),
+        device: info.arch_name(),
+    })
+}
+
+impl Collectives {
+    /// Loads `package` on this rank, after checking its architecture against the GPU.
+    /// Collective: every rank calls it for the same package.
+    pub fn new(runtime: &Runtime, package: &Package) -> Result<Collectives, RuntimeError> {
+        check_architecture(runtime, package)?;
+        let rank = runtime.rank();
+        // Every rank must load the same package, or their launches would differ.
+        let identity = package.identity().as_bytes();
+        let gathered = runtime.all_gather(identity, "the package agreement")?;
+        if let Some(other) = gathered
+            .chunks(identity.len())
+            .position(|theirs| theirs != identity)
+        {
+            return Err(RuntimeError::Setup {
+                rank,
+                message: format!(
+                    "rank {other} loaded another package (identity {}) than this rank ({})",
+                    String::from_utf8_lossy(&gathered[other * identity.len()..][..identity.len()]),
+                    package.identity()
+                ),
+            });
+        }
+        let ladder = package.ladder();
+        let capacity = capacity_elements(ladder);
+        // Profiles with communicator settings each run on their own split, made in ladder
+        // order on every rank.
+        let mut splits = Vec::new();
+        let mut split_of = Vec::new();
+        for profile in &ladder.profiles {
+            if profile.is_nccl() && (profile.max_ctas.is_some() || profile.min_ctas.is_some()) {
+                splits.push(runtime.split_nccl(profile.max_ctas, profile.min_ctas)?);
+                split_of.push((profile.id.clone(), splits.len() - 1));
+            }
+        }
+        let peer_reason = match runtime.topology() {
+            Topology::PeerKernels => None,
+            Topology::NcclOnly { reason } => Some(reason.clone()),
+        };
+        let has_custom = kernels::input_region_bytes(ladder) > 0;
+        let message_bytes = capacity * ladder.dtype.size_bytes() as usize;
+        // The input region holds the largest message of any bucket, so NCCL reads the same
+        // buffer as the custom kernels even where only NCCL takes a bucket.
+        let input_region = kernels::input_region_bytes(ladder)
+            .max((message_bytes as u64).next_multiple_of(kernels::BUFFER_ALIGNMENT_BYTES));
+        let input = if peer_reason.is_none() && has_custom {
+            let scratch = kernels::scratch_region_bytes(ladder);
+            Input::Peer(runtime.map_peer_memory((input_region + scratch) as usize)?)
+        } else {
+            Input::Plain(
+                runtime
+                    .device()
+                    .allocate(message_bytes.max(2))
+                    .map_err(RuntimeError::driver(rank))?,
+            )
+        };
+        let output = runtime
+            .device()
+            .allocate(message_bytes.max(2))
+            .map_err(RuntimeError::driver(rank))?;
+
+        // Each loaded kernel keeps its module loaded.
+        let mut modules = Vec::new();
+        if matches!(input, Input::Peer(_)) {
+            for (record, cubin) in package.kernels() {
+                let module = runtime
+                    .device()
+                    .load_module(ModuleImage::Cubin(cubin))
+                    .map_err(RuntimeError::driver(rank))?;
+                modules.push((record.name.clone(), module));
+            }
+        }
+        let mut entries = Vec::new();
+        for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
+            for id in &bucket.candidates {
+                let profile = ladder
+                    .profile(id)
+                    .expect("a validated ladder names only its profiles");
+                let mut entry = Entry {
+                    bucket: bucket_index,
+                    profile: profile.id.clone(),
+                    nccl: profile.is_nccl(),
+                    dropped: None,
+                    launch: None,
+                };
+                // A kernel the package's qualification found wrong stays out wherever it runs.
+                let found_wrong = qualified_wrong(package, bucket_index, &profile.id);
+                if let (Some(reason), false) = (found_wrong, profile.is_nccl()) {
+                    entry.dropped = Some(reason);
+                } else if profile.is_nccl() {
+                    let split = split_of
+                        .iter()
+                        .find(|(name, _)| *name == profile.id)
+                        .map(|(_, index)| *index);
+                    entry.launch = Some(Launch::Nccl { split });
+                } else if let Some(reason) = &peer_reason {
+                    entry.dropped = Some(DropReason::NoPeerAccess {
+                        message: reason.clone(),
+                    });
+                } else {
+                    let spec = kernels::kernel_for(profile, ladder.dtype, ladder.world_size)
+                        .expect("every custom profile has a kernel");
+                    let (_, module) = modules
+                        .iter()
+                        .find(|(name, _)| *name == spec.name)
+                        .expect("a verified package holds every kernel its ladder needs");
+                    let kernel = module
+                        .load(&spec.name, spec.cluster, PARAMS_BYTES)
+                        .map_err(RuntimeError::driver(rank))?;
+                    let geometry =
+                        geometry_for(bucket, profile).map_err(RuntimeError::driver(rank))?;
+                    let resident =
+                        resident_capacity(&kernel, geometry).map_err(RuntimeError::driver(rank))?;
+                    match check_candidate_residency(bucket, profile, resident) {
+                        Ok(()) => {
+                            entry.launch = Some(match spec.copy_engine_barriers() {
+                                Some([start, end]) => Launch::CopyEngine(CopyEngineKernels {
+                                    sum: kernel,
+                                    geometry,
+                                    start: module
+                                        .load(&start, false, PARAMS_BYTES)
+                                        .map_err(RuntimeError::driver(rank))?,
+                                    end: module
+                                        .load(&end, false, PARAMS_BYTES)
+                                        .map_err(RuntimeError::driver(rank))?,
+                                }),
+                                None => Launch::Custom {
+                                    input: kernels::input_access(&spec)
+                                        .expect("a kernel of this crate"),
+                                    kernel,
+                                    geometry,
+                                    scratch_offset: input_region
+                                        + kernels::scratch_offset_after_input(ladder, &spec),
+                                },
+                            });
+                        }
+                        Err(reason) => entry.dropped = Some(reason),
+                    }
+                }
+                entries.push(entry);
+            }
+        }
+        let copy_engine_slot = kernels::copy_engine_slot_bytes(ladder).filter(|_| {
+            entries
+                .iter()
+                .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine(_))))
+        });
+        let copy_engine = copy_engine_slot
+            .map(|slot_bytes| {
+                CopyEngine::new(
+                    runtime,
+                    slot_bytes,
+                    ladder.dtype.size_bytes(),
+                    runtime.timeout(),
+                )
+            })
+            .transpose()?;
+        let mut collectives = Collectives {
+            entries,
+            input,
+            output,
+            copy_engine,
+            capacity,
+            input_region,
+            dtype: ladder.dtype,
+            element_bytes: ladder.dtype.size_bytes(),
+            bucket_capacity: ladder
+                .buckets
+                .iter()
+                .map(|bucket| bucket.max_bytes.div_ceil(ladder.dtype.size_bytes()) as usize)
+                .collect(),
+            splits,
+            timeout: runtime.timeout(),
+            rank,
+        };
+        let local: Vec<Option<DropReason>> = collectives
+            .entries
+            .iter()
+            .map(|entry| entry.dropped.clone())
+            .collect();
+        let agreed = agree_drops(runtime, &local, "the residency agreement")?;
+        collectives.apply_drops(agreed);
+        Ok(collectives)
+    }
+
+    /// Every entry, bucket by bucket in ladder order, each bucket's candidates in its order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The entries of one bucket.
+    pub fn bucket_entries(&self, bucket: usize) -> impl Iterator<Item = (EntryId, &Entry)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(move |(_, entry)| entry.bucket == bucket)
+    }
+
+    /// The entry for `profile` in `bucket`.
+    pub fn find(&self, bucket: usize, profile: &str) -> Option<EntryId> {
+        self.entries
+            .iter()
+            .position(|entry| entry.bucket == bucket && entry.profile == profile)
+    }
+
+    /// Drops entries (the same on every rank: pass what [`agree_drops`] returned).
+    pub fn apply_drops(&mut self, drops: Vec<Option<DropReason>>) {
+        for (entry, reason) in self.entries.iter_mut().zip(drops) {
+            if let Some(reason) = reason {
+                entry.dropped = Some(reason);
+                entry.launch = None;
+            }
+        }
+    }
+
+    /// The input buffer: every collective reads its message from byte 0.
+    pub fn input(&self) -> &DeviceBuffer {
+        match &self.input {
+            Input::Peer(peer) => peer.buffer(),
+            Input::Plain(buffer) => buffer,
+        }
+    }
+
+    /// The output buffer: every collective writes its sum from byte 0.
+    pub fn output(&self) -> &DeviceBuffer {
+        &self.output
+    }
+
+    /// The largest message, in elements.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The communicator an NCCL entry runs on.
+    pub fn communicator<'a>(&'a self, runtime: &'a Runtime, id: EntryId) -> &'a Communicator {
+        match &self.entries[id].launch {
+            Some(Launch::Nccl { split: Some(index) }) => &self.splits[*index],
+            _ => runtime.communicator(),
+        }
+    }
+
+    /// Enqueues entry `id` on `stream` for a message of `elements` in the registered buffer,
+    /// summed into [`Collectives::output`] (queued or captured; the caller waits, see
+    /// [`Collectives::run_bounded`]). One call at a time per rank: the copy-engine candidates
+    /// share one copy stream, its events and their scratch.
+    pub fn enqueue(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        elements: usize,
+    ) -> Result<(), RuntimeError> {
+        let operands = Operands {
+            input: CallerMemory::whole(self.input()),
+            output: CallerMemory::whole(&self.output),
+        };
+        self.enqueue_operands(runtime, stream, id, elements, operands)
+    }
+
+    /// Enqueues entry `id` on `stream` for a message of `elements` read from `operands.input`
+    /// and summed into `operands.output`, which may be the same memory (in place), and may lie
+    /// anywhere on this rank's GPU, the registered buffer's input region included.
+    ///
+    /// What a kernel needs is made so inside the enqueued work: a kernel whose peers read this
+    /// rank's message gets it copied into the registered buffer first (unless it is there); a
+    /// message at an address the kernels cannot take (not 16-byte aligned) is copied there too;
+    /// an output the kernel could not write safely (one that partly overlaps the input, lies in
+    /// the input region while peers may still read it, or is misaligned) is written to this
+    /// rank's private output buffer and copied after the kernel.
+    pub fn enqueue_operands(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        elements: usize,
+        operands: Operands,
+    ) -> Result<(), RuntimeError> {
+        let entry = &self.entries[id];
+        // Scratch is sized by each bucket's largest message; a larger one would overrun it.
+        let largest = self.bucket_capacity[entry.bucket];
+        if elements == 0 || elements > largest {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {}: a message of {elements} elements is outside the bucket's \
+                     1..={largest}",
+                    entry.profile, entry.bucket
+                ),
+            });
+        }
+        let bytes = elements as u64 * self.element_bytes;
+        for (what, memory) in [("input", &operands.input), ("output", &operands.output)] {
+            if (memory.len_bytes() as u64) < bytes {
+                return Err(RuntimeError::Setup {
+                    rank: self.rank,
+                    message: format!(
+                        "the {what} holds {} bytes, the message {bytes}",
+                        memory.len_bytes()
+                    ),
+                });
+            }
+        }
+        match &entry.launch {
+            None => Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {} was dropped: {}",
+                    entry.profile,
+                    entry.bucket,
+                    entry
+                        .dropped
+                        .as_ref()
+                        .map_or_else(|| "unknown".to_owned(), ToString::to_string)
+                ),
+            }),
+            Some(Launch::Nccl { .. }) => self
+                .communicator(runtime, id)
+                .all_reduce(
+                    stream,
+                    &operands.input,
+                    &operands.output,
+                    elements,
+                    nccl_type(self.dtype),
+                )
+                .map_err(RuntimeError::from),
+            Some(Launch::Custom {
+                kernel,
+                geometry,
+                scratch_offset,
+                input,
+            }) => {
+                let Input::Peer(peer) = &self.input else {
+                    unreachable!("custom entries exist only with peer memory")
+                };
+                let plan = self.plan(stream, peer, &operands, bytes, *input)?;
+                let params = peer.params(
+                    plan.input,
+                    plan.output,
+                    elements as u64,
+                    *scratch_offset,
+                    self.timeout,
+                );
+                stream
+                    .launch_loaded(kernel, *geometry, &params.to_bytes())
+                    .map_err(RuntimeError::driver(self.rank))?;
+                self.finish(stream, &operands, bytes, &plan)
+            }
+            Some(Launch::CopyEngine(kernels)) => {
+                let Input::Peer(peer) = &self.input else {
+                    unreachable!("custom entries exist only with peer memory")
+                };
+                let access = InputAccess::Peers {
+                    output_may_alias: false,
+                };
+                let plan = self.plan(stream, peer, &operands, bytes, access)?;
+                self.copy_engine
+                    .as_ref()
+                    .expect("a copy-engine entry comes with the copy engine's stream")
+                    .enqueue(stream, peer, kernels, elements, plan.output)?;
+                self.finish(stream, &operands, bytes, &plan)
+            }
+        }
+    }
+
+    /// Enqueues the copies that put the message where a kernel of `access` needs it, and
+    /// returns where the kernel reads and writes (see [`plan_operands`]).
+    fn plan(
+        &self,
+        stream: &Stream,
+        peer: &PeerMemory,
+        operands: &Operands,
+        bytes: u64,
+        access: InputAccess,
+    ) -> Result<OperandPlan, RuntimeError> {
+        let rank = self.rank;
+        let registered = peer.buffer();
+        let layout = BufferLayout {
+            input_region: registered.address()..registered.address() + self.input_region,
+            scratch: registered.address() + self.input_region
+                ..registered.address() + registered.len_bytes() as u64,
+            private_output: self.output.address(),
+        };
+        let plan = plan_operands(
+            access,
+            operands.input.address(),
+            operands.output.address(),
+            bytes,
+            &layout,
+        );
+        let bytes = bytes as usize;
+        match plan.staging {
+            Staging::None => {}
+            Staging::Copy => stream
+                .copy_device(registered, 0, &operands.input, 0, bytes)
+                .map_err(RuntimeError::driver(rank))?,
+            Staging::ThroughPrivate => {
+                stream
+                    .copy_device(&self.output, 0, &operands.input, 0, bytes)
+                    .map_err(RuntimeError::driver(rank))?;
+                stream
+                    .copy_device(registered, 0, &self.output, 0, bytes)
+                    .map_err(RuntimeError::driver(rank))?;
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Copies a bounced sum to the caller's output.
+    fn finish(
+        &self,
+        stream: &Stream,
+        operands: &Operands,
+        bytes: u64,
+        plan: &OperandPlan,
+    ) -> Result<(), RuntimeError> {
+        if plan.bounce {
+            stream
+                .copy_device(&operands.output, 0, &self.output, 0, bytes as usize)
+                .map_err(RuntimeError::driver(self.rank))?;
+        }
+        Ok(())
+    }
+
+    /// Captures `ops` back-to-back launches of entry `id` at `elements` into a graph replayed
+    /// on `stream`.
+    pub fn capture(
+        &self,
+        runtime: &Runtime,
+        stream: &mut Stream,
+        id: EntryId,
+        elements: usize,
+        ops: u32,
+    ) -> Result<Graph, RuntimeError> {
+        let operands = Operands {
+            input: CallerMemory::whole(self.input()),
+            output: CallerMemory::whole(&self.output),
+        };
+        self.capture_operands(runtime, stream, id, elements, operands, ops)
+    }
+
+    /// Like [`Collectives::capture`], on operands (see [`Collectives::enqueue_operands`]).
+    pub fn capture_operands(
+        &self,
+        runtime: &Runtime,
+        stream: &mut Stream,
+        id: EntryId,
+        elements: usize,
+        operands: Operands,
+        ops: u32,
+    ) -> Result<Graph, RuntimeError> {
+        let rank = self.rank;
+        let graph = stream
+            .capture(|stream| {
+                for _ in 0..ops {
+                    self.enqueue_operands(runtime, stream, id, elements, operands)
+                        .map_err(CaptureFailure::Runtime)?;
+                }
+                Ok(())
+            })
+            .map_err(|failure| match failure {
+                CaptureFailure::Driver(source) => RuntimeError::Driver { rank, source },
+                CaptureFailure::Runtime(error) => error,
+            })?;
+        graph.upload().map_err(RuntimeError::driver(rank))?;
+        Ok(graph)
+    }
+
+    /// Runs `enqueue` (work that includes entry `id`, or any NCCL work when `id` is `None`) on
+    /// `stream` and waits for it within the timeout. NCCL work runs under the runtime's
+    /// watchdog, so a missing peer aborts the communicator; custom kernels bound their own
+    /// waits and leave an abort word naming the missing peer, which becomes the error.
+    pub fn run_bounded(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        step: &str,
+        enqueue: impl FnOnce() -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        let entry = &self.entries[id];
+        if entry.nccl {
+            return runtime.bounded(self.communicator(runtime, id), stream, step, enqueue);
+        }
+        enqueue()?;
+        // Every kernel's wait is bounded by the timeout; twice it leaves room for the launch.
+        // A stream still busy after that cannot be read (the read would wait for it).
+        stream
+            .synchronize_within(self.timeout * 2)
+            .map_err(RuntimeError::driver(self.rank))?;
+        self.check_abort(stream, step)
+    }
+
+    /// Aborts the NCCL profiles' own communicators, so that their kernels waiting for a
+    /// missing peer end (the runtime's communicator is aborted by [`Runtime::bounded`]).
+    pub fn abort_splits(&self) {
+        for split in &self.splits {
+            split.abort();
+        }
+    }
+
+    /// This rank's state words, whose first is the abort word; `None` when no custom kernel
+    /// runs (only NCCL).
+    pub fn state(&self) -> Option<&DeviceBuffer> {
+        match &self.input {
+            Input::Peer(peer) => Some(peer.state()),
+            Input::Plain(_) => None,
+        }
+    }
+
+    /// The bytes at the start of the registered buffer that hold a message (the zero-copy
+    /// region: a message there is read in place); `None` when no custom kernel runs.
+    pub fn input_region(&self) -> Option<CallerMemory> {
+        match &self.input {
+            Input::Peer(peer) => Some(CallerMemory::prefix(peer.buffer(), self.input_region)),
+            Input::Plain(_) => None,
+        }
+    }
+
+    /// The abort word as an error, if a kernel left one.
+    pub fn check_abort(&self, stream: &Stream, step: &str) -> Result<(), RuntimeError> {
+        let Input::Peer(peer) = &self.input else {
+            return Ok(());
+        };
+        let mut word = [0_u64; 1];
+        stream
+            .read(peer.state(), 0, &mut word)
+            .map_err(RuntimeError::driver(self.rank))?;
+        match Abort::decode(word[0]) {
+            None => Ok(()),
+            Some(abort) => Err(RuntimeError::Aborted {
+                rank: self.rank,
+                step: step.to_owned(),
+                abort,
+            }),
+        }
+    }
+}
