@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmarks behind the README's results, on the GPU machine, one after the other: for each
+# The benchmarks behind docs/benchmarks.md, on the GPU machine, one after the other: for each
 # ladder, `prepare export` for the local GPUs (which qualifies every candidate in CUDA graphs), then
 # `prepare bench` (every candidate, NCCL and the tuned choice, plus the decode emulation); then
 # benches/pytorch_allreduce.py (PyTorch's NCCL and symmetric-memory all-reduces). Run from the

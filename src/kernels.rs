@@ -651,7 +651,7 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
-    /// The example ladder of docs/design.md: world 4, two buckets, every kind of profile.
+    /// A world-4 ladder like the second example of docs/ladders.md, with every kind of profile.
     const EXAMPLE: &str = r#"{
         "format_version": 1, "name": "gb202_pcie_tp4_clustered_full", "collective": "all_reduce",
         "dtype": "bf16", "world_size": 4, "targets": ["sm_120", "sm_121"],

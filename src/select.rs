@@ -1,4 +1,4 @@
-//! Startup selection, as a serving process runs it (docs/design.md, Start-up selection): the package
+//! Startup selection, as a serving process runs it (docs/selection.md): the package
 //! is loaded on this rank, the cache is consulted (used only when every rank hit the same
 //! entry), otherwise every bucket's surviving candidates are checked exact at the bucket's
 //! largest size and timed at its smallest and its largest message, both sizes in the same

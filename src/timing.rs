@@ -1,4 +1,4 @@
-//! Timing candidates on the real GPUs, the way start-up selection (docs/design.md) and benchmarks
+//! Timing candidates on the real GPUs, the way start-up selection (docs/selection.md) and benchmarks
 //! ask: each candidate captured in a graph of enough back-to-back operations that event
 //! resolution (0.5 us) does not matter, then interleaved rounds (A B C A B C ...), every sample
 //! preceded by a barrier (an NCCL all-reduce of a few bytes on the same stream) so that the

@@ -1,5 +1,6 @@
 //! The committed JSON Schemas are what the types generate, are valid draft 2020-12 schemas, and
-//! judge the shipped ladders and fixtures as `prepare validate` does at the schema stage.
+//! judge the shipped ladders and fixtures as `prepare validate` does at the schema stage; the
+//! declared minimum Rust is one the locked dependencies accept, and the one the README states.
 
 mod repository;
 
@@ -155,5 +156,72 @@ fn the_import_graph_follows_reexports_to_a_cycle() {
     assert_eq!(
         repository::imports::cycles(&graph),
         [["a.rs".to_owned(), "b.rs".to_owned()]]
+    );
+}
+
+/// A `rust-version` as numbers: `1.88` is `[1, 88, 0]`.
+fn rust_version(text: &str) -> [u32; 3] {
+    let mut parts = [0; 3];
+    for (part, number) in parts.iter_mut().zip(text.split('.')) {
+        *part = number
+            .parse()
+            .unwrap_or_else(|_| panic!("{text:?} is not a Rust version"));
+    }
+    parts
+}
+
+/// `rust-version` in Cargo.toml is true without an older toolchain at hand: no locked
+/// dependency declares a newer one, and the README says the same.
+#[test]
+fn the_declared_rust_version_builds_the_locked_dependencies() {
+    let output = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let packages = metadata["packages"].as_array().expect("a package list");
+    let members = metadata["workspace_members"]
+        .as_array()
+        .expect("workspace members");
+    let declared_of =
+        |package: &serde_json::Value| package["rust_version"].as_str().map(ToOwned::to_owned);
+
+    let mut declared: Vec<String> = packages
+        .iter()
+        .filter(|package| members.contains(&package["id"]))
+        .map(|package| {
+            declared_of(package)
+                .unwrap_or_else(|| panic!("{} declares no rust-version", package["name"]))
+        })
+        .collect();
+    declared.dedup();
+    assert_eq!(declared.len(), 1, "the workspace declares {declared:?}");
+    let declared = declared.remove(0);
+
+    let newer: Vec<String> = packages
+        .iter()
+        .filter_map(|package| {
+            let needs = declared_of(package)?;
+            let name = package["name"].as_str().unwrap_or_default();
+            let version = package["version"].as_str().unwrap_or_default();
+            (rust_version(&needs) > rust_version(&declared))
+                .then(|| format!("{name} {version} needs {needs}"))
+        })
+        .collect();
+    assert!(
+        newer.is_empty(),
+        "Cargo.toml declares rust-version {declared}, but {newer:?}"
+    );
+
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    assert!(
+        readme.contains(&format!("Rust {declared} or newer")),
+        "README.md does not say \"Rust {declared} or newer\""
     );
 }

@@ -101,7 +101,7 @@ fn every_rule_has_an_invalid_fixture() {
 
 #[test]
 fn every_rule_is_documented() {
-    let docs = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let docs = std::fs::read_to_string(root().join("docs/ladders.md")).expect("docs/ladders.md");
     let missing: Vec<&str> = Rule::ALL
         .iter()
         .map(|rule| rule.name())
@@ -109,7 +109,7 @@ fn every_rule_is_documented() {
         .collect();
     assert!(
         missing.is_empty(),
-        "rules missing from README.md: {missing:?}"
+        "rules missing from docs/ladders.md: {missing:?}"
     );
 }
 
@@ -215,7 +215,7 @@ fn an_invalid_file_error_names_the_file_on_every_line() {
 
 #[test]
 fn the_documented_example_is_valid() {
-    let docs = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let docs = std::fs::read_to_string(root().join("docs/ladders.md")).expect("docs/ladders.md");
     let examples: Vec<&str> = docs
         .split("```json\n")
         .skip(1)
@@ -224,7 +224,7 @@ fn the_documented_example_is_valid() {
     assert!(!examples.is_empty());
     for example in examples {
         if let Err(report) = validate_ladder_text(example) {
-            panic!("README.md example:\n{report}");
+            panic!("docs/ladders.md example:\n{report}");
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::runtime::{PeerMemory, Runtime, RuntimeError};
 
 /// A copy-engine launch moves the message in chunks of at least this many bytes, so the sum
 /// of one chunk runs while the next is copied. On 2x H200 a 64 MiB message took 243 us in
-/// chunks of 16 MiB, 265 us in chunks of 4 MiB (docs/kernel-notes.md).
+/// chunks of 16 MiB, 265 us in chunks of 4 MiB (docs/benchmarks.md).
 pub const COPY_ENGINE_CHUNK_BYTES: u64 = 16 << 20;
 
 /// At most this many chunks per copy-engine launch (larger messages take larger chunks).

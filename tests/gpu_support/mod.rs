@@ -223,8 +223,8 @@ fn dump_threads(pid: u32) {
                     .to_owned()
             };
             eprintln!(
-                "thread {:?}: {} waiting in {}",
-                task.file_name(),
+                "thread {}: {} waiting in {}",
+                task.file_name().display(),
                 read("comm"),
                 read("wchan")
             );
