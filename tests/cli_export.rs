@@ -64,7 +64,7 @@ fn without_an_architecture_export_says_to_name_one() {
             "pkg",
         ],
     );
-    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert_eq!((code, stdout.as_str()), (2, ""), "{stderr}");
     insta::assert_snapshot!(stderr);
     assert_eq!(names(scratch.path()), ["ladder.json"]);
 }

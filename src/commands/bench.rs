@@ -109,7 +109,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     args.ranks.timeout()?;
     ranks::check_writable("--out", args.out.as_deref())?;
     match ranks::role()? {
-        Role::Rank(environment) => run_rank(args, &environment),
+        Role::Rank => run_rank(args),
         Role::Launcher => {
             // Refuse a bad package before starting any rank.
             prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
@@ -173,7 +173,7 @@ fn nccl_profile(ladder: &prepare::ladder::Ladder, bucket: usize) -> Option<Strin
 }
 
 #[allow(clippy::print_stdout, clippy::too_many_lines)]
-fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
+fn run_rank(args: &Args) -> Result<(), Failure> {
     let package =
         prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
     let ladder = package.ladder();
@@ -188,7 +188,7 @@ fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Resu
         None => None,
     };
     let sizes = args.sizes.clone().unwrap_or_else(|| default_sizes(ladder));
-    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    let runtime = ranks::start_rank(&args.ranks)?;
     ranks::check_architecture(&runtime, &package)?;
     let leader = runtime.rank() == 0;
     let log = |line: String| {

@@ -53,8 +53,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     // A rank of `export --gpus` is started by the launcher below with the staged package named;
     // an export run inside someone else's torchrun job is not one.
     if std::env::var_os(STAGED_PACKAGE_VARIABLE).is_some() {
-        if let Role::Rank(environment) = ranks::role()? {
-            return qualify_rank(args, &environment);
+        if let Role::Rank = ranks::role()? {
+            return qualify_rank(args);
         }
     }
     let (text, ladder) = read_ladder(&args.collective_ladder)?;
@@ -69,7 +69,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             let visible = prepare::gpu::driver::visible_devices().unwrap_or(0);
             if visible == 0 {
                 let targets: Vec<&str> = ladder.targets.iter().map(|arch| arch.name()).collect();
-                return Err(Failure::refused(anyhow!(
+                return Err(Failure::usage(anyhow!(
                     "name the architecture to compile for with --arch (ladder `{}` targets {}); \
                      no GPU is visible here to take it from",
                     ladder.name,
@@ -193,7 +193,7 @@ fn gpus_architecture(ladder: &Ladder, gpus: &[u32]) -> Result<Arch, Failure> {
             }
         }
     }
-    arch.ok_or_else(|| Failure::refused(anyhow!("--gpus names no GPU")))
+    arch.ok_or_else(|| Failure::usage(anyhow!("--gpus names no GPU")))
 }
 
 /// Stages the package, launches one rank per GPU to qualify it, and reads the result.
@@ -240,13 +240,10 @@ fn qualify_on(
 /// A rank of `export --gpus`: qualifies the staged package on this rank's GPU; rank 0 writes
 /// the agreed result for the launcher.
 #[allow(clippy::print_stdout)]
-fn qualify_rank(
-    args: &Args,
-    environment: &prepare::launch::RankEnvironment,
-) -> Result<(), Failure> {
+fn qualify_rank(args: &Args) -> Result<(), Failure> {
     let variable = |name: &str| {
         std::env::var_os(name).map(PathBuf::from).ok_or_else(|| {
-            Failure::refused(anyhow!(
+            Failure::usage(anyhow!(
                 "this rank of `prepare export` was started without {name}; start export \
                  without RANK set and it launches its ranks itself"
             ))
@@ -255,7 +252,7 @@ fn qualify_rank(
     let staged = variable(STAGED_PACKAGE_VARIABLE)?;
     let report_path = variable(REPORT_VARIABLE)?;
     let package = package::open_package(&staged).map_err(Failure::refused)?;
-    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    let runtime = ranks::start_rank(&args.ranks)?;
     ranks::check_architecture(&runtime, &package)?;
     let mut collectives =
         prepare::collective::Collectives::new(&runtime, &package).map_err(Failure::runtime)?;
