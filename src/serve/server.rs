@@ -19,7 +19,7 @@ use super::{Handle, ServeError};
 use crate::launch::{RankEnvironment, RankEnvironmentError};
 use crate::package::Package;
 use crate::progress::Reporter;
-use crate::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous, Runtime};
+use crate::runtime::{RankSetup, Rendezvous, Runtime};
 use crate::select::{SelectError, SelectOptions};
 use crate::tune::choice::Tuning;
 use crate::tune::Policy;
@@ -81,8 +81,10 @@ pub enum SetupError {
     #[error(transparent)]
     Environment(#[from] RankEnvironmentError),
     /// `PREPARE_GPUS` names no GPU for this rank.
-    #[error("{message}")]
+    #[error("rank {rank}: {message}")]
     Gpus {
+        /// This rank.
+        rank: u32,
         /// What is wrong.
         message: String,
     },
@@ -92,6 +94,67 @@ pub enum SetupError {
         /// The timeout given, seconds.
         seconds: f64,
     },
+}
+
+/// Variables a rank process sets for itself before anything else runs, when they are unset:
+/// `NCCL_COMM_ID` from `MASTER_ADDR` and `PREPARE_PORT` (default `MASTER_PORT` + 1, so it never
+/// collides with a server's own store), and `NCCL_RUNTIME_CONNECT=0`, so NCCL connects inside
+/// the bounded bootstrap rather than in the first collective.
+pub fn environment_defaults(lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    let mut defaults = Vec::new();
+    if lookup("NCCL_COMM_ID").is_none() {
+        if let (Some(address), Some(master_port)) = (lookup("MASTER_ADDR"), lookup("MASTER_PORT")) {
+            let port = lookup("PREPARE_PORT")
+                .and_then(|port| port.trim().parse::<u16>().ok())
+                .or_else(|| {
+                    master_port
+                        .trim()
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|port| port.checked_add(1))
+                });
+            if let Some(port) = port {
+                let host = if address.contains(':') && !address.starts_with('[') {
+                    format!("[{address}]")
+                } else {
+                    address
+                };
+                defaults.push(("NCCL_COMM_ID".to_owned(), format!("{host}:{port}")));
+            }
+        }
+    }
+    if lookup("NCCL_RUNTIME_CONNECT").is_none() {
+        defaults.push(("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned()));
+    }
+    defaults
+}
+
+/// The GPU a rank drives: entry `LOCAL_RANK` of `PREPARE_GPUS` when set, else `LOCAL_RANK`.
+pub fn gpu_for_rank(
+    environment: &RankEnvironment,
+    gpus: Option<&str>,
+) -> Result<usize, SetupError> {
+    let Some(list) = gpus.filter(|list| !list.trim().is_empty()) else {
+        return Ok(environment.local_rank as usize);
+    };
+    let parsed: Result<Vec<usize>, _> = list.split(',').map(|gpu| gpu.trim().parse()).collect();
+    let setup = |message: String| SetupError::Gpus {
+        rank: environment.rank,
+        message,
+    };
+    let gpus = parsed.map_err(|_| {
+        setup(format!(
+            "PREPARE_GPUS={list:?} is not a list of GPU numbers"
+        ))
+    })?;
+    gpus.get(environment.local_rank as usize)
+        .copied()
+        .ok_or_else(|| {
+            setup(format!(
+                "LOCAL_RANK {} has no GPU in PREPARE_GPUS={list:?}",
+                environment.local_rank
+            ))
+        })
 }
 
 /// A rank ready to start: where it is (from the environment) and how it starts.
@@ -123,12 +186,7 @@ impl Server {
             });
         }
         let environment = RankEnvironment::from_lookup(&lookup)?;
-        let gpu =
-            gpu_for_rank(&environment, lookup("PREPARE_GPUS").as_deref()).map_err(|error| {
-                SetupError::Gpus {
-                    message: error.to_string(),
-                }
-            })?;
+        let gpu = gpu_for_rank(&environment, lookup("PREPARE_GPUS").as_deref())?;
         let rendezvous = options
             .id_file
             .clone()
@@ -227,10 +285,10 @@ mod tests {
         assert_eq!(setup.host, "host-a");
         assert_eq!(
             server.nccl_variables(),
-            [
-                ("NCCL_COMM_ID".to_owned(), "10.0.0.7:29501".to_owned()),
-                ("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned()),
-            ]
+            pairs(&[
+                ("NCCL_COMM_ID", "10.0.0.7:29501"),
+                ("NCCL_RUNTIME_CONNECT", "0")
+            ])
         );
     }
 
@@ -253,7 +311,7 @@ mod tests {
         // The ranks meet through the file, so NCCL is given no address.
         assert_eq!(
             server.nccl_variables(),
-            [("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned())]
+            pairs(&[("NCCL_RUNTIME_CONNECT", "0")])
         );
     }
 
@@ -279,11 +337,7 @@ mod tests {
         let mut variables = TORCHRUN.to_vec();
         variables.push(("PREPARE_GPUS", "4"));
         let error = Server::from_lookup(lookup(&variables), Options::default()).unwrap_err();
-        assert!(matches!(error, SetupError::Gpus { .. }), "{error}");
-        assert_eq!(
-            error.to_string(),
-            "rank 1: LOCAL_RANK 1 has no GPU in PREPARE_GPUS=\"4\""
-        );
+        assert!(matches!(error, SetupError::Gpus { rank: 1, .. }), "{error}");
     }
 
     #[test]
@@ -324,6 +378,71 @@ mod tests {
         assert_eq!(
             Options::default().cache_dir,
             SelectOptions::default().cache_dir
+        );
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_rendezvous_is_the_next_port_after_the_servers_store() {
+        let defaults = environment_defaults(lookup(&[
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "29500"),
+        ]));
+        assert_eq!(
+            defaults,
+            pairs(&[
+                ("NCCL_COMM_ID", "10.1.2.3:29501"),
+                ("NCCL_RUNTIME_CONNECT", "0")
+            ])
+        );
+    }
+
+    #[test]
+    fn prepare_port_ipv6_and_existing_settings_are_respected() {
+        let defaults = environment_defaults(lookup(&[
+            ("MASTER_ADDR", "fe80::1"),
+            ("MASTER_PORT", "29500"),
+            ("PREPARE_PORT", "40000"),
+            ("NCCL_RUNTIME_CONNECT", "1"),
+        ]));
+        assert_eq!(defaults, pairs(&[("NCCL_COMM_ID", "[fe80::1]:40000")]));
+        let none = environment_defaults(lookup(&[
+            ("NCCL_COMM_ID", "host:1"),
+            ("NCCL_RUNTIME_CONNECT", "0"),
+        ]));
+        assert!(none.is_empty());
+        let overflow =
+            environment_defaults(lookup(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")]));
+        assert_eq!(overflow, pairs(&[("NCCL_RUNTIME_CONNECT", "0")]));
+    }
+
+    #[test]
+    fn each_rank_takes_its_entry_of_the_gpu_list() {
+        let environment = RankEnvironment {
+            rank: 3,
+            world_size: 4,
+            local_rank: 1,
+            master_addr: "h".to_owned(),
+            master_port: 1,
+        };
+        assert_eq!(gpu_for_rank(&environment, None).unwrap(), 1);
+        assert_eq!(gpu_for_rank(&environment, Some("4,6")).unwrap(), 6);
+        assert_eq!(
+            gpu_for_rank(&environment, Some("4"))
+                .unwrap_err()
+                .to_string(),
+            "rank 3: LOCAL_RANK 1 has no GPU in PREPARE_GPUS=\"4\""
+        );
+        assert_eq!(
+            gpu_for_rank(&environment, Some("a,b"))
+                .unwrap_err()
+                .to_string(),
+            "rank 3: PREPARE_GPUS=\"a,b\" is not a list of GPU numbers"
         );
     }
 }
