@@ -81,6 +81,9 @@ pub enum RuntimeError {
     /// The gathered records could not be read.
     #[error(transparent)]
     Agree(#[from] agree::AgreeError),
+    /// A rank holds other bytes where every rank must hold the same.
+    #[error(transparent)]
+    Disagreement(#[from] agree::Disagreement),
     /// A kernel gave up waiting for a peer (or found its launch invalid) and left its abort
     /// word, which names the rank.
     #[error("rank {rank}: {step}: {abort}")]
@@ -430,6 +433,17 @@ impl Runtime {
             .read(&self.gather_receive, 0, &mut gathered)
             .map_err(RuntimeError::driver(self.rank))?;
         Ok(gathered)
+    }
+
+    /// Every rank gives `bytes` for `what` (`the choice`; the same length on every rank, at
+    /// most [`RECORD_BYTES`]): [`RuntimeError::Disagreement`] names the first rank that gave
+    /// other bytes. Collective.
+    pub fn agree_on(&self, bytes: &[u8], what: &str) -> Result<(), RuntimeError> {
+        let gathered = self.all_gather(bytes, &format!("{what} agreement"))?;
+        match agree::disagreement(self.rank, bytes, &gathered, what) {
+            None => Ok(()),
+            Some(disagreement) => Err(disagreement.into()),
+        }
     }
 
     /// All-gathers `local` (any length, the same on every rank) in slot-sized pieces; returns
