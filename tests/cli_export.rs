@@ -7,7 +7,12 @@ use std::fs;
 use std::path::Path;
 
 use assert_cmd::Command;
-use package_support::{names, LADDER};
+use package_support::{compilation, files, ladder, names, write_fixture, LADDER};
+use prepare::ladder::Arch;
+use prepare::package::{
+    write_qualified_package, BucketQualification, CandidateQualification, Outcome, Qualification,
+    QualifiedGpu,
+};
 
 /// Runs `prepare` in `dir` with `args`; returns exit code, stdout and stderr.
 fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
@@ -157,9 +162,119 @@ fn an_existing_output_is_refused_before_compiling() {
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(
         stderr,
-        "error: pkg already exists; pass --force to replace it\n"
+        "error: refusing to replace pkg: it holds keep.txt and no readable manifest.json (No such \
+         file or directory (os error 2)); --force replaces only an empty directory or a package \
+         prepare wrote, with nothing else in it\n"
     );
     assert_eq!(names(&scratch.path().join("pkg")), ["keep.txt"]);
+}
+
+/// `prepare export --arch ARCH --out pkg` of `ladder.json` in `dir`, without `--force`.
+fn export_over(dir: &Path, arch: &str) -> (i32, String, String) {
+    run_in(
+        dir,
+        &[
+            "export",
+            "--collective-ladder",
+            "ladder.json",
+            "--arch",
+            arch,
+            "--out",
+            "pkg",
+        ],
+    )
+}
+
+#[test]
+fn another_package_at_the_output_is_refused_before_compiling_naming_what_differs() {
+    let scratch = scratch_with_ladder();
+    let out = scratch.path().join("pkg");
+    write_fixture(&out, Arch::Sm120);
+    let before = files(&out);
+
+    let (code, stdout, stderr) = export_over(scratch.path(), "sm_121");
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(
+        stderr.starts_with("error: pkg holds another package than this export writes: "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("it is for sm_120, this export for sm_121; "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with("; pass --force to replace it\n"),
+        "{stderr}"
+    );
+
+    // Another ladder: both are named, with their sha256.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("ladders/gb202_pcie_tp4.json");
+    fs::copy(shipped, scratch.path().join("ladder.json")).unwrap();
+    let (code, _, stderr) = export_over(scratch.path(), "sm_120");
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("its ladder is `test_tp4_clustered` (sha256 "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("this export's `gb202_pcie_tp4` (sha256 "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("it is for"), "{stderr}");
+    assert_eq!(files(&out), before, "the package there stays as it was");
+}
+
+#[test]
+fn a_qualified_package_is_not_the_one_an_export_without_gpus_writes() {
+    let scratch = scratch_with_ladder();
+    let out = scratch.path().join("pkg");
+    let ladder = ladder(LADDER);
+    let mut compilation = compilation(&ladder, Arch::Sm120);
+    compilation.options = prepare::compile::compile_options(Arch::Sm120);
+    let qualification = Qualification {
+        gpus: ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+            .map(|uuid| QualifiedGpu {
+                name: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition".into(),
+                uuid: uuid.into(),
+            })
+            .to_vec(),
+        driver_version: "580.95.05".into(),
+        nccl_version: "2.28.9".into(),
+        buckets: ladder
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(index, bucket)| BucketQualification {
+                index,
+                candidates: bucket
+                    .candidates
+                    .iter()
+                    .map(|profile| CandidateQualification {
+                        profile: profile.clone(),
+                        outcome: Outcome::Qualified { exact: true },
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    write_qualified_package(
+        &out,
+        LADDER,
+        &ladder,
+        &compilation,
+        Arch::Sm120,
+        Some(qualification),
+        false,
+    )
+    .unwrap();
+    let (code, _, stderr) = export_over(scratch.path(), "sm_120");
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: pkg holds another package than this export writes: it was qualified on 4 GPUs \
+         (GPU-a, GPU-b, GPU-c, GPU-d), this export qualifies on none; pass --force to replace \
+         it\n"
+    );
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! the same ladder, compilation and tool give the same bytes). Reading verifies every hash and
 //! refuses a changed, missing or extra file by name.
 
+mod compare;
 mod manifest;
 mod read;
 mod write;
@@ -27,6 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::ladder::{Arch, Ladder};
 use crate::tune::choice::Choice;
 
+pub use compare::manifest_differences;
 pub use manifest::{
     kernel_file, BucketQualification, BucketRecord, CandidateQualification, CandidateRecord,
     CompilerRecord, KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification,
