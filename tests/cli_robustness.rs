@@ -48,6 +48,9 @@ fn run_with(
     )
 }
 
+/// How the tests export the ladder they wrote: `prepare export` of `ladder.json`.
+const EXPORT: [&str; 3] = ["export", "--collective-ladder", "ladder.json"];
+
 /// A run that must fail: the exit code expected, the variables, the arguments.
 type Failing<'a> = (i32, &'a [(&'a str, &'a str)], &'a [&'a str]);
 
@@ -70,15 +73,14 @@ fn every_command_exits_with_the_class_of_its_failure() {
     let rank_without_world = [("RANK", "0")];
     let mut rank_without_gpu = RANK_ZERO.to_vec();
     rank_without_gpu.push(("PREPARE_GPUS", "x"));
-    let export = ["export", "--collective-ladder", "ladder.json"];
     let cases: [Failing; 14] = [
         // Usage: the flags or the launcher's variables.
         (2, &[], &["export", "--no-such-flag"]),
-        (2, &[], &[&export[..], &["--out", "new"]].concat()),
+        (2, &[], &[&EXPORT[..], &["--out", "new"]].concat()),
         (
             2,
             &[],
-            &[&export[..], &["--arch", "sm_120", "--out", "new/."]].concat(),
+            &[&EXPORT[..], &["--arch", "sm_120", "--out", "new/."]].concat(),
         ),
         (2, &[], &["check", "--gpus", "0"]),
         (2, &rank_without_world, &["check"]),
@@ -88,7 +90,7 @@ fn every_command_exits_with_the_class_of_its_failure() {
         (
             1,
             &[],
-            &[&export[..], &["--arch", "sm_90", "--out", "new"]].concat(),
+            &[&EXPORT[..], &["--arch", "sm_90", "--out", "new"]].concat(),
         ),
         (1, &[], &["show", tampered]),
         (1, &[], &["tune", "--package", tampered, "--gpus", "0,1"]),
@@ -98,7 +100,7 @@ fn every_command_exits_with_the_class_of_its_failure() {
         (
             3,
             &[],
-            &[&export[..], &["--gpus", "0,1", "--out", "new"]].concat(),
+            &[&EXPORT[..], &["--gpus", "0,1", "--out", "new"]].concat(),
         ),
         (3, &RANK_ZERO, &["check"]),
     ];
@@ -195,16 +197,7 @@ fn force_refuses_before_compiling_a_directory_holding_files_the_package_does_not
     fs::write(target.join("src/main.js"), "code").unwrap();
     let (code, _, stderr) = run_in(
         scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_120",
-            "--out",
-            "p",
-            "--force",
-        ],
+        &[&EXPORT[..], &["--arch", "sm_120", "--out", "p", "--force"]].concat(),
     );
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("src"), "{stderr}");
@@ -409,15 +402,7 @@ fn an_output_that_names_no_directory_is_a_usage_error() {
     for out in ["new/.", "new/..", "/"] {
         let (code, _, stderr) = run_in(
             scratch.path(),
-            &[
-                "export",
-                "--collective-ladder",
-                "ladder.json",
-                "--arch",
-                "sm_120",
-                "--out",
-                out,
-            ],
+            &[&EXPORT[..], &["--arch", "sm_120", "--out", out]].concat(),
         );
         assert_eq!(code, Some(2), "{out}: {stderr}");
     }

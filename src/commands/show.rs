@@ -150,23 +150,7 @@ fn render_header(out: &mut String, package: &Package, width: Option<usize>) {
 /// same geometry and candidates, the candidates once, a tag every ordinary kernel of the run
 /// shares said once before them.
 fn render_bucket_groups(out: &mut String, manifest: &Manifest, width: Option<usize>) {
-    let _ = writeln!(out, "\nBuckets");
-    let mut table = Table::new(&[
-        Align::Right,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-    ]);
-    table.row([
-        "#",
-        "messages",
-        "bytes",
-        "threads x blocks",
-        "cluster",
-        "default",
-    ]);
+    let mut table = bucket_table(out, "default");
     let buckets = &manifest.buckets;
     let mut previous_max = 0;
     let mut first = 0;
@@ -215,23 +199,7 @@ fn render_bucket_groups(out: &mut String, manifest: &Manifest, width: Option<usi
 
 /// Every bucket on one line with every candidate and its tags, `*` on the default.
 fn render_bucket_lines(out: &mut String, manifest: &Manifest) {
-    let _ = writeln!(out, "\nBuckets");
-    let mut table = Table::new(&[
-        Align::Right,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-    ]);
-    table.row([
-        "#",
-        "messages",
-        "bytes",
-        "threads x blocks",
-        "cluster",
-        "candidates",
-    ]);
+    let mut table = bucket_table(out, "candidates");
     let mut previous_max = 0;
     for bucket in &manifest.buckets {
         let candidates = bucket
@@ -253,6 +221,21 @@ fn render_bucket_lines(out: &mut String, manifest: &Manifest) {
         "* the bucket's default, used when nothing is timed.",
         None,
     );
+}
+
+/// The buckets' title, and their table with its heads, `last` the last column's.
+fn bucket_table(out: &mut String, last: &str) -> Table {
+    let _ = writeln!(out, "\nBuckets");
+    let mut table = Table::indexed(6);
+    table.row([
+        "#",
+        "messages",
+        "bytes",
+        "threads x blocks",
+        "cluster",
+        last,
+    ]);
+    table
 }
 
 /// A bucket's index, messages, bytes, geometry and cluster size.
@@ -441,7 +424,7 @@ fn render_qualification(out: &mut String, manifest: &Manifest, width: Option<usi
     }
     gpus.render(out, width);
     let _ = writeln!(out);
-    let mut table = Table::new(&[Align::Right, Align::Left, Align::Left]);
+    let mut table = Table::indexed(3);
     table.row(["#", "candidate", "result"]);
     for bucket in &qualification.buckets {
         for (slot, candidate) in bucket.candidates.iter().enumerate() {

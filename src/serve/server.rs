@@ -253,17 +253,13 @@ impl Server {
 mod tests {
     use super::*;
 
+    /// The variables `pairs`, looked up as the environment would be.
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let pairs: Vec<(String, String)> = pairs
+        let variables: std::collections::HashMap<String, String> = pairs
             .iter()
             .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
             .collect();
-        move |name| {
-            pairs
-                .iter()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
-        }
+        move |name| variables.get(name).cloned()
     }
 
     const TORCHRUN: [(&str, &str); 6] = [

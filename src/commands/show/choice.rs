@@ -55,14 +55,7 @@ pub fn render_choice(out: &mut String, path: &Path, choice: &Choice, width: Opti
 /// Each bucket's winner, baseline and exactness, and why the winner won: in a column of its
 /// own when wide (no width), else under the bucket's line.
 fn render_decisions(out: &mut String, choice: &Choice, width: Option<usize>) {
-    let mut decisions = Table::new(&[
-        Align::Right,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-    ]);
+    let mut decisions = Table::indexed(6);
     let head = ["#", "messages", "winner", "baseline", "bit-exact"];
     if width.is_some() {
         decisions.row(head);

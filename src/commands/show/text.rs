@@ -97,6 +97,17 @@ impl Table {
         }
     }
 
+    /// A table of `columns` columns whose first holds an index (right-aligned) and the others
+    /// text.
+    pub fn indexed(columns: usize) -> Table {
+        let mut align = vec![Align::Left; columns];
+        align[0] = Align::Right;
+        Table {
+            align,
+            lines: Vec::new(),
+        }
+    }
+
     /// A line of cells; fewer than the columns make the last one span the rest.
     pub fn row<const N: usize>(&mut self, cells: [&str; N]) {
         debug_assert!((1..=self.align.len()).contains(&N));
