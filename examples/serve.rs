@@ -5,14 +5,17 @@
 //! serve PACKAGE [CACHE_DIR]
 //! ```
 //!
-//! It starts the serving handle (cache, or exactness check and timing), then, as a server
+//! It starts serving from the environment ([`prepare::serve::Server`]: the cache, or exactness
+//! check and timing), then, as a server
 //! capturing its decode step at several batch sizes would, captures the all-reduce of its own
 //! buffers in graphs of its own on its own stream, at 1, 8, 16 and 32 rows of a 7168-wide
 //! bf16 hidden state, an odd size, and a size above the ladder's largest bucket, each in four
 //! ways: in place in the handle's zero-copy region, from one of its buffers into another, in
 //! place in its own buffer, and at addresses not 16-byte aligned. It replays them alternately
 //! on fresh random data and checks every output against the reference sum and every input
-//! that must be kept. It prints one line per size and exits non-zero on any difference.
+//! that must be kept. It prints one line per size. It exits as the `prepare` command does: 2
+//! for wrong arguments or variables, 1 for a package refused, 3 for a runtime failure or any
+//! difference.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -23,11 +26,9 @@ use std::time::Duration;
 use prepare::collective::Operands;
 use prepare::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory as _, Graph};
 use prepare::ladder::Dtype;
-use prepare::launch::RankEnvironment;
+use prepare::package::Package;
 use prepare::reference::{random_inputs, reference_sum_bf16};
-use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous};
-use prepare::select::SelectOptions;
-use prepare::serve::Handle;
+use prepare::serve::{Handle, Options, Server};
 
 const HIDDEN: usize = 7168;
 
@@ -51,52 +52,49 @@ const MODES: [Mode; 4] = [
     Mode::Misaligned,
 ];
 
+const USAGE: &str = "usage: serve PACKAGE [CACHE_DIR]";
+
 fn main() -> ExitCode {
-    match serve() {
+    let mut args = std::env::args_os().skip(1);
+    let (Some(package_dir), cache_dir, None) = (args.next(), args.next(), args.next()) else {
+        return fail(2, &anyhow::anyhow!(USAGE));
+    };
+    let options = Options {
+        timeout: Duration::from_secs(30),
+        cache_dir: cache_dir.map(PathBuf::from),
+        ..Options::default()
+    };
+    let server = match Server::from_env(options) {
+        Ok(server) => server,
+        Err(error) => return fail(2, &error.into()),
+    };
+    let package = match prepare::package::open_package_retrying(package_dir.as_ref()) {
+        Ok(package) => package,
+        Err(error) => return fail(1, &error.into()),
+    };
+    let handle = match server.start(std::slice::from_ref(&package)) {
+        Ok(handle) => handle,
+        Err(error) => return fail(if error.is_refusal() { 1 } else { 3 }, &error.into()),
+    };
+    match serve(&handle, &package) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::from(3)
-        }
+        Err(error) => fail(3, &error),
     }
 }
 
-fn serve() -> anyhow::Result<()> {
-    let mut args = std::env::args_os().skip(1);
-    let package_dir = PathBuf::from(
-        args.next()
-            .ok_or_else(|| anyhow::anyhow!("usage: serve PACKAGE [CACHE_DIR]"))?,
-    );
-    let cache_dir = args.next().map(PathBuf::from);
-    let environment = RankEnvironment::from_lookup(|name| std::env::var(name).ok())?;
-    for (name, value) in environment_defaults(|name| std::env::var(name).ok()) {
-        std::env::set_var(name, value);
-    }
-    let package = prepare::package::open_package_retrying(&package_dir)?;
-    let setup = RankSetup {
-        rank: environment.rank,
-        world: environment.world_size,
-        gpu: gpu_for_rank(&environment, std::env::var("PREPARE_GPUS").ok().as_deref())?,
-        timeout: Duration::from_secs(30),
-        rendezvous: Rendezvous::CommId,
-        host: prepare::agree::host_identity(|name| std::env::var(name).ok()),
-    };
-    let options = SelectOptions {
-        cache_dir,
-        ..SelectOptions::default()
-    };
+/// Prints the error with its causes and ends with `code`.
+fn fail(code: u8, error: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {error:#}");
+    ExitCode::from(code)
+}
+
+fn serve(handle: &Handle, package: &Package) -> anyhow::Result<()> {
     let largest = package
         .ladder()
         .buckets
         .last()
         .map_or(0, |bucket| bucket.max_bytes) as usize
         / 2;
-    let handle = Handle::start(
-        &setup,
-        std::slice::from_ref(&package),
-        &options,
-        &prepare::progress::Silent,
-    )?;
     let rank = handle.rank();
     let world = handle.world() as usize;
     let selection = handle.selection(Dtype::Bf16)?;

@@ -1,7 +1,10 @@
-//! One-host agreement: every rank all-gathers what it knows of itself (host identity, GPU,
-//! peer access to every other rank's GPU), and every rank applies the same pure rule to the
-//! gathered records. Peer kernels are used only when all ranks are on one host with full peer
-//! access; otherwise NCCL, the engine that spans hosts, is the only candidate.
+//! Agreement between ranks. One-host agreement: every rank all-gathers what it knows of itself
+//! (host identity, GPU, peer access to every other rank's GPU), and every rank applies the same
+//! pure rule to the gathered records. Peer kernels are used only when all ranks are on one
+//! host with full peer access; otherwise NCCL, the engine that spans hosts, is the only
+//! candidate. Agreement on bytes: where every rank must hold the same (a package identity, the
+//! options, a cache entry, a choice), each gives its bytes and [`disagreement`] names the
+//! first rank whose bytes differ (`Runtime::agree_on` gathers and checks).
 
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +49,41 @@ pub enum AgreeError {
         /// What was wrong.
         message: String,
     },
+}
+
+/// A rank holds other bytes than this rank where every rank must hold the same.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rank {rank}: rank {other} disagrees with this rank on {what}")]
+pub struct Disagreement {
+    /// This rank.
+    pub rank: u32,
+    /// The first rank whose bytes differ from this rank's.
+    pub other: u32,
+    /// What the ranks were to agree on (`the choice`).
+    pub what: String,
+    /// This rank's bytes.
+    pub ours: Vec<u8>,
+    /// The other rank's bytes.
+    pub theirs: Vec<u8>,
+}
+
+/// Whether every rank gave `ours`: `gathered` holds every rank's bytes in rank order, each as
+/// long as `ours`. `None` when all agree, else the first rank that differs.
+pub fn disagreement(rank: u32, ours: &[u8], gathered: &[u8], what: &str) -> Option<Disagreement> {
+    if ours.is_empty() {
+        return None;
+    }
+    let (other, theirs) = gathered
+        .chunks(ours.len())
+        .enumerate()
+        .find(|(_, theirs)| *theirs != ours)?;
+    Some(Disagreement {
+        rank,
+        other: other as u32,
+        what: what.to_owned(),
+        ours: ours.to_vec(),
+        theirs: theirs.to_vec(),
+    })
 }
 
 impl RankRecord {
@@ -250,6 +288,25 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "the record gathered from rank 1 is unreadable: it says it is rank 0"
+        );
+    }
+
+    #[test]
+    fn the_first_rank_with_other_bytes_is_named() {
+        let gathered = [b"same".as_slice(), b"same", b"diff", b"also"].concat();
+        assert_eq!(disagreement(0, b"same", &gathered[..8], "the choice"), None);
+        let found = disagreement(1, b"same", &gathered, "the choice").expect("rank 2 differs");
+        assert_eq!((found.rank, found.other), (1, 2));
+        assert_eq!(found.theirs, b"diff");
+        assert_eq!(
+            found.to_string(),
+            "rank 1: rank 2 disagrees with this rank on the choice"
+        );
+        // The odd rank out names the first rank that differs from it.
+        let found = disagreement(2, b"diff", &gathered, "the choice").expect("rank 0 differs");
+        assert_eq!(
+            (found.other, found.theirs.as_slice()),
+            (0, b"same".as_slice())
         );
     }
 

@@ -12,7 +12,6 @@ use crate::gpu::driver::{
 };
 use crate::gpu::nccl::{CommConfig, Communicator, NcclError, UniqueId};
 use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
-use crate::launch::RankEnvironment;
 
 /// How the ranks find each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +81,9 @@ pub enum RuntimeError {
     /// The gathered records could not be read.
     #[error(transparent)]
     Agree(#[from] agree::AgreeError),
+    /// A rank holds other bytes where every rank must hold the same.
+    #[error(transparent)]
+    Disagreement(#[from] agree::Disagreement),
     /// A kernel gave up waiting for a peer (or found its launch invalid) and left its abort
     /// word, which names the rank.
     #[error("rank {rank}: {step}: {abort}")]
@@ -126,67 +128,6 @@ fn missing_peers(rank: u32, world: u32) -> String {
     } else {
         "one of the other ranks did not arrive (NCCL does not say which)".to_owned()
     }
-}
-
-/// Variables a rank process sets for itself before anything else runs, when they are unset:
-/// `NCCL_COMM_ID` from `MASTER_ADDR` and `PREPARE_PORT` (default `MASTER_PORT` + 1, so it never
-/// collides with a server's own store), and `NCCL_RUNTIME_CONNECT=0`, so NCCL connects inside
-/// the bounded bootstrap rather than in the first collective.
-pub fn environment_defaults(lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-    let mut defaults = Vec::new();
-    if lookup("NCCL_COMM_ID").is_none() {
-        if let (Some(address), Some(master_port)) = (lookup("MASTER_ADDR"), lookup("MASTER_PORT")) {
-            let port = lookup("PREPARE_PORT")
-                .and_then(|port| port.trim().parse::<u16>().ok())
-                .or_else(|| {
-                    master_port
-                        .trim()
-                        .parse::<u16>()
-                        .ok()
-                        .and_then(|port| port.checked_add(1))
-                });
-            if let Some(port) = port {
-                let host = if address.contains(':') && !address.starts_with('[') {
-                    format!("[{address}]")
-                } else {
-                    address
-                };
-                defaults.push(("NCCL_COMM_ID".to_owned(), format!("{host}:{port}")));
-            }
-        }
-    }
-    if lookup("NCCL_RUNTIME_CONNECT").is_none() {
-        defaults.push(("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned()));
-    }
-    defaults
-}
-
-/// The GPU a rank drives: entry `LOCAL_RANK` of `PREPARE_GPUS` when set, else `LOCAL_RANK`.
-pub fn gpu_for_rank(
-    environment: &RankEnvironment,
-    gpus: Option<&str>,
-) -> Result<usize, RuntimeError> {
-    let Some(list) = gpus.filter(|list| !list.trim().is_empty()) else {
-        return Ok(environment.local_rank as usize);
-    };
-    let parsed: Result<Vec<usize>, _> = list.split(',').map(|gpu| gpu.trim().parse()).collect();
-    let setup = |message: String| RuntimeError::Setup {
-        rank: environment.rank,
-        message,
-    };
-    let gpus = parsed.map_err(|_| {
-        setup(format!(
-            "PREPARE_GPUS={list:?} is not a list of GPU numbers"
-        ))
-    })?;
-    gpus.get(environment.local_rank as usize)
-        .copied()
-        .ok_or_else(|| {
-            setup(format!(
-                "LOCAL_RANK {} has no GPU in PREPARE_GPUS={list:?}",
-                environment.local_rank
-            ))
-        })
 }
 
 /// The kernel module's driver version (`580.159.04`), read from `/sys/module/nvidia/version`;
@@ -494,6 +435,17 @@ impl Runtime {
         Ok(gathered)
     }
 
+    /// Every rank gives `bytes` for `what` (`the choice`; the same length on every rank, at
+    /// most [`RECORD_BYTES`]): [`RuntimeError::Disagreement`] names the first rank that gave
+    /// other bytes. Collective.
+    pub fn agree_on(&self, bytes: &[u8], what: &str) -> Result<(), RuntimeError> {
+        let gathered = self.all_gather(bytes, &format!("{what} agreement"))?;
+        match agree::disagreement(self.rank, bytes, &gathered, what) {
+            None => Ok(()),
+            Some(disagreement) => Err(disagreement.into()),
+        }
+    }
+
     /// All-gathers `local` (any length, the same on every rank) in slot-sized pieces; returns
     /// each rank's bytes, in rank order.
     pub fn all_gather_pieces(
@@ -713,88 +665,5 @@ impl PeerMemory {
             rank: self.rank,
             world: self.world,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let pairs: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-            .collect();
-        move |name| {
-            pairs
-                .iter()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
-        }
-    }
-
-    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter()
-            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-            .collect()
-    }
-
-    #[test]
-    fn the_rendezvous_is_the_next_port_after_the_servers_store() {
-        let defaults = environment_defaults(lookup(&[
-            ("MASTER_ADDR", "10.1.2.3"),
-            ("MASTER_PORT", "29500"),
-        ]));
-        assert_eq!(
-            defaults,
-            pairs(&[
-                ("NCCL_COMM_ID", "10.1.2.3:29501"),
-                ("NCCL_RUNTIME_CONNECT", "0")
-            ])
-        );
-    }
-
-    #[test]
-    fn prepare_port_ipv6_and_existing_settings_are_respected() {
-        let defaults = environment_defaults(lookup(&[
-            ("MASTER_ADDR", "fe80::1"),
-            ("MASTER_PORT", "29500"),
-            ("PREPARE_PORT", "40000"),
-            ("NCCL_RUNTIME_CONNECT", "1"),
-        ]));
-        assert_eq!(defaults, pairs(&[("NCCL_COMM_ID", "[fe80::1]:40000")]));
-        let none = environment_defaults(lookup(&[
-            ("NCCL_COMM_ID", "host:1"),
-            ("NCCL_RUNTIME_CONNECT", "0"),
-        ]));
-        assert!(none.is_empty());
-        let overflow =
-            environment_defaults(lookup(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")]));
-        assert_eq!(overflow, pairs(&[("NCCL_RUNTIME_CONNECT", "0")]));
-    }
-
-    #[test]
-    fn each_rank_takes_its_entry_of_the_gpu_list() {
-        let environment = RankEnvironment {
-            rank: 3,
-            world_size: 4,
-            local_rank: 1,
-            master_addr: "h".to_owned(),
-            master_port: 1,
-        };
-        assert_eq!(gpu_for_rank(&environment, None).unwrap(), 1);
-        assert_eq!(gpu_for_rank(&environment, Some("4,6")).unwrap(), 6);
-        assert_eq!(
-            gpu_for_rank(&environment, Some("4"))
-                .unwrap_err()
-                .to_string(),
-            "rank 3: LOCAL_RANK 1 has no GPU in PREPARE_GPUS=\"4\""
-        );
-        assert_eq!(
-            gpu_for_rank(&environment, Some("a,b"))
-                .unwrap_err()
-                .to_string(),
-            "rank 3: PREPARE_GPUS=\"a,b\" is not a list of GPU numbers"
-        );
     }
 }

@@ -19,9 +19,7 @@ use crate::progress::Reporter;
 use crate::qualify::{qualify, QualifyOptions, Sizes};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timer, TimingOptions};
-use crate::tune::choice::{
-    check_agreement, write_choice, BucketChoice, Choice, ChoiceError, Tuning,
-};
+use crate::tune::choice::{write_choice, BucketChoice, Choice, ChoiceError, Tuning};
 use crate::tune::{
     decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
     DecisionError, DecisionReason, Policy,
@@ -231,20 +229,19 @@ pub fn select(
         ))
         .expect("options serialize"),
     );
-    let gathered = runtime.all_gather(&options_digest, "the options agreement")?;
-    if let Some(other) = gathered
-        .chunks(32)
-        .position(|theirs| theirs != options_digest.as_slice())
-    {
-        return Err(RuntimeError::Setup {
-            rank,
-            message: format!(
-                "rank {other} selects with other options (tuning, policy, --retune or timing) \
-                 than this rank; every rank must be given the same"
-            ),
-        }
-        .into());
-    }
+    runtime
+        .agree_on(&options_digest, "the options")
+        .map_err(|error| match error {
+            RuntimeError::Disagreement(disagreement) => RuntimeError::Setup {
+                rank,
+                message: format!(
+                    "rank {} selects with other options (tuning, policy, --retune or timing) \
+                     than this rank; every rank must be given the same",
+                    disagreement.other
+                ),
+            },
+            error => error,
+        })?;
     // The key covers every rank's fingerprint (each host's driver, NCCL and settings), so all
     // ranks look up and write the same key.
     let gathered =
@@ -276,12 +273,11 @@ pub fn select(
         local[0] = 1;
         local[1..].copy_from_slice(&Sha256::digest(bytes));
     }
-    let gathered = runtime.all_gather(&local, "the cache agreement")?;
-    let cached = gathered
-        .chunks(33)
-        .all(|theirs| theirs[0] == 1 && theirs == local)
-        .then(|| entry.map(|(_, choice)| choice))
-        .flatten();
+    let cached = match runtime.agree_on(&local, "the cache") {
+        Ok(()) => entry.map(|(_, choice)| choice),
+        Err(RuntimeError::Disagreement(_)) => None,
+        Err(error) => return Err(error.into()),
+    };
     let cache_hit = cached.is_some();
     let choice = if let Some(choice) = cached {
         choice
@@ -338,12 +334,19 @@ pub fn select(
 
     // Nothing is written unless every rank holds the same bytes.
     let digest = choice.digest();
-    let gathered = runtime.all_gather(&digest, "the choice agreement")?;
-    let digests: Vec<[u8; 32]> = gathered
-        .chunks(32)
-        .map(|chunk| chunk.try_into().expect("32-byte slots"))
-        .collect();
-    check_agreement(&digest, &digests).map_err(|source| SelectError::Choice { rank, source })?;
+    runtime
+        .agree_on(&digest, "the choice")
+        .map_err(|error| match error {
+            RuntimeError::Disagreement(disagreement) => SelectError::Choice {
+                rank,
+                source: ChoiceError::Disagreement {
+                    rank: disagreement.other,
+                    theirs: crate::hash::hex(&disagreement.theirs),
+                    ours: crate::hash::hex(&disagreement.ours),
+                },
+            },
+            error => error.into(),
+        })?;
     times.selection = started.elapsed();
 
     let choice_file = match &options.out {

@@ -7,7 +7,10 @@
 //! IPC, and what peers must read is copied into the handle's registered buffer inside the
 //! enqueued work (see [`Collectives::enqueue_operands`]).
 //!
-//! The C ABI and the Python package are thin layers over this module.
+//! The C ABI and the Python package are thin layers over this module; a Rust server started
+//! like torchrun starts it through [`Server`].
+
+mod server;
 
 use std::fmt;
 
@@ -21,6 +24,8 @@ use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Runtime, RuntimeError};
 use crate::select::{select, SelectError, SelectOptions, Selection};
 use crate::tune::choice::Choice;
+
+pub use server::{environment_defaults, gpu_for_rank, Options, Server, SetupError, MAX_TIMEOUT};
 
 /// Why a serving call failed. Each variant is a condition a caller can act on; the C ABI maps
 /// them to its status codes.
@@ -121,6 +126,22 @@ pub enum ServeError {
         /// The decoded abort word.
         abort: Abort,
     },
+}
+
+impl ServeError {
+    /// Whether the packages are refused for these ranks (none given, two for one dtype, for
+    /// another world size or architecture, none for the dtype asked for), rather than
+    /// something failing at run time.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ServeError::NoPackage { .. }
+                | ServeError::DuplicateDtype { .. }
+                | ServeError::WorldSize { .. }
+                | ServeError::DtypeNotServed { .. }
+                | ServeError::Select(SelectError::Runtime(RuntimeError::WrongArchitecture { .. }))
+        )
+    }
 }
 
 impl From<RuntimeError> for ServeError {

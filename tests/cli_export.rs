@@ -7,7 +7,9 @@ use std::fs;
 use std::path::Path;
 
 use assert_cmd::Command;
-use package_support::{names, LADDER};
+use package_support::{compilation, files, ladder, names, qualification, write_fixture, LADDER};
+use prepare::ladder::Arch;
+use prepare::package::write_qualified_package;
 
 /// Runs `prepare` in `dir` with `args`; returns exit code, stdout and stderr.
 fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
@@ -24,6 +26,14 @@ fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `prepare export --collective-ladder ladder.json` with `flags`, in `dir`.
+fn export_ladder(dir: &Path, flags: &[&str]) -> (i32, String, String) {
+    run_in(
+        dir,
+        &[&["export", "--collective-ladder", "ladder.json"], flags].concat(),
+    )
+}
+
 /// A scratch directory holding the GB202 fixture ladder as `ladder.json`.
 fn scratch_with_ladder() -> tempfile::TempDir {
     let scratch = tempfile::tempdir().expect("temporary directory");
@@ -34,18 +44,8 @@ fn scratch_with_ladder() -> tempfile::TempDir {
 #[test]
 fn an_architecture_the_ladder_does_not_target_is_refused_and_leaves_nothing() {
     let scratch = scratch_with_ladder();
-    let (code, stdout, stderr) = run_in(
-        scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_90",
-            "--out",
-            "pkg",
-        ],
-    );
+    let (code, stdout, stderr) =
+        export_ladder(scratch.path(), &["--arch", "sm_90", "--out", "pkg"]);
     assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
     insta::assert_snapshot!(stderr);
     assert_eq!(names(scratch.path()), ["ladder.json"]);
@@ -54,17 +54,8 @@ fn an_architecture_the_ladder_does_not_target_is_refused_and_leaves_nothing() {
 #[test]
 fn without_an_architecture_export_says_to_name_one() {
     let scratch = scratch_with_ladder();
-    let (code, stdout, stderr) = run_in(
-        scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--out",
-            "pkg",
-        ],
-    );
-    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    let (code, stdout, stderr) = export_ladder(scratch.path(), &["--out", "pkg"]);
+    assert_eq!((code, stdout.as_str()), (2, ""), "{stderr}");
     insta::assert_snapshot!(stderr);
     assert_eq!(names(scratch.path()), ["ladder.json"]);
 }
@@ -72,18 +63,7 @@ fn without_an_architecture_export_says_to_name_one() {
 #[test]
 fn gpus_without_a_driver_fail_at_run_time_and_leave_nothing() {
     let scratch = scratch_with_ladder();
-    let (code, _, stderr) = run_in(
-        scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--gpus",
-            "0,1",
-            "--out",
-            "pkg",
-        ],
-    );
+    let (code, _, stderr) = export_ladder(scratch.path(), &["--gpus", "0,1", "--out", "pkg"]);
     assert_eq!(code, 3, "{stderr}");
     insta::assert_snapshot!(stderr);
     assert_eq!(names(scratch.path()), ["ladder.json"]);
@@ -92,44 +72,20 @@ fn gpus_without_a_driver_fail_at_run_time_and_leave_nothing() {
 #[test]
 fn unknown_architectures_and_conflicting_flags_are_usage_errors() {
     let scratch = scratch_with_ladder();
-    for args in [
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_99",
-            "--out",
-            "pkg",
-        ][..],
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_120",
-            "--gpus",
-            "0",
-            "--out",
-            "pkg",
-        ],
-        &["export", "--arch", "sm_120", "--out", "pkg"],
-    ] {
-        let (code, _, stderr) = run_in(scratch.path(), args);
-        assert_eq!(code, 2, "{args:?}: {stderr}");
+    let flags: [&[&str]; 2] = [
+        &["--arch", "sm_99", "--out", "pkg"],
+        &["--arch", "sm_120", "--gpus", "0", "--out", "pkg"],
+    ];
+    for flags in flags {
+        let (code, _, stderr) = export_ladder(scratch.path(), flags);
+        assert_eq!(code, 2, "{flags:?}: {stderr}");
     }
-    let (_, _, stderr) = run_in(
+    let (code, _, stderr) = run_in(
         scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_99",
-            "--out",
-            "pkg",
-        ],
+        &["export", "--arch", "sm_120", "--out", "pkg"],
     );
+    assert_eq!(code, 2, "{stderr}");
+    let (_, _, stderr) = export_ladder(scratch.path(), &["--arch", "sm_99", "--out", "pkg"]);
     assert!(
         stderr.contains("unknown architecture; expected one of sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, sm_121"),
         "{stderr}"
@@ -142,24 +98,82 @@ fn an_existing_output_is_refused_before_compiling() {
     let scratch = scratch_with_ladder();
     fs::create_dir(scratch.path().join("pkg")).unwrap();
     fs::write(scratch.path().join("pkg/keep.txt"), "keep").unwrap();
-    let (code, _, stderr) = run_in(
-        scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_120",
-            "--out",
-            "pkg",
-        ],
-    );
+    let (code, _, stderr) = export_ladder(scratch.path(), &["--arch", "sm_120", "--out", "pkg"]);
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(
         stderr,
-        "error: pkg already exists; pass --force to replace it\n"
+        "error: refusing to replace pkg: it holds keep.txt and no readable manifest.json (No such \
+         file or directory (os error 2)); --force replaces only an empty directory or a package \
+         prepare wrote, with nothing else in it\n"
     );
     assert_eq!(names(&scratch.path().join("pkg")), ["keep.txt"]);
+}
+
+#[test]
+fn another_package_at_the_output_is_refused_before_compiling_naming_what_differs() {
+    let scratch = scratch_with_ladder();
+    let out = scratch.path().join("pkg");
+    write_fixture(&out, Arch::Sm120);
+    let before = files(&out);
+
+    let (code, stdout, stderr) =
+        export_ladder(scratch.path(), &["--arch", "sm_121", "--out", "pkg"]);
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(
+        stderr.starts_with("error: pkg holds another package than this export writes: "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("it is for sm_120, this export for sm_121; "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with("; pass --force to replace it\n"),
+        "{stderr}"
+    );
+
+    // Another ladder: both are named, with their sha256.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("ladders/gb202_pcie_tp4.json");
+    fs::copy(shipped, scratch.path().join("ladder.json")).unwrap();
+    let (code, _, stderr) = export_ladder(scratch.path(), &["--arch", "sm_120", "--out", "pkg"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("its ladder is `test_tp4_clustered` (sha256 "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("this export's `gb202_pcie_tp4` (sha256 "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("it is for"), "{stderr}");
+    assert_eq!(files(&out), before, "the package there stays as it was");
+}
+
+#[test]
+fn a_qualified_package_is_not_the_one_an_export_without_gpus_writes() {
+    let scratch = scratch_with_ladder();
+    let out = scratch.path().join("pkg");
+    let ladder = ladder(LADDER);
+    let mut compilation = compilation(&ladder, Arch::Sm120);
+    compilation.options = prepare::compile::compile_options(Arch::Sm120);
+    write_qualified_package(
+        &out,
+        LADDER,
+        &ladder,
+        &compilation,
+        Arch::Sm120,
+        Some(qualification(4)),
+        false,
+    )
+    .unwrap();
+    let (code, _, stderr) = export_ladder(scratch.path(), &["--arch", "sm_120", "--out", "pkg"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: pkg holds another package than this export writes: it was qualified on 4 GPUs \
+         (GPU-0, GPU-1, GPU-2, GPU-3), this export qualifies on none; pass --force to replace \
+         it\n"
+    );
 }
 
 #[test]

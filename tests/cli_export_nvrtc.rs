@@ -154,9 +154,13 @@ fn every_shipped_ladder_exports_for_each_of_its_targets_and_shows() {
             }
             assert_eq!(package.manifest().compiler.nvrtc_version, "13.0");
 
+            // Every line of `show` fits 100 columns with the real kernels' figures too.
+            let (code, stdout, stderr) = run_in(scratch.path(), &["show", &out]);
+            assert_eq!((code, stderr.as_str()), (0, ""));
+            for line in stdout.lines() {
+                assert!(line.chars().count() <= 100, "{out}: {line}");
+            }
             if SHOWN.contains(&(ladder.name.as_str(), arch.name())) {
-                let (code, stdout, stderr) = run_in(scratch.path(), &["show", &out]);
-                assert_eq!((code, stderr.as_str()), (0, ""));
                 show_settings(Path::new(&out)).bind(|| {
                     insta::assert_snapshot!(format!("show_{out}"), stdout);
                 });
@@ -190,12 +194,38 @@ fn export_is_deterministic_and_force_replaces_atomically() {
         "same inputs, same bytes"
     );
 
+    // The same export again is up to date: nothing is written, not even the same bytes.
+    let inode = |dir: &str| {
+        std::os::unix::fs::MetadataExt::ino(&fs::metadata(scratch.path().join(dir)).unwrap())
+    };
+    let before = inode("first");
+    let (code, stdout, stderr) = export(scratch.path(), &tp2, "sm_90", "first", false);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(
+        stdout.starts_with(
+            "Up to date: `h200_nvlink_tp2` for sm_90 at first is the package this export \
+             writes; nothing was written\n  identity  "
+        ),
+        "{stdout}"
+    );
+    assert_eq!(inode("first"), before, "the package was not replaced");
+    assert_eq!(files(&scratch.path().join("first")), first);
+
     let (code, _, stderr) = export(scratch.path(), &tp4, "sm_90", "first", false);
+    assert_eq!(code, 1, "{stderr}");
+    let ladder_sha = |path: &Path| {
+        let mut sha256 = prepare::hash::sha256_hex(&fs::read(path).unwrap());
+        sha256.truncate(12);
+        sha256
+    };
     assert_eq!(
-        (code, stderr.as_str()),
-        (
-            1,
-            "error: first already exists; pass --force to replace it\n"
+        stderr,
+        format!(
+            "error: first holds another package than this export writes: its ladder is \
+             `h200_nvlink_tp2` (sha256 {}), this export's `h200_nvlink_tp4` (sha256 {}); pass \
+             --force to replace it\n",
+            ladder_sha(&tp2),
+            ladder_sha(&tp4)
         )
     );
     assert_eq!(
@@ -219,6 +249,42 @@ fn export_is_deterministic_and_force_replaces_atomically() {
         ["first", "second"],
         "nothing else is left behind"
     );
+}
+
+/// A package of the same ladder, tool, architecture and options whose cubins are not the ones
+/// NVRTC compiles is refused after compiling, naming the kernels.
+#[test]
+fn another_compilation_at_the_output_is_refused_naming_the_kernels() {
+    if !nvrtc_present() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let ladder_file = scratch.path().join("ladder.json");
+    fs::write(&ladder_file, package_support::LADDER).unwrap();
+    let ladder = package_support::ladder(package_support::LADDER);
+    let arch = prepare::ladder::Arch::Sm120;
+    let mut compilation = package_support::compilation(&ladder, arch);
+    compilation.options = prepare::compile::compile_options(arch);
+    let out = scratch.path().join("pkg");
+    prepare::package::write_package(
+        &out,
+        package_support::LADDER,
+        &ladder,
+        &compilation,
+        arch,
+        false,
+    )
+    .unwrap();
+    let before = files(&out);
+    let (code, stdout, stderr) = export(scratch.path(), &ladder_file, "sm_120", "pkg", false);
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: pkg holds another package than this export writes: its kernels differ: \
+         all_reduce_one_shot_pull_bf16 (another cubin), all_reduce_one_shot_push_bf16 (another \
+         cubin), all_reduce_rsag_phased_bf16 (another cubin); pass --force to replace it\n"
+    );
+    assert_eq!(files(&out), before, "the package there stays as it was");
 }
 
 /// A kill at each step of `--force` (injected by `PREPARE_FAULT`, which debug builds read)

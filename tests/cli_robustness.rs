@@ -1,6 +1,7 @@
 //! Bad input and faults from the command line, with real files and FIFOs: nothing a user wrote
-//! is removed, no read blocks or runs out of memory, no flag panics, and every refusal exits
-//! with 1 (input) or 2 (usage), naming what is wrong. No GPU or NVRTC is needed.
+//! is removed, no read blocks or runs out of memory, no flag panics, and every failure exits
+//! with its class, naming what is wrong: 2 usage, 1 input refused, 3 runtime failure (here,
+//! where no GPU driver is). No GPU or NVRTC is needed.
 
 mod package_support;
 
@@ -23,16 +24,152 @@ fn prepare() -> Command {
 
 /// Runs `prepare` in `dir` with `args`; returns exit code (None when killed), stdout, stderr.
 fn run_in(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
-    let output = prepare()
+    run_with(prepare(), dir, &[], args)
+}
+
+/// Runs `command` in `dir` with the variables `env` and `args`; returns exit code (None when
+/// killed), stdout, stderr.
+fn run_with(
+    mut command: Command,
+    dir: &Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (Option<i32>, String, String) {
+    let output = command
         .current_dir(dir)
+        .envs(env.iter().copied())
         .args(args)
         .output()
-        .expect("prepare runs");
+        .expect("it runs");
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// How the tests export the ladder they wrote: `prepare export` of `ladder.json`.
+const EXPORT: [&str; 3] = ["export", "--collective-ladder", "ladder.json"];
+
+/// A run that must fail: the exit code expected, the variables, the arguments.
+type Failing<'a> = (i32, &'a [(&'a str, &'a str)], &'a [&'a str]);
+
+/// The variables of rank 0 of two, started by hand as torchrun would.
+const RANK_ZERO: [(&str, &str); 4] = [
+    ("RANK", "0"),
+    ("WORLD_SIZE", "2"),
+    ("MASTER_ADDR", "127.0.0.1"),
+    ("MASTER_PORT", "29500"),
+];
+
+#[test]
+fn every_command_exits_with_the_class_of_its_failure() {
+    let (scratch, out) = scratch_with_package();
+    let package = out.to_str().unwrap();
+    let tampered = scratch.path().join("tampered");
+    fs::create_dir(&tampered).unwrap();
+    fs::write(tampered.join("manifest.json"), "{}").unwrap();
+    let tampered = tampered.to_str().unwrap();
+    let rank_without_world = [("RANK", "0")];
+    let mut rank_without_gpu = RANK_ZERO.to_vec();
+    rank_without_gpu.push(("PREPARE_GPUS", "x"));
+    let cases: [Failing; 14] = [
+        // Usage: the flags or the launcher's variables.
+        (2, &[], &["export", "--no-such-flag"]),
+        (2, &[], &[&EXPORT[..], &["--out", "new"]].concat()),
+        (
+            2,
+            &[],
+            &[&EXPORT[..], &["--arch", "sm_120", "--out", "new/."]].concat(),
+        ),
+        (2, &[], &["check", "--gpus", "0"]),
+        (2, &rank_without_world, &["check"]),
+        (2, &rank_without_gpu, &["tune", "--package", package]),
+        // Input refused: the ladder, the package, a choice, the output.
+        (1, &[], &["validate", "absent.json"]),
+        (
+            1,
+            &[],
+            &[&EXPORT[..], &["--arch", "sm_90", "--out", "new"]].concat(),
+        ),
+        (1, &[], &["show", tampered]),
+        (1, &[], &["tune", "--package", tampered, "--gpus", "0,1"]),
+        (1, &[], &["bench", "--package", tampered, "--gpus", "0,1"]),
+        // Runtime: no driver here, in the launcher or in a rank started by hand.
+        (3, &[], &["check", "--gpus", "0,1"]),
+        (
+            3,
+            &[],
+            &[&EXPORT[..], &["--gpus", "0,1", "--out", "new"]].concat(),
+        ),
+        (3, &RANK_ZERO, &["check"]),
+    ];
+    for (expected, env, args) in cases {
+        let (code, _, stderr) = run_with(prepare(), scratch.path(), env, args);
+        assert_eq!(code, Some(expected), "{env:?} {args:?}: {stderr}");
+        assert!(
+            stderr.lines().any(|line| line.starts_with("error: ")),
+            "{env:?} {args:?}: {stderr}"
+        );
+    }
+    assert!(!scratch.path().join("new").exists());
+}
+
+#[test]
+fn a_rank_names_itself_once_per_line() {
+    let (scratch, _) = scratch_with_package();
+    let (code, _, stderr) = run_in(scratch.path(), &["check", "--gpus", "0,1"]);
+    assert_eq!(code, Some(3), "{stderr}");
+    // The first rank to fail ends the other, which may not have reported yet.
+    let mut reported = 0;
+    for rank in 0..2 {
+        for line in stderr
+            .lines()
+            .filter(|line| line.starts_with(&format!("[rank {rank}] ")))
+        {
+            assert!(line.contains("] error: the CUDA driver library"), "{line}");
+            assert_eq!(line.matches(&format!("rank {rank}")).count(), 1, "{line}");
+            reported += 1;
+        }
+    }
+    assert!(reported > 0, "{stderr}");
+}
+
+/// The serve example, built as `cargo build --example serve` builds it (cargo test builds the
+/// examples too, so this only links when run from a whole test run).
+fn serve_example() -> Command {
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", "serve"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "the serve example builds");
+    let test = std::env::current_exe().expect("the test binary's path");
+    let profile = test
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let mut command = Command::new(profile.join("examples/serve"));
+    command.timeout(PATIENCE);
+    command
+}
+
+#[test]
+fn the_serve_example_exits_with_the_class_of_its_failure() {
+    let (scratch, out) = scratch_with_package();
+    let package = out.to_str().unwrap();
+    let cases: [Failing; 5] = [
+        (2, &RANK_ZERO, &[]),
+        (2, &RANK_ZERO, &[package, "cache", "extra"]),
+        (2, &[("RANK", "0")], &[package]),
+        (1, &RANK_ZERO, &["absent"]),
+        (3, &RANK_ZERO, &[package]),
+    ];
+    for (expected, env, args) in cases {
+        let (code, _, stderr) = run_with(serve_example(), scratch.path(), env, args);
+        assert_eq!(code, Some(expected), "{env:?} {args:?}: {stderr}");
+        assert!(stderr.starts_with("error: "), "{env:?} {args:?}: {stderr}");
+    }
 }
 
 fn mkfifo(path: &Path) {
@@ -60,16 +197,7 @@ fn force_refuses_before_compiling_a_directory_holding_files_the_package_does_not
     fs::write(target.join("src/main.js"), "code").unwrap();
     let (code, _, stderr) = run_in(
         scratch.path(),
-        &[
-            "export",
-            "--collective-ladder",
-            "ladder.json",
-            "--arch",
-            "sm_120",
-            "--out",
-            "p",
-            "--force",
-        ],
+        &[&EXPORT[..], &["--arch", "sm_120", "--out", "p", "--force"]].concat(),
     );
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("src"), "{stderr}");
@@ -274,15 +402,7 @@ fn an_output_that_names_no_directory_is_a_usage_error() {
     for out in ["new/.", "new/..", "/"] {
         let (code, _, stderr) = run_in(
             scratch.path(),
-            &[
-                "export",
-                "--collective-ladder",
-                "ladder.json",
-                "--arch",
-                "sm_120",
-                "--out",
-                out,
-            ],
+            &[&EXPORT[..], &["--arch", "sm_120", "--out", out]].concat(),
         );
         assert_eq!(code, Some(2), "{out}: {stderr}");
     }

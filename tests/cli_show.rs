@@ -47,6 +47,64 @@ fn show_prints_header_buckets_kernels_and_peer_memory() {
     });
 }
 
+/// Every line of `prepare show`'s tables, for every shipped ladder's package for each of its
+/// targets, fits 100 columns; `--wide` prints each bucket on one line with every candidate.
+#[test]
+fn show_fits_100_columns_for_every_shipped_ladder() {
+    for file in repository::json_files("ladders") {
+        let text = fs::read_to_string(&file).expect("the shipped ladder reads");
+        let shipped = ladder(&text);
+        for &arch in &shipped.targets {
+            let (_scratch, out) = scratch();
+            let compilation = compilation(&shipped, arch);
+            write_package(&out, &text, &shipped, &compilation, arch, false).unwrap();
+            let package = out.to_str().unwrap();
+            let (code, stdout, stderr) = run(&["show", package]);
+            assert_eq!((code, stderr.as_str()), (0, ""), "{}", shipped.name);
+            for line in stdout.lines() {
+                assert!(
+                    line.chars().count() <= 100,
+                    "{} for {arch}: {} columns: {line}",
+                    shipped.name,
+                    line.chars().count()
+                );
+            }
+            let (code, wide, _) = run(&["show", "--wide", package]);
+            assert_eq!(code, 0);
+            let rows: Vec<&str> = wide
+                .lines()
+                .skip_while(|line| *line != "Buckets")
+                .skip(2)
+                .take(shipped.buckets.len())
+                .collect();
+            for (bucket, row) in shipped.buckets.iter().zip(&rows) {
+                let candidates = row.split_once("  ").map_or("", |(_, rest)| rest);
+                for candidate in &bucket.candidates {
+                    assert!(candidates.contains(candidate.as_str()), "{row}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn show_wide_puts_each_bucket_and_decision_on_one_line() {
+    let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let (path, _) = write_choice_file(scratch.path(), &out, &fixture_choice(&out));
+    let (code, stdout, stderr) = run(&["show", "--wide", out.to_str().unwrap(), "--choice", &path]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let buckets = &stdout[stdout.find("Buckets").unwrap()..stdout.find("\nKernels").unwrap()];
+    insta::assert_snapshot!(buckets);
+    assert!(
+        stdout
+            .lines()
+            .any(|line| line.starts_with("1  (16 KiB, 96 KiB]")
+                && line.ends_with("faster than rsag_phased by 17.6% (p<0.0001 at 96 KiB)")),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn show_prints_the_qualification_when_present() {
     let (_scratch, out) = scratch();
@@ -363,6 +421,9 @@ fn show_prints_a_choice_for_every_shipped_bucket_readably() {
     let (code, stdout, stderr) = run(&["show", out.to_str().unwrap(), "--choice", &path]);
     assert_eq!((code, stderr.as_str()), (0, ""));
     let section = &stdout[stdout.find("\nChoice\n").expect("a choice section") + 1..];
+    for line in section.lines() {
+        assert!(line.chars().count() <= 100, "{line}");
+    }
     settings.bind(|| {
         insta::assert_snapshot!(section);
     });

@@ -7,11 +7,10 @@ mod package_support;
 use std::fs;
 use std::path::Path;
 
-use package_support::{compilation, ladder, scratch, write_fixture, LADDER};
+use package_support::{compilation, ladder, qualification, scratch, write_fixture, LADDER};
 use prepare::ladder::Arch;
 use prepare::package::{
-    open_package, write_package, write_qualified_package, BucketQualification,
-    CandidateQualification, Manifest, Outcome, PackageError, Qualification, QualifiedGpu,
+    open_package, write_package, write_qualified_package, Manifest, Outcome, PackageError,
 };
 use prepare::select::cached_choice;
 use prepare::tune::choice::{Choice, Tuning};
@@ -111,33 +110,6 @@ fn reseal(out: &Path, change: impl FnOnce(&mut Manifest)) {
     change(&mut manifest);
     manifest.seal();
     fs::write(&path, manifest.to_bytes()).unwrap();
-}
-
-fn qualification(gpus: usize) -> Qualification {
-    let qualified = |profile: &str| CandidateQualification {
-        profile: profile.into(),
-        outcome: Outcome::Qualified { exact: true },
-    };
-    let ladder = ladder(LADDER);
-    Qualification {
-        gpus: (0..gpus)
-            .map(|index| QualifiedGpu {
-                name: "NVIDIA RTX PRO 6000".into(),
-                uuid: format!("GPU-{index}"),
-            })
-            .collect(),
-        driver_version: "580.95.05".into(),
-        nccl_version: "2.28.9".into(),
-        buckets: ladder
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(index, bucket)| BucketQualification {
-                index,
-                candidates: bucket.candidates.iter().map(|id| qualified(id)).collect(),
-            })
-            .collect(),
-    }
 }
 
 #[test]

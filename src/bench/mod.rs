@@ -1,7 +1,11 @@
-//! What `prepare bench` measures, as data: per message size every contender's figures, and the
-//! decode emulation's step times; written as JSON and drawn as SVG plots (`plot`).
+//! What `prepare bench` measures ([`Bench`]), and the measurements as data: per message size
+//! every contender's figures, the serving paths and the decode emulation's step times;
+//! written as JSON and drawn as SVG plots (`plot`).
 
+mod measure;
 pub mod plot;
+
+pub use measure::{default_sizes, Bench, BenchError, ServingBuffers};
 
 use serde::{Deserialize, Serialize};
 

@@ -151,21 +151,20 @@ impl Collectives {
         check_architecture(runtime, package)?;
         let rank = runtime.rank();
         // Every rank must load the same package, or their launches would differ.
-        let identity = package.identity().as_bytes();
-        let gathered = runtime.all_gather(identity, "the package agreement")?;
-        if let Some(other) = gathered
-            .chunks(identity.len())
-            .position(|theirs| theirs != identity)
-        {
-            return Err(RuntimeError::Setup {
-                rank,
-                message: format!(
-                    "rank {other} loaded another package (identity {}) than this rank ({})",
-                    String::from_utf8_lossy(&gathered[other * identity.len()..][..identity.len()]),
-                    package.identity()
-                ),
-            });
-        }
+        runtime
+            .agree_on(package.identity().as_bytes(), "the package")
+            .map_err(|error| match error {
+                RuntimeError::Disagreement(disagreement) => RuntimeError::Setup {
+                    rank,
+                    message: format!(
+                        "rank {} loaded another package (identity {}) than this rank ({})",
+                        disagreement.other,
+                        String::from_utf8_lossy(&disagreement.theirs),
+                        package.identity()
+                    ),
+                },
+                error => error,
+            })?;
         let ladder = package.ladder();
         let capacity = capacity_elements(ladder);
         // Profiles with communicator settings each run on their own split, made in ladder

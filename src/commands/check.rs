@@ -44,7 +44,7 @@ enum SoakKind {
 pub fn run(args: &Args) -> Result<(), Failure> {
     args.ranks.timeout()?;
     match ranks::role()? {
-        Role::Rank(environment) => run_rank(args, &environment),
+        Role::Rank => run_rank(args),
         Role::Launcher => {
             ranks::launch_ranks("check", &args.ranks, args.ranks.gpu_list()?, Vec::new())
         }
@@ -52,12 +52,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 }
 
 #[allow(clippy::print_stdout)]
-fn run_rank(args: &Args, environment: &prepare::launch::RankEnvironment) -> Result<(), Failure> {
+fn run_rank(args: &Args) -> Result<(), Failure> {
     let package = match &args.package {
         Some(dir) => Some(prepare::package::open_package_retrying(dir).map_err(Failure::refused)?),
         None => None,
     };
-    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    let runtime = ranks::start_rank(&args.ranks)?;
     let record = &runtime.records()[runtime.rank() as usize];
     println!(
         "rank {}/{} on GPU {} ({}, {}), {:?}",

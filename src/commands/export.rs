@@ -12,7 +12,9 @@ use anyhow::{anyhow, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use prepare::device::DeviceDescription;
 use prepare::ladder::{validate_ladder_bytes, Arch, Ladder, LadderError};
-use prepare::package::{self, Outcome, PackageError, Qualification, QualifiedGpu};
+use prepare::package::{
+    self, Outcome, Package, PackageError, PackageSummary, Qualification, QualifiedGpu,
+};
 use prepare::progress::Reporter;
 
 use super::ranks::{self, RankArgs, Role};
@@ -29,7 +31,8 @@ pub struct Args {
     /// The ladder file to export.
     #[arg(long, value_name = "FILE")]
     collective_ladder: PathBuf,
-    /// The package directory to write; it must not exist unless --force is given.
+    /// The package directory to write. A package already there that is the one this export
+    /// writes is left as it is (up to date); another is refused unless --force is given.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// The GPU architecture to compile for, one of the ladder's targets (sm_90, sm_120, ...).
@@ -54,8 +57,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     // A rank of `export --gpus` is started by the launcher below with the staged package named;
     // an export run inside someone else's torchrun job is not one.
     if std::env::var_os(STAGED_PACKAGE_VARIABLE).is_some() {
-        if let Role::Rank(environment) = ranks::role()? {
-            return qualify_rank(args, &environment);
+        if let Role::Rank = ranks::role()? {
+            return qualify_rank(args);
         }
     }
     let (text, ladder) = read_ladder(&args.collective_ladder)?;
@@ -70,7 +73,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             let visible = prepare::gpu::driver::visible_devices().unwrap_or(0);
             if visible == 0 {
                 let targets: Vec<&str> = ladder.targets.iter().map(|arch| arch.name()).collect();
-                return Err(Failure::refused(anyhow!(
+                return Err(Failure::usage(anyhow!(
                     "name the architecture to compile for with --arch (ladder `{}` targets {}); \
                      no GPU is visible here to take it from",
                     ladder.name,
@@ -80,12 +83,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             Some((0..visible as u32).collect())
         }
     };
-    let arch = match (&gpus, args.arch) {
+    let (arch, uuids) = match (&gpus, args.arch) {
         (Some(gpus), _) => {
             args.ranks.timeout()?;
             gpus_architecture(&ladder, gpus)?
         }
-        (None, Some(arch)) => arch,
+        (None, Some(arch)) => (arch, Vec::new()),
         (None, None) => unreachable!("no --arch means GPUs"),
     };
     // One GPU cannot run a collective: compile for it, and say that nothing was qualified.
@@ -104,14 +107,18 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     });
     prepare::device::check_export_target(&ladder, arch).map_err(Failure::refused)?;
 
-    // Refused before compiling, so the answer does not wait on NVRTC (and checked again when
-    // the package is written).
-    package::check_output(&args.out, args.force).map_err(write_failure)?;
+    // What can be told before compiling is, so the answer does not wait on NVRTC (and the
+    // output is checked again when the package is written).
+    let qualified_on = gpus.as_ref().map(|_| uuids.as_slice());
+    let existing = existing_package(args, &text, &ladder, arch, qualified_on)?;
 
     let reporter = BarReporter::new();
     let compilation = prepare::compile::compile_ladder(&ladder, arch, &reporter)
         .with_context(|| format!("cannot compile the kernels of `{}` for {arch}", ladder.name))
         .map_err(Failure::runtime)?;
+    if let Some(existing) = existing {
+        return up_to_date(args, &text, &ladder, &compilation, &existing);
+    }
     let qualification = match gpus {
         None => None,
         Some(gpus) => Some(qualify_on(args, &text, &ladder, &compilation, arch, gpus)?),
@@ -126,36 +133,193 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         args.force,
     )
     .map_err(write_failure)?;
-
-    let mut out = std::io::stdout().lock();
     let replaced = if summary.replaced {
         " (replaced the previous package)"
     } else {
         ""
     };
-    writeln!(
-        out,
+    let headline = format!(
         "Exported `{}` for {} to {}{replaced}",
         prepare::files::escape_control(&ladder.name),
         summary.arch,
         summary.dir.display()
-    )
-    .and_then(|()| writeln!(out, "  identity  {}", summary.identity))
-    .and_then(|()| writeln!(out, "  kernels   {}", summary.kernels))
-    .and_then(|()| writeln!(out, "  buckets   {}", summary.buckets))
-    .and_then(|()| match &qualification {
-        None => Ok(()),
-        Some(qualification) => {
-            let outcomes = || {
-                qualification
-                    .buckets
-                    .iter()
-                    .flat_map(|bucket| &bucket.candidates)
-            };
-            let qualified = outcomes()
-                .filter(|candidate| matches!(candidate.outcome, Outcome::Qualified { .. }))
-                .count();
-            writeln!(
+    );
+    print_summary(&headline, &summary, qualification.as_ref())
+}
+
+/// The package already at `--out` when it may be the one this export writes: nothing there,
+/// or `--force` (which replaces whatever package is there), is `None`. What is known before
+/// compiling (the tool, the ladder, the architecture, the compiler's options, the GPUs it is
+/// qualified on, given as `qualify_on`) must be the same, or it is refused.
+fn existing_package(
+    args: &Args,
+    text: &str,
+    ladder: &Ladder,
+    arch: Arch,
+    qualify_on: Option<&[String]>,
+) -> Result<Option<Package>, Failure> {
+    match package::check_output(&args.out, args.force) {
+        Ok(_) => return Ok(None),
+        Err(PackageError::Exists { .. }) => {}
+        Err(error) => return Err(write_failure(error)),
+    }
+    let existing = match package::open_package(&args.out) {
+        Ok(existing) => existing,
+        // Only a package that --force would replace is offered --force.
+        Err(error) => {
+            return Err(match package::check_output(&args.out, true) {
+                Err(refusal) => write_failure(refusal),
+                Ok(_) => Failure::refused(anyhow!(
+                    "{} already exists and does not open as a package ({error}); pass --force to \
+                     replace it",
+                    args.out.display()
+                )),
+            })
+        }
+    };
+    let manifest = existing.manifest();
+    let known = package::Manifest {
+        format_version: package::PACKAGE_FORMAT_VERSION,
+        tool_version: prepare::TOOL_VERSION.to_owned(),
+        ladder: package::LadderRecord {
+            name: ladder.name.clone(),
+            sha256: prepare::hash::sha256_hex(text.as_bytes()),
+            collective: ladder.collective,
+            dtype: ladder.dtype,
+            world_size: ladder.world_size,
+        },
+        arch,
+        compiler: package::CompilerRecord {
+            options: prepare::compile::compile_options(arch),
+            ..manifest.compiler.clone()
+        },
+        ..manifest.clone()
+    };
+    let mut differences = package::manifest_differences(manifest, &known);
+    differences.extend(qualification_difference(
+        manifest.qualification.as_ref(),
+        qualify_on,
+    ));
+    if differences.is_empty() {
+        Ok(Some(existing))
+    } else {
+        Err(differs(&args.out, &differences))
+    }
+}
+
+/// Whether the package there was qualified as this export would qualify it: on none of the
+/// GPUs, or on these (their UUIDs in rank order).
+fn qualification_difference(
+    existing: Option<&Qualification>,
+    qualify_on: Option<&[String]>,
+) -> Option<String> {
+    let qualified_on = existing.map(|qualification| {
+        qualification
+            .gpus
+            .iter()
+            .map(|gpu| gpu.uuid.clone())
+            .collect::<Vec<_>>()
+    });
+    match (qualified_on, qualify_on) {
+        (None, None) => None,
+        (Some(theirs), Some(ours)) if theirs == ours => None,
+        (Some(theirs), None) => Some(format!(
+            "it was qualified on {}, this export qualifies on none",
+            gpu_list(&theirs)
+        )),
+        (None, Some(ours)) => Some(format!(
+            "it holds no qualification, this export qualifies on {}",
+            gpu_list(ours)
+        )),
+        (Some(theirs), Some(ours)) => Some(format!(
+            "it was qualified on {}, this export qualifies on {}",
+            gpu_list(&theirs),
+            gpu_list(ours)
+        )),
+    }
+}
+
+/// `2 GPUs (GPU-a, GPU-b)`.
+fn gpu_list(uuids: &[String]) -> String {
+    format!("{} GPUs ({})", uuids.len(), uuids.join(", "))
+}
+
+/// The refusal of a package that is not the one this export writes.
+fn differs(out: &Path, differences: &[String]) -> Failure {
+    Failure::refused(anyhow!(
+        "{} holds another package than this export writes: {}; pass --force to replace it",
+        out.display(),
+        differences.join("; ")
+    ))
+}
+
+/// Compares the package already at `--out` with the one this export would write, now that
+/// the kernels are compiled: the same identity is up to date (nothing is written or qualified
+/// again), another is refused, naming what differs.
+fn up_to_date(
+    args: &Args,
+    text: &str,
+    ladder: &Ladder,
+    compilation: &prepare::compile::Compilation,
+    existing: &Package,
+) -> Result<(), Failure> {
+    // Its qualification, checked above to be on the GPUs this export would qualify on.
+    let qualification = existing.manifest().qualification.clone();
+    let manifest =
+        package::build_manifest(text, ladder, compilation, existing.arch(), qualification)
+            .map_err(write_failure)?;
+    let identity = prepare::hash::sha256_hex(&manifest.to_bytes());
+    if identity != existing.identity() {
+        let mut differences = package::manifest_differences(existing.manifest(), &manifest);
+        if differences.is_empty() {
+            differences.push(format!(
+                "its identity is {}, this export's {identity}",
+                existing.identity()
+            ));
+        }
+        return Err(differs(&args.out, &differences));
+    }
+    let summary = PackageSummary {
+        dir: args.out.clone(),
+        identity,
+        arch: existing.arch(),
+        kernels: manifest.kernels.len(),
+        buckets: manifest.buckets.len(),
+        replaced: false,
+    };
+    let headline = format!(
+        "Up to date: `{}` for {} at {} is the package this export writes; nothing was written",
+        prepare::files::escape_control(&ladder.name),
+        summary.arch,
+        summary.dir.display()
+    );
+    print_summary(&headline, &summary, manifest.qualification.as_ref())
+}
+
+/// The headline, then the package's identity, kernels, buckets and qualification.
+fn print_summary(
+    headline: &str,
+    summary: &PackageSummary,
+    qualification: Option<&Qualification>,
+) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{headline}")
+        .and_then(|()| writeln!(out, "  identity  {}", summary.identity))
+        .and_then(|()| writeln!(out, "  kernels   {}", summary.kernels))
+        .and_then(|()| writeln!(out, "  buckets   {}", summary.buckets))
+        .and_then(|()| match qualification {
+            None => Ok(()),
+            Some(qualification) => {
+                let outcomes = || {
+                    qualification
+                        .buckets
+                        .iter()
+                        .flat_map(|bucket| &bucket.candidates)
+                };
+                let qualified = outcomes()
+                    .filter(|candidate| matches!(candidate.outcome, Outcome::Qualified { .. }))
+                    .count();
+                writeln!(
                 out,
                 "  qualified {qualified} of {} candidates on {} GPUs ({}); `prepare show` lists \
                  each",
@@ -166,18 +330,21 @@ pub fn run(args: &Args) -> Result<(), Failure> {
                     .first()
                     .map_or("", |gpu| gpu.name.as_str())
             )
-        }
-    })
-    .context("cannot write to standard output")
-    .map_err(Failure::runtime)
+            }
+        })
+        .context("cannot write to standard output")
+        .map_err(Failure::runtime)
 }
 
-/// The architecture of the GPUs, which must all be the same and fit the ladder's rules.
-fn gpus_architecture(ladder: &Ladder, gpus: &[u32]) -> Result<Arch, Failure> {
+/// The architecture of the GPUs, which must all be the same and fit the ladder's rules, and
+/// their UUIDs.
+fn gpus_architecture(ladder: &Ladder, gpus: &[u32]) -> Result<(Arch, Vec<String>), Failure> {
     let driver = prepare::gpu::driver::Driver::open().map_err(Failure::runtime)?;
     let mut arch = None;
+    let mut uuids = Vec::with_capacity(gpus.len());
     for &gpu in gpus {
         let info = driver.describe(gpu as usize).map_err(Failure::runtime)?;
+        uuids.push(info.uuid.clone());
         let description = DeviceDescription::of_gpu(
             info.ordinal,
             &info.name,
@@ -201,7 +368,8 @@ fn gpus_architecture(ladder: &Ladder, gpus: &[u32]) -> Result<Arch, Failure> {
             }
         }
     }
-    arch.ok_or_else(|| Failure::refused(anyhow!("--gpus names no GPU")))
+    let arch = arch.ok_or_else(|| Failure::usage(anyhow!("--gpus names no GPU")))?;
+    Ok((arch, uuids))
 }
 
 /// Stages the package, launches one rank per GPU to qualify it, and reads the result.
@@ -248,13 +416,10 @@ fn qualify_on(
 /// A rank of `export --gpus`: qualifies the staged package on this rank's GPU; rank 0 writes
 /// the agreed result for the launcher.
 #[allow(clippy::print_stdout)]
-fn qualify_rank(
-    args: &Args,
-    environment: &prepare::launch::RankEnvironment,
-) -> Result<(), Failure> {
+fn qualify_rank(args: &Args) -> Result<(), Failure> {
     let variable = |name: &str| {
         std::env::var_os(name).map(PathBuf::from).ok_or_else(|| {
-            Failure::refused(anyhow!(
+            Failure::usage(anyhow!(
                 "this rank of `prepare export` was started without {name}; start export \
                  without RANK set and it launches its ranks itself"
             ))
@@ -263,7 +428,7 @@ fn qualify_rank(
     let staged = variable(STAGED_PACKAGE_VARIABLE)?;
     let report_path = variable(REPORT_VARIABLE)?;
     let package = package::open_package(&staged).map_err(Failure::refused)?;
-    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    let runtime = ranks::start_rank(&args.ranks)?;
     ranks::check_architecture(&runtime, &package)?;
     let mut collectives =
         prepare::collective::Collectives::new(&runtime, &package).map_err(Failure::runtime)?;

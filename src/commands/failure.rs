@@ -5,7 +5,8 @@
 pub enum Failure {
     /// The input was refused: invalid ladder, tampered or mismatched package, unfit device.
     Refused(anyhow::Error),
-    /// The flags are wrong in a way clap cannot see (a GPU named twice).
+    /// The flags (or a launcher's variables) are wrong in a way clap cannot see: a GPU named
+    /// twice, no architecture and no GPU to take it from.
     Usage(anyhow::Error),
     /// The driver, NVRTC, NCCL or a peer failed.
     Runtime(anyhow::Error),
@@ -25,6 +26,16 @@ impl Failure {
     /// Exit code 3: something failed at run time.
     pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
         Failure::Runtime(error.into())
+    }
+
+    /// A serving handle's failure: packages that do not fit these ranks are refused input; the
+    /// rest (driver, NCCL, a peer missing, ranks disagreeing) failed at run time.
+    pub fn serving(error: prepare::serve::ServeError) -> Failure {
+        if error.is_refusal() {
+            Failure::refused(error)
+        } else {
+            Failure::runtime(error)
+        }
     }
 
     /// The error to print.

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prepare::launch::{launch, LaunchSpec, OutputSink, RankEnvironment, Stream};
-use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous, Runtime};
+use prepare::runtime::Runtime;
+use prepare::serve::{Options, Server, MAX_TIMEOUT};
 
 use super::Failure;
 
@@ -36,6 +37,7 @@ struct PrefixedOutput;
 impl OutputSink for PrefixedOutput {
     #[allow(clippy::print_stdout, clippy::print_stderr)]
     fn line(&self, rank: u32, stream: Stream, line: &str) {
+        let line = without_own_rank(rank, line);
         match stream {
             Stream::Stdout => println!("[rank {rank}] {line}"),
             Stream::Stderr => eprintln!("[rank {rank}] {line}"),
@@ -43,24 +45,40 @@ impl OutputSink for PrefixedOutput {
     }
 }
 
-/// The longest `--timeout`, seconds. Every bound computed from it (deadlines from now, the
-/// launcher's twenty steps and ten minutes) stays far inside `Duration` and `Instant`.
-const MAX_TIMEOUT_SECONDS: f64 = 86_400.0;
+/// A rank's line without the rank it names itself: the library's errors start with `rank 1: `
+/// (a server's log needs it), and the launcher's prefix already says it, so `error: rank 1:
+/// ...` from rank 1 prints as `[rank 1] error: ...`. Only the first mention that opens the
+/// line or a part of an error chain (after `: `) goes; another rank's is kept.
+fn without_own_rank(rank: u32, line: &str) -> std::borrow::Cow<'_, str> {
+    let own = format!("rank {rank}: ");
+    let opens = |at: usize| at == 0 || line[..at].ends_with(": ");
+    match line
+        .match_indices(&own)
+        .map(|(at, _)| at)
+        .find(|&at| opens(at))
+    {
+        Some(at) => format!("{}{}", &line[..at], &line[at + own.len()..]).into(),
+        None => line.into(),
+    }
+}
 
-/// A timeout above zero and at most a day, in seconds.
+/// A timeout above zero and at most a day, in seconds. Every bound computed from it
+/// (deadlines from now, the launcher's twenty steps and ten minutes) stays far inside
+/// `Duration` and `Instant`.
 fn parse_timeout(text: &str) -> Result<f64, String> {
     let seconds: f64 = text
         .trim()
         .parse()
         .map_err(|_| format!("`{text}` is not a number of seconds"))?;
     if seconds > 0.0
-        && seconds <= MAX_TIMEOUT_SECONDS
+        && seconds <= MAX_TIMEOUT.as_secs_f64()
         && Duration::try_from_secs_f64(seconds).is_ok_and(|timeout| !timeout.is_zero())
     {
         Ok(seconds)
     } else {
         Err(format!(
-            "{text} is not a positive number of seconds up to {MAX_TIMEOUT_SECONDS} (a day)"
+            "{text} is not a positive number of seconds up to {} (a day)",
+            MAX_TIMEOUT.as_secs()
         ))
     }
 }
@@ -93,7 +111,7 @@ impl RankArgs {
     pub fn timeout(&self) -> Result<Duration, Failure> {
         Duration::try_from_secs_f64(self.timeout)
             .ok()
-            .filter(|timeout| !timeout.is_zero() && self.timeout <= MAX_TIMEOUT_SECONDS)
+            .filter(|timeout| !timeout.is_zero() && *timeout <= MAX_TIMEOUT)
             .ok_or_else(|| {
                 Failure::usage(anyhow::anyhow!(
                     "--timeout {} is not a positive number of seconds up to a day",
@@ -117,16 +135,17 @@ impl RankArgs {
 pub enum Role {
     /// Started by hand: launch the ranks.
     Launcher,
-    /// A rank, with its environment.
-    Rank(RankEnvironment),
+    /// A rank: its environment says where it is.
+    Rank,
 }
 
-/// Whether this process is a rank (RANK and friends set) or launches them.
+/// Whether this process is a rank (RANK and friends set) or launches them. Variables that
+/// are set but wrong are a usage error, like a wrong flag.
 pub fn role() -> Result<Role, Failure> {
     match RankEnvironment::from_lookup(|name| std::env::var(name).ok()) {
-        Ok(environment) => Ok(Role::Rank(environment)),
+        Ok(_) => Ok(Role::Rank),
         Err(_) if std::env::var_os("RANK").is_none() => Ok(Role::Launcher),
-        Err(error) => Err(Failure::refused(error)),
+        Err(error) => Err(Failure::usage(error)),
     }
 }
 
@@ -140,16 +159,27 @@ pub fn launch_ranks(
 ) -> Result<(), Failure> {
     let timeout = args.timeout()?;
     if gpus.len() < 2 {
-        return Err(Failure::refused(anyhow::anyhow!(
-            "prepare {command} needs at least 2 GPUs, one rank each; found {}",
+        // Too few GPUs named is the flags' fault; too few here, the machine's.
+        let found = if args.gpus.is_some() {
+            "--gpus names"
+        } else {
+            "found"
+        };
+        let error = anyhow::anyhow!(
+            "prepare {command} needs at least 2 GPUs, one rank each; {found} {}",
             gpus.len()
-        )));
+        );
+        return Err(if args.gpus.is_some() {
+            Failure::usage(error)
+        } else {
+            Failure::refused(error)
+        });
     }
     let master_port = match std::env::var("MASTER_PORT") {
         Ok(port) => port
             .parse()
             .context("MASTER_PORT is not a port")
-            .map_err(Failure::refused)?,
+            .map_err(Failure::usage)?,
         Err(_) => prepare::launch::free_port_pair()
             .context("cannot pick a port for the ranks to meet")
             .map_err(Failure::runtime)?,
@@ -179,43 +209,30 @@ pub fn launch_ranks(
         ),
     };
     let sink: Arc<dyn OutputSink> = Arc::new(PrefixedOutput);
+    // The launcher ends as its first failed rank did.
     launch(&spec, &sink).map_err(|error| {
         let code = error.exit_code();
         let error = anyhow::Error::new(error);
-        if code == 1 {
-            Failure::refused(error)
-        } else {
-            Failure::runtime(error)
+        match code {
+            1 => Failure::refused(error),
+            2 => Failure::usage(error),
+            _ => Failure::runtime(error),
         }
     })
 }
 
-/// Brings this rank's runtime up: its GPU from LOCAL_RANK (and PREPARE_GPUS), the NCCL
-/// settings it needs, the bounded bootstrap and the topology agreement.
-pub fn start_rank(args: &RankArgs, environment: &RankEnvironment) -> Result<Runtime, Failure> {
-    let timeout = args.timeout()?;
-    let gpu = gpu_for_rank(environment, std::env::var("PREPARE_GPUS").ok().as_deref())
-        .map_err(Failure::refused)?;
-    let rendezvous = args
-        .id_file
-        .clone()
-        .map_or(Rendezvous::CommId, Rendezvous::IdFile);
-    // NCCL reads its rendezvous and connection mode from the environment; this rank process
-    // has started no other thread yet.
-    for (name, value) in environment_defaults(|name| std::env::var(name).ok()) {
-        if name != "NCCL_COMM_ID" || rendezvous == Rendezvous::CommId {
-            std::env::set_var(name, value);
-        }
-    }
-    let setup = RankSetup {
-        rank: environment.rank,
-        world: environment.world_size,
-        gpu,
-        timeout,
-        rendezvous,
-        host: prepare::agree::host_identity(|name| std::env::var(name).ok()),
+/// Brings this rank's runtime up from the launcher's variables: its GPU from LOCAL_RANK (and
+/// PREPARE_GPUS), the NCCL settings it needs, the bounded bootstrap and the topology
+/// agreement. Variables that do not say where the rank is are a usage error.
+pub fn start_rank(args: &RankArgs) -> Result<Runtime, Failure> {
+    let options = Options {
+        timeout: args.timeout()?,
+        id_file: args.id_file.clone(),
+        ..Options::default()
     };
-    Runtime::start(&setup).map_err(Failure::runtime)
+    // This rank process has started no other thread yet, so NCCL's variables are set safely.
+    let server = Server::from_env(options).map_err(Failure::usage)?;
+    server.runtime().map_err(Failure::runtime)
 }
 
 /// The GPU's architecture must be the package's: another one is the input refused.
@@ -227,4 +244,31 @@ pub fn check_architecture(
         prepare::runtime::RuntimeError::WrongArchitecture { .. } => Failure::refused(error),
         other => Failure::runtime(other),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_own_rank;
+
+    #[test]
+    fn a_rank_line_names_its_rank_once() {
+        let cases = [
+            ("error: rank 1: cannot load", "error: cannot load"),
+            ("rank 1: ready", "ready"),
+            (
+                "error: cannot start: rank 1: no GPU",
+                "error: cannot start: no GPU",
+            ),
+            // Another rank's name, or this rank's inside a sentence, stays.
+            (
+                "error: rank 1: rank 0 did not arrive",
+                "error: rank 0 did not arrive",
+            ),
+            ("error: rank 0: timed out", "error: rank 0: timed out"),
+            ("bucket 3 on rank 1: exact", "bucket 3 on rank 1: exact"),
+        ];
+        for (line, printed) in cases {
+            assert_eq!(without_own_rank(1, line), printed, "{line}");
+        }
+    }
 }

@@ -116,7 +116,7 @@ fn options(args: &Args) -> Result<SelectOptions, Failure> {
 pub fn run(args: &Args) -> Result<(), Failure> {
     let options = options(args)?;
     match ranks::role()? {
-        Role::Rank(environment) => run_rank(args, &options, &environment),
+        Role::Rank => run_rank(args, &options),
         Role::Launcher => {
             // Refuse a bad package before starting any rank.
             prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
@@ -160,14 +160,10 @@ impl prepare::progress::Reporter for LineReporter {
 }
 
 #[allow(clippy::print_stdout)]
-fn run_rank(
-    args: &Args,
-    options: &SelectOptions,
-    environment: &prepare::launch::RankEnvironment,
-) -> Result<(), Failure> {
+fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
     let package =
         prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
-    let runtime = ranks::start_rank(&args.ranks, environment)?;
+    let runtime = ranks::start_rank(&args.ranks)?;
     ranks::check_architecture(&runtime, &package)?;
     let rank = runtime.rank();
     let reporter = LineReporter {
@@ -176,8 +172,8 @@ fn run_rank(
     };
     let dtype: Dtype = package.ladder().dtype;
     let handle = Handle::select(runtime, std::slice::from_ref(&package), options, &reporter)
-        .map_err(Failure::runtime)?;
-    let selection = handle.selection(dtype).map_err(Failure::runtime)?;
+        .map_err(Failure::serving)?;
+    let selection = handle.selection(dtype).map_err(Failure::serving)?;
     let choice = &selection.choice;
     let digest = prepare::hash::hex(&choice.digest());
     if rank == 0 {

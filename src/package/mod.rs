@@ -14,6 +14,7 @@
 //! refuses a changed, missing or extra file by name.
 
 mod check;
+mod compare;
 mod manifest;
 mod read;
 mod write;
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::ladder::{Arch, Ladder};
 
 pub use check::parse_manifest_bytes;
+pub use compare::manifest_differences;
 pub use manifest::{
     BucketQualification, BucketRecord, CandidateQualification, CandidateRecord, CompilerRecord,
     KernelRecord, LadderRecord, Manifest, Outcome, PeerMemoryRecord, Qualification, QualifiedGpu,

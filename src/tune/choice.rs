@@ -1,6 +1,6 @@
 //! The choice file: per bucket the chosen profile with the measurements and the reason behind
-//! it. Every rank serialises the same value to the same bytes; the ranks compare the sha256 of
-//! those bytes before anyone writes.
+//! it. Every rank serialises the same value to the same bytes; the ranks agree on the sha256 of
+//! those bytes (`Runtime::agree_on`) before anyone writes.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,6 @@ use sha2::{Digest, Sha256};
 
 use super::{BucketDecision, Policy};
 use crate::files::write_atomically;
-use crate::hash::hex;
 use crate::package::PackageId;
 
 /// The choice format this tool writes and reads. 2: every candidate is timed at its bucket's
@@ -204,18 +203,6 @@ impl Choice {
             }
         }
         Ok(())
-    }
-}
-
-/// Checks that every rank's digest (gathered in rank order) equals this rank's.
-pub fn check_agreement(ours: &[u8; 32], gathered: &[[u8; 32]]) -> Result<(), ChoiceError> {
-    match gathered.iter().position(|theirs| theirs != ours) {
-        None => Ok(()),
-        Some(rank) => Err(ChoiceError::Disagreement {
-            rank: rank as u32,
-            theirs: hex(&gathered[rank]),
-            ours: hex(ours),
-        }),
     }
 }
 

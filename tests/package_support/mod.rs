@@ -96,6 +96,37 @@ pub fn compilation(ladder: &Ladder, arch: Arch) -> Compilation {
     }
 }
 
+/// A qualification of the fixture ladder on `gpus` GPUs (`GPU-0`, ...) where every candidate
+/// qualified, exact.
+pub fn qualification(gpus: usize) -> prepare::package::Qualification {
+    use prepare::package::{
+        BucketQualification, CandidateQualification, Outcome, Qualification, QualifiedGpu,
+    };
+    let qualified = |profile: &str| CandidateQualification {
+        profile: profile.into(),
+        outcome: Outcome::Qualified { exact: true },
+    };
+    Qualification {
+        gpus: (0..gpus)
+            .map(|index| QualifiedGpu {
+                name: "NVIDIA RTX PRO 6000".into(),
+                uuid: format!("GPU-{index}"),
+            })
+            .collect(),
+        driver_version: "580.95.05".into(),
+        nccl_version: "2.28.9".into(),
+        buckets: ladder(LADDER)
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(index, bucket)| BucketQualification {
+                index,
+                candidates: bucket.candidates.iter().map(|id| qualified(id)).collect(),
+            })
+            .collect(),
+    }
+}
+
 /// Writes the fixture ladder's package for `arch` into `out`.
 pub fn write_fixture(out: &Path, arch: Arch) -> prepare::package::PackageSummary {
     let ladder = ladder(LADDER);

@@ -21,10 +21,10 @@ use prepare::ladder::Dtype;
 use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
 use prepare::runtime::RuntimeError;
-use prepare::runtime::{environment_defaults, gpu_for_rank, RankSetup, Rendezvous};
+use prepare::runtime::{RankSetup, Rendezvous};
 use prepare::select::SelectError;
 use prepare::select::SelectOptions;
-use prepare::serve::{Handle, ServeError};
+use prepare::serve::{environment_defaults, gpu_for_rank, Handle, ServeError};
 use prepare::tune::choice::Tuning;
 
 /// Bytes in an NCCL unique id ([`prepare_unique_id`], [`prepare_open_unique_id`]).

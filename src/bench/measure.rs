@@ -1,0 +1,401 @@
+//! The measurements of `prepare bench` on one rank, each collective: every qualified
+//! candidate of a size's bucket timed against the others, NCCL among them, with the tuned
+//! choice marked; the chosen candidate through the serving paths; and the decode emulation
+//! with the choice against NCCL alone.
+//!
+//! Method: per size every qualified candidate of the bucket covering it is captured in a graph
+//! of enough back-to-back operations (about `sample_us` per replay), and timed in interleaved
+//! rounds with a barrier before every sample; per round the slowest rank counts, and a
+//! candidate's figure is the median over rounds (`crate::timing`, `crate::tune`).
+
+use super::{DecodeRow, DecodeShape, ServingRow, SizeRow};
+use crate::collective::{Collectives, Operands};
+use crate::gpu::driver::{CallerMemory, DeviceBuffer};
+use crate::ladder::Ladder;
+use crate::package::Outcome;
+use crate::runtime::{Runtime, RuntimeError};
+use crate::timing::{Timed, Timer, TimingOptions};
+use crate::tune::choice::Choice;
+use crate::tune::{
+    decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, DecisionError, Policy,
+    SizeFigures,
+};
+
+/// Why a measurement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The ranks were given different choices.
+    #[error(
+        "rank {other} was given another choice than rank {rank}; give every rank the same file"
+    )]
+    OtherChoice {
+        /// This rank.
+        rank: u32,
+        /// The first rank whose choice differs.
+        other: u32,
+    },
+    /// The runtime failed (driver, NCCL, a peer missing).
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// No candidate of a bucket could be timed.
+    #[error(transparent)]
+    Decision(#[from] DecisionError),
+}
+
+/// Every bucket's smallest and largest message and the powers of two between, ascending.
+pub fn default_sizes(ladder: &Ladder) -> Vec<u64> {
+    let last = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
+    let mut sizes: Vec<u64> = std::iter::successors(Some(2_u64), |size| size.checked_mul(2))
+        .take_while(|&size| size <= last)
+        .collect();
+    for index in 0..ladder.buckets.len() {
+        sizes.push(ladder.bucket_min_bytes(index));
+        sizes.push(ladder.buckets[index].max_bytes);
+    }
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// The median over rounds of the slowest rank's time (`[rank][round]`); rounds where a rank
+/// has no sample are left out.
+fn slowest_median(samples: &[Vec<Option<f64>>]) -> f64 {
+    let mut figures: Vec<f64> = (0..samples.first().map_or(0, Vec::len))
+        .filter_map(|round| {
+            samples
+                .iter()
+                .map(|rank| rank[round])
+                .try_fold(0.0_f64, |slowest, value| value.map(|v| slowest.max(v)))
+        })
+        .collect();
+    figures.sort_by(f64::total_cmp);
+    figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The bucket's plain NCCL candidate: `nccl` without communicator settings if it has one, else
+/// its first NCCL candidate.
+fn nccl_profile(ladder: &Ladder, bucket: usize) -> Option<String> {
+    let nccl: Vec<&crate::ladder::Profile> = ladder.buckets[bucket]
+        .candidates
+        .iter()
+        .filter_map(|id| ladder.profile(id))
+        .filter(|profile| profile.is_nccl())
+        .collect();
+    nccl.iter()
+        .find(|profile| profile.max_ctas.is_none() && profile.min_ctas.is_none())
+        .or(nccl.first())
+        .map(|profile| profile.id.clone())
+}
+
+/// A server's own memory for the serving rows: an input and an output buffer.
+#[derive(Debug)]
+pub struct ServingBuffers {
+    input: DeviceBuffer,
+    output: DeviceBuffer,
+}
+
+/// One rank's measurements over loaded, qualified candidates with an agreed choice.
+#[derive(Debug)]
+pub struct Bench<'a> {
+    runtime: &'a Runtime,
+    collectives: &'a Collectives,
+    ladder: &'a Ladder,
+    outcomes: &'a [Outcome],
+    chosen: Vec<String>,
+    timer: Timer,
+    timing: TimingOptions,
+}
+
+impl<'a> Bench<'a> {
+    /// Checks that every rank was given the same `choice`, and takes per bucket its winner,
+    /// or the bucket's NCCL where this run's qualification (`outcomes`, per entry of
+    /// `collectives`, loaded from a package of `ladder`) dropped the winner. Collective.
+    pub fn new(
+        runtime: &'a Runtime,
+        collectives: &'a Collectives,
+        ladder: &'a Ladder,
+        outcomes: &'a [Outcome],
+        choice: &Choice,
+        timing: TimingOptions,
+    ) -> Result<Bench<'a>, BenchError> {
+        // Every rank must time and emulate with the same choice.
+        runtime
+            .agree_on(&choice.digest(), "the choice")
+            .map_err(|error| match error {
+                RuntimeError::Disagreement(disagreement) => BenchError::OtherChoice {
+                    rank: disagreement.rank,
+                    other: disagreement.other,
+                },
+                error => error.into(),
+            })?;
+        let chosen = choice
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(bucket, chosen)| {
+                let profile = &chosen.decision.winner;
+                let live = collectives
+                    .find(bucket, profile)
+                    .is_some_and(|id| collectives.entries()[id].dropped.is_none());
+                if live {
+                    profile.clone()
+                } else {
+                    nccl_profile(ladder, bucket).unwrap_or_else(|| profile.clone())
+                }
+            })
+            .collect();
+        Ok(Bench {
+            runtime,
+            collectives,
+            ladder,
+            outcomes,
+            chosen,
+            timer: Timer::new(runtime)?,
+            timing,
+        })
+    }
+
+    /// Per bucket, the profile the choice takes here.
+    pub fn chosen(&self) -> &[String] {
+        &self.chosen
+    }
+
+    /// Every candidate of the bucket covering `bytes` timed against the others at that size,
+    /// in the bucket's order; `None` above the last bucket.
+    pub fn time_size(&mut self, bytes: u64) -> Result<Option<Vec<SizeRow>>, BenchError> {
+        let (ladder, collectives) = (self.ladder, self.collectives);
+        let Some(bucket) = ladder.bucket_for(bytes) else {
+            return Ok(None);
+        };
+        let elements = bytes.div_ceil(ladder.dtype.size_bytes()) as usize;
+        let live: Vec<(usize, usize)> = collectives
+            .bucket_entries(bucket)
+            .filter(|(_, entry)| entry.dropped.is_none())
+            .map(|(id, _)| (id, elements))
+            .collect();
+        let group = self
+            .timer
+            .time(self.runtime, collectives, &live, self.timing)?;
+        let mut timed = group.samples.into_iter().zip(group.ops);
+        let mut ops_of = Vec::new();
+        let candidates: Vec<CandidateSamples> = collectives
+            .bucket_entries(bucket)
+            .map(|(id, entry)| {
+                let (samples, dropped) = if entry.dropped.is_none() {
+                    let (samples, ops) = timed.next().expect("one group per live entry");
+                    ops_of.push((entry.profile.clone(), ops));
+                    // Timed at one size: this one.
+                    (vec![samples], None)
+                } else {
+                    (Vec::new(), entry.dropped.as_ref().map(ToString::to_string))
+                };
+                CandidateSamples {
+                    profile: entry.profile.clone(),
+                    dropped,
+                    exact: !matches!(self.outcomes[id], Outcome::Qualified { exact: false }),
+                    samples,
+                }
+            })
+            .collect();
+        // The decision gives every candidate's figures; the winner marked is the tuned choice's.
+        let world = self.runtime.world();
+        let decision = decide_bucket(
+            &BucketSamples {
+                index: bucket,
+                default: ladder.buckets[bucket].default.clone(),
+                sizes: vec![bytes],
+                candidates,
+            },
+            world as usize,
+            &Policy::default(),
+        )?;
+        let nccl_name = nccl_profile(ladder, bucket);
+        let nccl_median = decision.candidates.iter().find_map(|candidate| {
+            match (
+                &candidate.outcome,
+                Some(&candidate.profile) == nccl_name.as_ref(),
+            ) {
+                (CandidateOutcome::Timed { sizes, .. }, true) => {
+                    sizes.first().map(|figures| figures.median_us)
+                }
+                _ => None,
+            }
+        });
+        let factor = 2.0 * f64::from(world - 1) / f64::from(world);
+        let rows = decision.candidates.iter().map(|candidate| {
+            let chosen = candidate.profile == self.chosen[bucket];
+            let excluded = SizeRow {
+                bytes,
+                bucket,
+                profile: candidate.profile.clone(),
+                median_us: None,
+                min_us: None,
+                max_us: None,
+                rounds: 0,
+                ops_per_sample: 0,
+                bus_gbps: None,
+                speedup_vs_nccl: None,
+                excluded: None,
+                chosen,
+            };
+            match &candidate.outcome {
+                CandidateOutcome::Timed { sizes, .. } => {
+                    let SizeFigures {
+                        median_us,
+                        min_us,
+                        max_us,
+                        rounds,
+                        ..
+                    } = sizes.first().expect("one size was timed");
+                    SizeRow {
+                        median_us: Some(*median_us),
+                        min_us: Some(*min_us),
+                        max_us: Some(*max_us),
+                        rounds: *rounds,
+                        ops_per_sample: ops_of
+                            .iter()
+                            .find(|(profile, _)| *profile == candidate.profile)
+                            .map_or(0, |(_, ops)| *ops),
+                        bus_gbps: Some(bytes as f64 * factor / (median_us * 1e3)),
+                        speedup_vs_nccl: nccl_median.map(|nccl| nccl / median_us),
+                        ..excluded
+                    }
+                }
+                CandidateOutcome::Excluded { reason } => SizeRow {
+                    excluded: Some(reason.clone()),
+                    ..excluded
+                },
+            }
+        });
+        Ok(Some(rows.collect()))
+    }
+
+    /// The server's own memory the serving rows run on, as large as the largest of `sizes` a
+    /// bucket covers.
+    pub fn serving_buffers(&self, sizes: &[u64]) -> Result<ServingBuffers, BenchError> {
+        let largest = sizes
+            .iter()
+            .filter(|&&bytes| self.ladder.bucket_for(bytes).is_some())
+            .max()
+            .copied()
+            .unwrap_or(0) as usize;
+        let device = self.runtime.device();
+        let allocate = || {
+            device
+                .allocate(largest.max(16))
+                .map_err(RuntimeError::driver(self.runtime.rank()))
+        };
+        Ok(ServingBuffers {
+            input: allocate()?,
+            output: allocate()?,
+        })
+    }
+
+    /// The chosen candidate at `bytes` through the serving handle's paths, in one interleaved
+    /// group, so the copies the handle adds show; `None` above the last bucket.
+    pub fn time_serving(
+        &mut self,
+        bytes: u64,
+        buffers: &ServingBuffers,
+    ) -> Result<Option<ServingRow>, BenchError> {
+        let ladder = self.ladder;
+        let Some(bucket) = ladder.bucket_for(bytes) else {
+            return Ok(None);
+        };
+        let Some(id) = self.collectives.find(bucket, &self.chosen[bucket]) else {
+            return Ok(None);
+        };
+        let elements = bytes.div_ceil(ladder.dtype.size_bytes()) as usize;
+        let message = elements as u64 * ladder.dtype.size_bytes();
+        let own = |buffer: &DeviceBuffer| CallerMemory::prefix(buffer, message);
+        let timed = |input, output| Timed {
+            id,
+            elements,
+            operands: Some(Operands { input, output }),
+        };
+        let mut entries = vec![
+            Timed::from((id, elements)),
+            timed(own(&buffers.input), own(&buffers.output)),
+            timed(own(&buffers.output), own(&buffers.output)),
+        ];
+        if let Some(region) = self.collectives.input_region() {
+            entries.push(timed(region, region));
+        }
+        let group =
+            self.timer
+                .time_operands(self.runtime, self.collectives, &entries, self.timing)?;
+        let medians: Vec<f64> = group
+            .samples
+            .iter()
+            .map(|samples| slowest_median(samples))
+            .collect();
+        Ok(Some(ServingRow {
+            bytes,
+            bucket,
+            profile: self.chosen[bucket].clone(),
+            zero_copy_us: medians[0],
+            any_tensor_us: medians[1],
+            any_tensor_in_place_us: medians[2],
+            zero_copy_in_place_us: medians.get(3).copied(),
+        }))
+    }
+
+    /// One batch of the decode emulation: the layers' all-reduces of `batch` rows in one
+    /// graph, with the choice and with NCCL alone; `None` above the last bucket or where the
+    /// bucket has no NCCL candidate.
+    pub fn time_decode(
+        &mut self,
+        batch: usize,
+        shape: &DecodeShape,
+    ) -> Result<Option<DecodeRow>, BenchError> {
+        let (ladder, collectives) = (self.ladder, self.collectives);
+        let elements = batch * shape.hidden;
+        let bytes = elements as u64 * ladder.dtype.size_bytes();
+        let Some(bucket) = ladder.bucket_for(bytes) else {
+            return Ok(None);
+        };
+        let Some(nccl) =
+            nccl_profile(ladder, bucket).and_then(|profile| collectives.find(bucket, &profile))
+        else {
+            return Ok(None);
+        };
+        let ops = (shape.layers * shape.all_reduces_per_layer) as u32;
+        let tuned = collectives
+            .find(bucket, &self.chosen[bucket])
+            .unwrap_or(nccl);
+        let mut entries = vec![(tuned, elements)];
+        if tuned != nccl {
+            entries.push((nccl, elements));
+        }
+        let group =
+            self.timer
+                .time_with_ops(self.runtime, collectives, &entries, ops, self.timing)?;
+        let step = |samples: &Vec<Vec<Option<f64>>>| slowest_median(samples) * f64::from(ops);
+        let tuned_us = step(&group.samples[0]);
+        let nccl_us = group.samples.get(1).map_or(tuned_us, step);
+        Ok(Some(DecodeRow {
+            batch,
+            elements,
+            tuned_profile: self.chosen[bucket].clone(),
+            tuned_us,
+            nccl_us,
+            speedup: nccl_us / tuned_us,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slowest_median;
+
+    #[test]
+    fn per_round_the_slowest_rank_counts_and_incomplete_rounds_are_left_out() {
+        let samples = vec![
+            vec![Some(1.0), Some(5.0), None, Some(2.0)],
+            vec![Some(3.0), Some(4.0), Some(9.0), Some(2.5)],
+        ];
+        // Rounds: 3, 5, (left out), 2.5; the median of three is the middle one.
+        assert!((slowest_median(&samples) - 3.0).abs() < 1e-12);
+        assert!(slowest_median(&[]).is_nan());
+    }
+}
