@@ -118,12 +118,13 @@ struct OneShotPushLl {
                                       tail_line + e, parity, rank, value, flag);
                 }
             });
-        // Each rank's part is taken as it arrives, in rank order, and summed at once.
         bool received = true;
         for_each_owned(
             message, workers,
             [&](u64 v) {
-                const Vec16 sum = sum_vectors_from<T, N>([&](int q) {
+                // Every rank's part received before the sum up to four ranks; beyond, each rank's
+                // part is summed as it arrives, which keeps the registers to one vector.
+                const auto part = [&](int q) {
                     Vec16 x = {};
                     if (static_cast<unsigned int>(q) == rank) {
                         x = load_vector(input, v);
@@ -132,7 +133,18 @@ struct OneShotPushLl {
                                                                    q, flag, x.word);
                     }
                     return x;
-                });
+                };
+                Vec16 sum;
+                if constexpr (N <= 4) {
+                    Vec16 x[N];
+#pragma unroll
+                    for (int q = 0; q < N; ++q) {
+                        x[q] = part(q);
+                    }
+                    sum = sum_vectors<T, N>(x);
+                } else {
+                    sum = sum_vectors_from<T, N>(part);
+                }
                 if (received) {
                     store_vector(output, v, sum);
                 }
