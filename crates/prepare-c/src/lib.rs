@@ -831,14 +831,11 @@ mod tests {
     #[test]
     fn dtypes_map_in_one_place() {
         assert_eq!(dtype(0).unwrap(), Dtype::Bf16);
-        for (code, name) in [(1, "fp16"), (2, "fp32")] {
-            let failure = dtype(code).unwrap_err();
-            assert_eq!(failure.status, PrepareStatus::InvalidArgument);
-            assert!(failure
-                .message
-                .contains(&format!("no package holds {name}")));
-        }
-        assert!(dtype(7).unwrap_err().message.contains("dtype 7"));
+        assert_eq!(dtype(1).unwrap(), Dtype::Fp16);
+        assert_eq!(dtype(2).unwrap(), Dtype::Fp32);
+        let failure = dtype(7).unwrap_err();
+        assert_eq!(failure.status, PrepareStatus::InvalidArgument);
+        assert!(failure.message.contains("dtype 7"));
     }
 
     #[test]
