@@ -22,7 +22,7 @@ pub struct AllReduceParams {
     pub input: u64,
     /// Elements in the message.
     pub elements: u64,
-    /// Byte offset of the scratch region in every buffer; at least 2 x `elements`.
+    /// Byte offset of the scratch region in every buffer; at least `elements` x the element size.
     pub scratch_offset: u64,
     /// Deadline for every spin, nanoseconds from the kernel's start.
     pub timeout_ns: u64,

@@ -7,7 +7,7 @@
 //! order).
 //!
 //! A server captures its collectives at several batch sizes and replays them alternately, so
-//! qualification also replays a sequence of graphs at 8, 16 and 32 rows of a 7168-wide bf16
+//! qualification also replays a sequence of graphs at 8, 16 and 32 rows of a 7168-wide
 //! hidden state, alternated, each replay checked, and requires the device memory in use to be
 //! the same after the replays as before them (nothing is allocated after capture).
 //!
