@@ -19,7 +19,7 @@ use crate::device::DropReason;
 use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
 use crate::ladder::Dtype;
 use crate::package::{BucketQualification, CandidateQualification, Outcome};
-use crate::reference::{element, random_rank_inputs, reference_sum};
+use crate::reference::{element, random_rank_inputs, rank_dataset, reference_sum, RankDataset};
 use crate::runtime::{Runtime, RuntimeError};
 
 /// Output poison, in every 16-bit half of an element: a NaN payload no sum produces in any type
@@ -59,6 +59,23 @@ pub struct QualifyOptions {
     pub repeat: u32,
     /// Replays in the multi-size sequence (per candidate, alternating sizes); 0 skips it.
     pub sequence_replays: u32,
+    /// Where each run's data comes from.
+    pub data: Data,
+}
+
+/// Where each checked run's inputs and reference sum come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Data {
+    /// Fresh random inputs for every run, and their reference sum.
+    Fresh,
+    /// Two random datasets made once, as long as the largest message checked, used by turns:
+    /// a run at `n` elements takes the first `n` of the turn's dataset (the sum is element by
+    /// element, so its reference is the first `n` of the dataset's). Consecutive runs still
+    /// see different inputs, and the output is poisoned before every run, so a candidate that
+    /// reads a peer's input before it is written, or leaves part of its output unwritten,
+    /// still fails; making the data once instead of for every run is what makes the startup
+    /// check fast.
+    Shared,
 }
 
 impl Default for QualifyOptions {
@@ -67,6 +84,7 @@ impl Default for QualifyOptions {
             sizes: Sizes::Edges,
             repeat: 1,
             sequence_replays: 18,
+            data: Data::Fresh,
         }
     }
 }
@@ -161,6 +179,8 @@ struct Checker<'a> {
     dtype: Dtype,
     seed: u64,
     counter: u64,
+    /// The two datasets of [`Data::Shared`], empty for [`Data::Fresh`].
+    shared: Vec<RankDataset>,
 }
 
 impl Checker<'_> {
@@ -179,15 +199,26 @@ impl Checker<'_> {
         self.counter += 1;
         let dtype = self.dtype;
         let size = dtype.size_bytes() as usize;
-        let inputs = random_rank_inputs(
-            dtype,
-            run_seed(self.seed, self.counter),
-            self.runtime.world() as usize,
-            elements,
-        );
+        let fresh;
+        let (input, expected): (&[u8], std::borrow::Cow<'_, [u8]>) = if self.shared.is_empty() {
+            fresh = random_rank_inputs(
+                dtype,
+                run_seed(self.seed, self.counter),
+                self.runtime.world() as usize,
+                elements,
+            );
+            let views: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+            (&fresh[rank as usize], reference_sum(dtype, &views).into())
+        } else {
+            let dataset = &self.shared[self.counter as usize % self.shared.len()];
+            (
+                &dataset.input[..elements * size],
+                dataset.reference[..elements * size].into(),
+            )
+        };
         let collectives = self.collectives;
         stream
-            .write(collectives.input(), 0, &inputs[rank as usize])
+            .write(collectives.input(), 0, input)
             .map_err(driver)?;
         let poisoned = (elements + PAST_END_ELEMENTS).min(collectives.output().len_bytes() / size);
         stream
@@ -210,8 +241,6 @@ impl Checker<'_> {
             )));
         }
         got.truncate(elements * size);
-        let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-        let expected = reference_sum(dtype, &views);
         if let Some((first, mismatches)) = first_mismatch(dtype, &got, &expected) {
             let width = 2 + 2 * size;
             return Ok(Some(format!(
@@ -225,7 +254,7 @@ impl Checker<'_> {
         stream
             .read(collectives.input(), 0, &mut input_after)
             .map_err(driver)?;
-        if input_after != inputs[rank as usize] {
+        if input_after != input {
             return Ok(Some(format!(
                 "rank {rank}, {elements} elements: changed its input"
             )));
@@ -236,6 +265,9 @@ impl Checker<'_> {
 
 /// The first element of `dtype` where `got` and `expected` differ, and how many differ.
 fn first_mismatch(dtype: Dtype, got: &[u8], expected: &[u8]) -> Option<(usize, usize)> {
+    if got == expected {
+        return None;
+    }
     let size = dtype.size_bytes() as usize;
     let mut mismatches = got
         .chunks_exact(size)
@@ -293,12 +325,42 @@ pub fn qualify(
     collectives.apply_drops(agreed);
 
     let mut problems: Vec<Option<String>> = vec![None; count];
+    let shared = match options.data {
+        Data::Fresh => Vec::new(),
+        Data::Shared => {
+            let sequence = SEQUENCE_ROWS.map(|rows| rows * SEQUENCE_HIDDEN);
+            let longest = graphs
+                .iter()
+                .flatten()
+                .map(|(elements, _)| *elements)
+                .chain(
+                    sequence
+                        .into_iter()
+                        .filter(|_| options.sequence_replays > 0),
+                )
+                .max()
+                .unwrap_or(0)
+                .min(collectives.capacity());
+            (1..=2)
+                .map(|turn| {
+                    rank_dataset(
+                        ladder.dtype,
+                        run_seed(seed, u64::MAX - turn),
+                        runtime.world() as usize,
+                        rank as usize,
+                        longest,
+                    )
+                })
+                .collect()
+        }
+    };
     let mut checker = Checker {
         runtime,
         collectives,
         dtype: ladder.dtype,
         seed,
         counter: 0,
+        shared,
     };
     let mut runs = 0_u64;
     for pass in 0..options.repeat {

@@ -16,10 +16,11 @@ use crate::cache::{self, Cache, Fingerprint};
 use crate::collective::{Collectives, EntryId};
 use crate::package::{Outcome, Package};
 use crate::progress::Reporter;
-use crate::qualify::{qualify, QualifyOptions, Sizes};
+use crate::qualify::{qualify, Data, QualifyOptions, Sizes};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timer, TimingOptions};
 use crate::tune::choice::{write_choice, BucketChoice, Choice, ChoiceError, Tuning};
+use crate::tune::early_stop::keep_timing;
 use crate::tune::{
     decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
     DecisionError, DecisionReason, Policy,
@@ -292,6 +293,7 @@ pub fn select(
                 sizes: Sizes::Largest,
                 repeat: 1,
                 sequence_replays: 0,
+                data: Data::Shared,
             },
             &|_| {},
         )?;
@@ -470,7 +472,25 @@ fn time_and_decide(
                 live.iter().map(move |&id| (id, elements))
             })
             .collect();
-        let group = timer.time(runtime, collectives, &entries, options.timing)?;
+        // A candidate stops being timed (at every size) once another dominates it, and the
+        // bucket once at most one is not dominated (`tune::early_stop`).
+        let keep = |so_far: &[Vec<Vec<Option<f64>>>]| -> Vec<bool> {
+            let by_candidate: Vec<Vec<Vec<Vec<Option<f64>>>>> = (0..live.len())
+                .map(|candidate| {
+                    so_far
+                        .iter()
+                        .skip(candidate)
+                        .step_by(live.len())
+                        .cloned()
+                        .collect()
+                })
+                .collect();
+            let keep = keep_timing(&by_candidate, options.policy.margin);
+            (0..so_far.len())
+                .map(|entry| keep[entry % live.len()])
+                .collect()
+        };
+        let group = timer.time_until(runtime, collectives, &entries, options.timing, &keep)?;
         // `[entry][rank][round]` back to `[candidate][size][rank][round]`.
         let mut rows: Vec<Vec<Vec<Vec<Option<f64>>>>> =
             vec![Vec::with_capacity(sizes.len()); live.len()];

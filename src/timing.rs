@@ -23,6 +23,9 @@ pub struct TimingOptions {
     pub sample_us: f64,
     /// At most this many operations per sample.
     pub max_ops: u32,
+    /// With a stop rule ([`Timer::time_until`]): after every this many recorded rounds, the
+    /// samples so far are gathered and the rule may end entries' timing; 0 never asks it.
+    pub checkpoint_rounds: u32,
 }
 
 impl Default for TimingOptions {
@@ -32,9 +35,17 @@ impl Default for TimingOptions {
             warmup_rounds: 2,
             sample_us: 150.0,
             max_ops: 200,
+            checkpoint_rounds: 8,
         }
     }
 }
+
+/// Every rank's samples of a group's entries, microseconds per operation, `[entry][rank][round]`;
+/// `None` for a failed sample.
+pub type Samples = Vec<Vec<Vec<Option<f64>>>>;
+
+/// Which entries go on being timed, given the samples so far (see [`Timer::time_until`]).
+pub type KeepTiming<'a> = &'a dyn Fn(&[Vec<Vec<Option<f64>>>]) -> Vec<bool>;
 
 /// Samples of one group of candidates timed together, from every rank.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,7 +54,7 @@ pub struct GroupSamples {
     pub ops: Vec<u32>,
     /// Microseconds per operation, `[entry][rank][round]`, entries in the group's order; `None`
     /// for a failed sample.
-    pub samples: Vec<Vec<Vec<Option<f64>>>>,
+    pub samples: Samples,
 }
 
 /// Times candidates on one rank's GPU; create one per rank and reuse it.
@@ -161,7 +172,25 @@ impl Timer {
         options: TimingOptions,
     ) -> Result<GroupSamples, RuntimeError> {
         let ops = self.calibrate(runtime, collectives, entries, options)?;
-        self.time_graphs(runtime, collectives, entries, &ops, options)
+        self.time_graphs(runtime, collectives, entries, &ops, options, None)
+    }
+
+    /// Like [`Timer::time`], asking `keep` at every checkpoint
+    /// ([`TimingOptions::checkpoint_rounds`]) which entries go on being timed, given every
+    /// rank's samples so far (`[entry][rank][round]`); an entry it ends keeps the rounds it
+    /// has, and timing ends when it ends every entry. `keep` must decide from the samples
+    /// alone, so that every rank ends the same entries. Collective.
+    pub fn time_until(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[(EntryId, usize)],
+        options: TimingOptions,
+        keep: KeepTiming<'_>,
+    ) -> Result<GroupSamples, RuntimeError> {
+        let entries: Vec<Timed> = entries.iter().map(|&entry| entry.into()).collect();
+        let ops = self.calibrate(runtime, collectives, &entries, options)?;
+        self.time_graphs(runtime, collectives, &entries, &ops, options, Some(keep))
     }
 
     /// Times `entries` with exactly `ops` operations per replay (a decode step's all-reduces,
@@ -176,7 +205,7 @@ impl Timer {
     ) -> Result<GroupSamples, RuntimeError> {
         let ops = vec![ops.max(1); entries.len()];
         let entries: Vec<Timed> = entries.iter().map(|&entry| entry.into()).collect();
-        self.time_graphs(runtime, collectives, &entries, &ops, options)
+        self.time_graphs(runtime, collectives, &entries, &ops, options, None)
     }
 
     /// Operations per replay for each entry: about `sample_us` on the slowest rank.
@@ -232,54 +261,77 @@ impl Timer {
         entries: &[Timed],
         ops: &[u32],
         options: TimingOptions,
+        keep: Option<KeepTiming<'_>>,
     ) -> Result<GroupSamples, RuntimeError> {
-        let world = runtime.world() as usize;
         let mut graphs = Vec::with_capacity(entries.len());
         for (entry, &count) in entries.iter().zip(ops) {
             graphs.push(entry.capture(runtime, collectives, &mut self.stream, count)?);
         }
-        let views: Vec<(EntryId, &Graph)> = entries
-            .iter()
-            .map(|entry| entry.id)
-            .zip(graphs.iter())
-            .collect();
+        let mut active = vec![true; entries.len()];
         let mut local: Vec<Vec<f32>> = vec![Vec::new(); entries.len()];
+        let checkpoint = options.checkpoint_rounds as usize;
         for round in 0..options.warmup_rounds + options.rounds {
             let step = format!("timing round {}", round + 1);
+            let timed: Vec<usize> = (0..entries.len()).filter(|&entry| active[entry]).collect();
+            if timed.is_empty() {
+                break;
+            }
+            let views: Vec<(EntryId, &Graph)> = timed
+                .iter()
+                .map(|&entry| (entries[entry].id, &graphs[entry]))
+                .collect();
             let times = self.round(runtime, collectives, &views, &step)?;
             if round < options.warmup_rounds {
                 continue;
             }
-            for ((samples, time), &count) in local.iter_mut().zip(times).zip(ops) {
-                samples.push((time / f64::from(count)) as f32);
+            for (&entry, time) in timed.iter().zip(times) {
+                local[entry].push((time / f64::from(ops[entry])) as f32);
+            }
+            let recorded = (round + 1 - options.warmup_rounds) as usize;
+            if let Some(keep) = keep.filter(|_| {
+                checkpoint > 0 && recorded % checkpoint == 0 && recorded < options.rounds as usize
+            }) {
+                let so_far = gather(runtime, &local, "the timing checkpoint all-gather")?;
+                for (active, keep) in active.iter_mut().zip(keep(&so_far)) {
+                    *active &= keep;
+                }
             }
         }
-        let bytes: Vec<u8> = local
-            .iter()
-            .flatten()
-            .flat_map(|value| value.to_le_bytes())
-            .collect();
-        let gathered = runtime.all_gather_pieces(&bytes, "the timing all-gather")?;
-        let rounds = options.rounds as usize;
-        let samples = (0..entries.len())
-            .map(|candidate| {
-                (0..world)
-                    .map(|rank| {
-                        (0..rounds)
-                            .map(|round| {
-                                let value = read_f32(&gathered[rank], candidate * rounds + round);
-                                (value.is_finite() && value > 0.0).then_some(value)
-                            })
-                            .collect()
-                    })
-                    .collect()
-            })
-            .collect();
         Ok(GroupSamples {
             ops: ops.to_vec(),
-            samples,
+            samples: gather(runtime, &local, "the timing all-gather")?,
         })
     }
+}
+
+/// Every rank's samples, `[entry][rank][round]`, from this rank's `[entry][round]`: every rank
+/// holds as many rounds of each entry as this one. Collective.
+fn gather(runtime: &Runtime, local: &[Vec<f32>], step: &str) -> Result<Samples, RuntimeError> {
+    let bytes: Vec<u8> = local
+        .iter()
+        .flatten()
+        .flat_map(|value| value.to_le_bytes())
+        .collect();
+    let gathered = runtime.all_gather_pieces(&bytes, step)?;
+    let mut offset = 0;
+    Ok(local
+        .iter()
+        .map(|rounds| {
+            let start = offset;
+            offset += rounds.len();
+            gathered
+                .iter()
+                .map(|rank| {
+                    (start..offset)
+                        .map(|index| {
+                            let value = read_f32(rank, index);
+                            (value.is_finite() && value > 0.0).then_some(value)
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// One thing to time: an entry at a message size, on the registered buffer into the private

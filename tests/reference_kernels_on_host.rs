@@ -68,7 +68,11 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
         ),
         (
             "prepare_element.cuh",
-            &["add_round_nearest"],
+            &[
+                "add_round_nearest",
+                "fp16_bits_to_float",
+                "float_to_fp16_bits",
+            ],
             "host_element_prims.h",
         ),
     ];

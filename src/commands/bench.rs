@@ -146,6 +146,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
             sizes: prepare::qualify::Sizes::Edges,
             repeat: 1,
             sequence_replays: 0,
+            data: prepare::qualify::Data::Fresh,
         },
         &log,
     )

@@ -84,6 +84,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         sizes: prepare::qualify::Sizes::Edges,
         repeat: args.repeat.max(1),
         sequence_replays: args.sequence_replays,
+        data: prepare::qualify::Data::Fresh,
     };
     let report = check_rank(
         &runtime,

@@ -33,6 +33,7 @@
 //! best at both edges, the winner is within the margin of the best at both.
 
 pub mod choice;
+pub mod early_stop;
 mod mann_whitney;
 
 use schemars::JsonSchema;

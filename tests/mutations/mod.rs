@@ -86,8 +86,8 @@ const TRUNCATE: &[Patch] = &[
     },
     Patch {
         file: "prepare_element.cuh",
-        find: "return sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13);",
-        replace: "return sign | (rebased >> 13);",
+        find: "return float_to_fp16_bits(value);",
+        replace: "return float_to_fp16_bits(__uint_as_float(bits & 0xffffe000u));",
     },
 ];
 
