@@ -154,6 +154,8 @@ __device__ __forceinline__ Workers cluster_workers(unsigned int cta, unsigned in
 // other cluster returns at once, joining no flag protocol.
 template <typename Algorithm, typename T, int N>
 __device__ __forceinline__ void cluster_kernel(const AllReduceParams& params) {
+    wait_for_previous_grid();
+    allow_next_grid();
     if (cluster_index() != 0) {
         return;
     }

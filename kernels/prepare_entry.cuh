@@ -15,9 +15,12 @@
 
 namespace prepare {
 
-// The body of every block kernel's entry: checks the launch, then runs the algorithm.
+// The body of every block kernel's entry: waits for the previous kernel of the stream
+// (prepare_sync.cuh), checks the launch, then runs the algorithm.
 template <typename Algorithm, typename T, int N>
 __device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
+    wait_for_previous_grid();
+    allow_next_grid();
     if (!block_launch_is_valid<T, N>(params)) {
         return;
     }

@@ -116,6 +116,24 @@ __device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
     return true;
 }
 
+// Programmatic dependent launch. The kernels are launched allowing it, so a launch may begin
+// while the previous kernel of its stream is still ending: every entry first waits here, before
+// touching any memory, until that kernel has completed and its writes are visible; then lets the
+// next kernel of the stream begin the same way (which waits in turn). Only the launch and the
+// block scheduling overlap, never two kernels' work. Both are no-ops for a launch without the
+// attribute, and before sm_90.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // True when the flag reached `epoch` before the deadline.
 __device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadline) {
     return spin_until(deadline, [&] { return load_acquire_system(flag) == epoch; });

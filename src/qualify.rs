@@ -16,7 +16,9 @@
 
 use crate::collective::{agree_drops, Collectives, EntryId};
 use crate::device::DropReason;
-use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
+use rayon::prelude::*;
+
+use crate::gpu::driver::{DeviceBuffer, DeviceMemory as _, Graph, PinnedBytes, Stream};
 use crate::ladder::Dtype;
 use crate::package::{BucketQualification, CandidateQualification, Outcome};
 use crate::reference::{element, random_rank_inputs, rank_dataset, reference_sum, RankDataset};
@@ -173,18 +175,68 @@ fn run_seed(seed: u64, counter: u64) -> u64 {
     seed ^ (counter + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// The data of [`Data::Shared`]: two datasets, their inputs also on the device, and pinned host
+/// memory the output and the input are read back into.
+struct Shared {
+    datasets: Vec<RankDataset>,
+    on_device: Vec<DeviceBuffer>,
+    read_back: PinnedBytes,
+}
+
+impl Shared {
+    fn new(
+        runtime: &Runtime,
+        dtype: Dtype,
+        seed: u64,
+        elements: usize,
+        past_end: usize,
+    ) -> Result<Shared, RuntimeError> {
+        let rank = runtime.rank();
+        let driver = |source| RuntimeError::Driver { rank, source };
+        let datasets: Vec<RankDataset> = (1..=2)
+            .map(|turn| {
+                rank_dataset(
+                    dtype,
+                    run_seed(seed, u64::MAX - turn),
+                    runtime.world() as usize,
+                    rank as usize,
+                    elements,
+                )
+            })
+            .collect();
+        let device = runtime.device();
+        let stream = device.new_stream().map_err(driver)?;
+        let mut on_device = Vec::new();
+        for dataset in &datasets {
+            let buffer = device
+                .allocate(dataset.input.len().max(1))
+                .map_err(driver)?;
+            stream.write(&buffer, 0, &dataset.input).map_err(driver)?;
+            on_device.push(buffer);
+        }
+        let read_back = device
+            .pinned_bytes(past_end * dtype.size_bytes() as usize)
+            .map_err(driver)?;
+        Ok(Shared {
+            datasets,
+            on_device,
+            read_back,
+        })
+    }
+}
+
 struct Checker<'a> {
     runtime: &'a Runtime,
     collectives: &'a Collectives,
     dtype: Dtype,
     seed: u64,
     counter: u64,
-    /// The two datasets of [`Data::Shared`], empty for [`Data::Fresh`].
-    shared: Vec<RankDataset>,
+    /// The data of [`Data::Shared`]; `None` for [`Data::Fresh`].
+    shared: Option<Shared>,
 }
 
 impl Checker<'_> {
-    /// Writes fresh inputs, poisons the output, replays `graph` (entry `id` at `elements`)
+    /// Writes the run's inputs, poisons the output, replays `graph` (entry `id` at `elements`)
     /// and compares. `Ok(Some(problem))` when the output is wrong.
     fn run(
         &mut self,
@@ -199,28 +251,46 @@ impl Checker<'_> {
         self.counter += 1;
         let dtype = self.dtype;
         let size = dtype.size_bytes() as usize;
-        let fresh;
-        let (input, expected): (&[u8], std::borrow::Cow<'_, [u8]>) = if self.shared.is_empty() {
-            fresh = random_rank_inputs(
-                dtype,
-                run_seed(self.seed, self.counter),
-                self.runtime.world() as usize,
-                elements,
-            );
-            let views: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
-            (&fresh[rank as usize], reference_sum(dtype, &views).into())
-        } else {
-            let dataset = &self.shared[self.counter as usize % self.shared.len()];
-            (
-                &dataset.input[..elements * size],
-                dataset.reference[..elements * size].into(),
-            )
-        };
+        let bytes = elements * size;
         let collectives = self.collectives;
-        stream
-            .write(collectives.input(), 0, input)
-            .map_err(driver)?;
         let poisoned = (elements + PAST_END_ELEMENTS).min(collectives.output().len_bytes() / size);
+        // The run's input on the device, this rank's input and the reference sum on the host,
+        // and where the output is read back to.
+        let fresh;
+        let mut fresh_read_back;
+        let (input, expected, read_back): (&[u8], std::borrow::Cow<'_, [u8]>, &mut [u8]) =
+            match &mut self.shared {
+                None => {
+                    fresh = random_rank_inputs(
+                        dtype,
+                        run_seed(self.seed, self.counter),
+                        self.runtime.world() as usize,
+                        elements,
+                    );
+                    let views: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+                    stream
+                        .write(collectives.input(), 0, &fresh[rank as usize])
+                        .map_err(driver)?;
+                    fresh_read_back = vec![0_u8; poisoned * size];
+                    (
+                        &fresh[rank as usize],
+                        reference_sum(dtype, &views).into(),
+                        &mut fresh_read_back,
+                    )
+                }
+                Some(shared) => {
+                    let turn = self.counter as usize % shared.datasets.len();
+                    stream
+                        .copy_device(collectives.input(), 0, &shared.on_device[turn], 0, bytes)
+                        .map_err(driver)?;
+                    let dataset = &shared.datasets[turn];
+                    (
+                        &dataset.input[..bytes],
+                        dataset.reference[..bytes].into(),
+                        &mut shared.read_back[..poisoned * size],
+                    )
+                }
+            };
         stream
             .fill_u16(collectives.output(), 0..poisoned * size, POISON)
             .map_err(driver)?;
@@ -229,32 +299,30 @@ impl Checker<'_> {
         collectives.run_bounded(self.runtime, stream, id, step, || {
             graph.launch().map_err(driver)
         })?;
-        let mut got = vec![0_u8; poisoned * size];
         stream
-            .read(collectives.output(), 0, &mut got)
+            .read(collectives.output(), 0, read_back)
             .map_err(driver)?;
-        if let Some(past) =
-            (elements..poisoned).find(|&index| element(dtype, &got, index) != poison_bits(dtype))
+        if let Some(past) = (elements..poisoned)
+            .find(|&index| element(dtype, read_back, index) != poison_bits(dtype))
         {
             return Ok(Some(format!(
                 "rank {rank}, {elements} elements: wrote element {past}, past the end of the message"
             )));
         }
-        got.truncate(elements * size);
-        if let Some((first, mismatches)) = first_mismatch(dtype, &got, &expected) {
+        if let Some((first, mismatches)) = first_mismatch(dtype, &read_back[..bytes], &expected) {
             let width = 2 + 2 * size;
             return Ok(Some(format!(
                 "rank {rank}, {elements} {dtype} elements: {mismatches} differ from the reference \
                  sum, the first at {first} (got {:#0width$x}, expected {:#0width$x})",
-                element(dtype, &got, first),
+                element(dtype, read_back, first),
                 element(dtype, &expected, first)
             )));
         }
-        let mut input_after = vec![0_u8; elements * size];
+        let input_after = &mut read_back[..bytes];
         stream
-            .read(collectives.input(), 0, &mut input_after)
+            .read(collectives.input(), 0, input_after)
             .map_err(driver)?;
-        if input_after != input {
+        if !equal(input_after, input) {
             return Ok(Some(format!(
                 "rank {rank}, {elements} elements: changed its input"
             )));
@@ -263,9 +331,18 @@ impl Checker<'_> {
     }
 }
 
+/// Whether two byte strings are equal, compared on every core.
+fn equal(a: &[u8], b: &[u8]) -> bool {
+    const PIECE: usize = 1 << 20;
+    a.len() == b.len()
+        && a.par_chunks(PIECE)
+            .zip(b.par_chunks(PIECE))
+            .all(|(a, b)| a == b)
+}
+
 /// The first element of `dtype` where `got` and `expected` differ, and how many differ.
 fn first_mismatch(dtype: Dtype, got: &[u8], expected: &[u8]) -> Option<(usize, usize)> {
-    if got == expected {
+    if equal(got, expected) {
         return None;
     }
     let size = dtype.size_bytes() as usize;
@@ -326,7 +403,7 @@ pub fn qualify(
 
     let mut problems: Vec<Option<String>> = vec![None; count];
     let shared = match options.data {
-        Data::Fresh => Vec::new(),
+        Data::Fresh => None,
         Data::Shared => {
             let sequence = SEQUENCE_ROWS.map(|rows| rows * SEQUENCE_HIDDEN);
             let longest = graphs
@@ -341,17 +418,9 @@ pub fn qualify(
                 .max()
                 .unwrap_or(0)
                 .min(collectives.capacity());
-            (1..=2)
-                .map(|turn| {
-                    rank_dataset(
-                        ladder.dtype,
-                        run_seed(seed, u64::MAX - turn),
-                        runtime.world() as usize,
-                        rank as usize,
-                        longest,
-                    )
-                })
-                .collect()
+            let past_end = (longest + PAST_END_ELEMENTS)
+                .min(collectives.output().len_bytes() / ladder.dtype.size_bytes() as usize);
+            Some(Shared::new(runtime, ladder.dtype, seed, longest, past_end)?)
         }
     };
     let mut checker = Checker {

@@ -52,6 +52,8 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "store_line_volatile",
                 "load_line_volatile",
                 "fetch_add_acq_rel_device",
+                "wait_for_previous_grid",
+                "allow_next_grid",
             ],
             "host_sync_prims.h",
         ),

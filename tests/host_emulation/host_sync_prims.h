@@ -5,6 +5,9 @@ __device__ __forceinline__ u64 global_timer_ns() {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
+// Emulated launches run one after another: nothing to wait for, nothing to allow.
+__device__ __forceinline__ void wait_for_previous_grid() {}
+__device__ __forceinline__ void allow_next_grid() {}
 __device__ __forceinline__ void store_release_system(u64* address, u64 value) {
     std::atomic_ref<u64>(*address).store(value, std::memory_order_release);
 }

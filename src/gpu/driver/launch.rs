@@ -141,11 +141,23 @@ fn cluster_attribute(cluster_size: u32) -> sys::CUlaunchAttribute {
     attribute
 }
 
+/// Lets the launch begin while the previous kernel of its stream ends (programmatic dependent
+/// launch): the kernels wait for that kernel's completion before touching memory
+/// (`wait_for_previous_grid` in kernels/prepare_sync.cuh), so only the launch and the block
+/// scheduling overlap it.
+fn overlap_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: as in `cluster_attribute`.
+    let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    attribute
+}
+
+/// A launch's configuration; `attributes` must live until the launch call returns.
 fn launch_config(
     geometry: &Geometry,
     stream: sys::CUstream,
-    attribute: &mut sys::CUlaunchAttribute,
-    clustered: bool,
+    attributes: &mut [sys::CUlaunchAttribute],
 ) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: geometry.blocks,
@@ -156,12 +168,8 @@ fn launch_config(
         blockDimZ: 1,
         sharedMemBytes: 0,
         hStream: stream,
-        attrs: if clustered {
-            std::ptr::from_mut(attribute)
-        } else {
-            std::ptr::null_mut()
-        },
-        numAttrs: u32::from(clustered),
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: attributes.len() as u32,
     }
 }
 
@@ -195,11 +203,11 @@ impl Function {
     /// Clusters of this geometry the GPU holds at once.
     pub fn max_active_clusters(&self, geometry: ClusterGeometry) -> Result<u32, DriverError> {
         self.module.device.bind()?;
-        let mut attribute = cluster_attribute(geometry.0.cluster_size.unwrap_or(1));
-        let config = launch_config(&geometry.0, std::ptr::null_mut(), &mut attribute, true);
+        let mut attributes = [cluster_attribute(geometry.0.cluster_size.unwrap_or(1))];
+        let config = launch_config(&geometry.0, std::ptr::null_mut(), &mut attributes);
         let mut clusters = 0;
         // SAFETY: the function's module is loaded in the current context; `config` and the
-        // attribute it points to live across the call; writes one int.
+        // attributes it points to live across the call; writes one int.
         let result = unsafe {
             sys::cuOccupancyMaxActiveClusters(&raw mut clusters, self.raw, &raw const config)
         };
@@ -247,15 +255,22 @@ impl Stream {
             });
         }
         self.bind()?;
-        let clustered = geometry.cluster_size.is_some();
-        let mut attribute = cluster_attribute(geometry.cluster_size.unwrap_or(1));
-        let config = launch_config(&geometry, self.raw, &mut attribute, clustered);
+        let mut attributes = [
+            overlap_attribute(),
+            cluster_attribute(geometry.cluster_size.unwrap_or(1)),
+        ];
+        let count = if geometry.cluster_size.is_some() {
+            2
+        } else {
+            1
+        };
+        let config = launch_config(&geometry, self.raw, &mut attributes[..count]);
         let mut arguments = [params.as_ptr().cast_mut().cast::<c_void>()];
         // SAFETY: the function was checked at lookup to take exactly one parameter of
         // `parameter_bytes`, and `params` holds that many bytes (checked above), so the driver
         // reads exactly `params`, which is borrowed for the call (the driver copies it before
         // returning). `config` and its
-        // attribute live across the call; the function's module is loaded in the current
+        // attributes live across the call; the function's module is loaded in the current
         // context, which is the stream's (same device, checked above).
         let result = unsafe {
             sys::cuLaunchKernelEx(

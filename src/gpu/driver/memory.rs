@@ -322,6 +322,59 @@ impl Drop for HostWords {
     }
 }
 
+/// Pinned (page-locked) host bytes: copies between them and the device run at the link's
+/// speed, several times faster than from pageable memory. Zeroed when made; freed on drop.
+#[derive(Debug)]
+pub struct PinnedBytes {
+    bytes: *mut u8,
+    len: usize,
+    device: Device,
+}
+
+impl Device {
+    /// `len` zeroed bytes of pinned host memory.
+    pub fn pinned_bytes(&self, len: usize) -> Result<PinnedBytes, DriverError> {
+        self.bind()?;
+        let mut bytes: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the context is current; the pointer is a live local written by the call.
+        let result = unsafe { sys::cuMemAllocHost_v2(&raw mut bytes, len.max(1)) };
+        check(result, "cuMemAllocHost", Some(self.ordinal))?;
+        // SAFETY: the allocation holds at least `len` writable bytes.
+        unsafe { std::ptr::write_bytes(bytes.cast::<u8>(), 0, len) };
+        Ok(PinnedBytes {
+            bytes: bytes.cast(),
+            len,
+            device: self.clone(),
+        })
+    }
+}
+
+impl std::ops::Deref for PinnedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes owned by this value, alive as long as it is; a copy
+        // writes them only while a `&mut` borrow of them is held (Stream::read waits for it).
+        unsafe { std::slice::from_raw_parts(self.bytes, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for PinnedBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, borrowed exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.bytes, self.len) }
+    }
+}
+
+impl Drop for PinnedBytes {
+    fn drop(&mut self) {
+        self.device.release_after_work(|| {
+            // SAFETY: the context is idle, so no copy still uses the bytes; the pointer is this
+            // allocation's and is freed exactly once.
+            let _ = unsafe { sys::cuMemFreeHost(self.bytes.cast()) };
+        });
+    }
+}
+
 /// A CUDA IPC handle: 64 opaque bytes that travel between processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcHandle(pub [u8; 64]);

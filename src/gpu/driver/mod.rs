@@ -26,6 +26,7 @@ pub use launch::{
 };
 pub use memory::{
     CallerMemory, DeviceBuffer, DeviceCopy, DeviceMemory, HostWords, IpcHandle, PeerBuffer,
+    PinnedBytes,
 };
 pub use module::{check_cubin, ClusterKernel, Function, Kernel, LoadedKernel, Module, ModuleImage};
 pub use stream::Stream;
