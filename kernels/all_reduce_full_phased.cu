@@ -24,40 +24,30 @@ namespace prepare {
 
 struct FullPhased {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome) {
-        const unsigned int cta = cluster_cta_rank();
-        const unsigned int ctas = cluster_cta_count();
-        const unsigned int rank = params.rank;
-        // Start: every peer has finished its previous launch, which read its slots, so they
-        // may be overwritten.
-        if (!cluster_begin_with_start<N>(params, flags, outcome, cta, ctas)) {
-            return;
-        }
-        const Workers workers = cluster_workers(cta, ctas);
+    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome,
+                               const ClusterPlace& place) {
         const Range message = whole_message<T>(params.elements);
         const u64 slot = message_bytes<T>(params.elements);
 
         for (int k = 1; k < N; ++k) {
-            const unsigned int destination_rank = (rank + k) % N;
-            const unsigned int source_rank = (rank + N - k) % N;
             copy_owned<T>(params.input,
-                          params.buffers[destination_rank] + params.scratch_offset + rank * slot,
-                          0, message, workers);
-            // Phase k: this rank's input is in the destination's slot, the source's in this
-            // rank's.
-            if (!cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetData,
-                                     1u << destination_rank, 1u << source_rank)) {
+                          params.buffers[(params.rank + k) % N] + params.scratch_offset +
+                              params.rank * slot,
+                          0, message, place.workers);
+            // Phase k: this rank's input is in rank + k's slot, rank - k's in this rank's.
+            if (!ring_exchange<N>(params, flags, outcome, place, kSetData, k)) {
                 return;
             }
         }
 
         const unsigned char* sources[N];
-        rank_sources<N>(rank, params.input, params.buffers[rank] + params.scratch_offset, slot,
-                        sources);
-        sum_owned<T, N>(sources, 0, static_cast<unsigned char*>(params.output), message, workers);
+        rank_sources<N>(params.rank, params.input,
+                        params.buffers[params.rank] + params.scratch_offset, slot, sources);
+        sum_owned<T, N>(sources, 0, static_cast<unsigned char*>(params.output), message,
+                        place.workers);
         // No end barrier: no peer reads this rank's memory, and peers write its slots again
         // only after the next launch's start exchange.
-        cluster_end(params, flags, cta);
+        cluster_end(params, flags, place.cta);
     }
 };
 

@@ -20,14 +20,11 @@
 
 namespace prepare {
 
-struct OneShotPull {
+// Both begin with the start barrier: every peer's input is ready and its slots may be
+// overwritten.
+struct OneShotPull : StartBarrier {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        // Start: a peer's input was written before its launch in stream order, so once its
-        // block has started the input is ready to read.
-        if (!begin_with_start_barrier<N>(params, flags)) {
-            return;
-        }
         sum_whole_message<T, N>(params.buffers, params.output, params.elements);
         // End: peers read this rank's input until they raise this flag; once this launch ends
         // the stream may overwrite the input, so no block leaves before its peers are done with
@@ -40,14 +37,9 @@ struct OneShotPull {
     }
 };
 
-struct OneShotPush {
+struct OneShotPush : StartBarrier {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        // Start: every peer has finished its previous launch, which read its slots, so they
-        // may be overwritten.
-        if (!begin_with_start_barrier<N>(params, flags)) {
-            return;
-        }
         const unsigned int rank = params.rank;
         const u64 slot = message_bytes<T>(params.elements);
         const Range message = whole_message<T>(params.elements);

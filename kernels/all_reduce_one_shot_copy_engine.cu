@@ -31,7 +31,7 @@
 
 namespace prepare {
 
-struct CopyEngineSum {
+struct CopyEngineSum : NoBegin {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags&) {
         // After an abort (a barrier gave up) the copies may hold anything: write nothing, as
@@ -43,13 +43,16 @@ struct CopyEngineSum {
     }
 };
 
+// A barrier (set `Set`) and nothing else.
 template <unsigned int Set>
 struct CopyEngineBarrier {
+    template <int N>
+    __device__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {
+        return block_begin(params, flags) && block_barrier<N>(params, flags, Set);
+    }
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        if (block_begin(params, flags) && block_barrier<N>(params, flags, Set)) {
-            block_end(params, flags);
-        }
+        block_end(params, flags);
     }
 };
 

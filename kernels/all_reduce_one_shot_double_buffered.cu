@@ -79,12 +79,9 @@ __device__ __forceinline__ Range block_share(u64 elements) {
             last ? vectors * T::kPerVector : 0, last ? elements : 0};
 }
 
-struct OneShotPushLl {
+struct OneShotPushLl : LaunchCounter {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        if (!launch_begin(params, flags)) {
-            return;
-        }
         const unsigned int rank = params.rank;
         const u64 parity = flags.epoch & 1;
         const unsigned int flag = line_flag(flags.epoch);
@@ -258,12 +255,9 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
     }
 }
 
-struct OneShotPushSimple {
+struct OneShotPushSimple : LaunchCounter {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        if (!launch_begin(params, flags)) {
-            return;
-        }
         const SimpleShare share = simple_share<T>(params.elements);
         const u64 parity = flags.epoch & 1;
         // Steps fit the low 24 bits: a bucket holds at most 4 GiB, 2^28 vectors, and a step at

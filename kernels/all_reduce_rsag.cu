@@ -40,14 +40,11 @@ __device__ __forceinline__ void copy_other_slices(const AllReduceParams& params,
     }
 }
 
-struct RsagPull {
+// Both begin with the start barrier: every peer's input is ready and its scratch may be
+// overwritten.
+struct RsagPull : StartBarrier {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        // Start: peers' inputs are ready (written before their launch), and every peer has
-        // finished its previous launch, which read this rank's scratch.
-        if (!begin_with_start_barrier<N>(params, flags)) {
-            return;
-        }
         const unsigned int rank = params.rank;
         const Workers workers = grid_workers();
         const unsigned char* inputs[N];
@@ -84,14 +81,9 @@ struct RsagPull {
     }
 };
 
-struct RsagPush {
+struct RsagPush : StartBarrier {
     template <typename T, int N>
     __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        // Start: every peer has finished its previous launch, which read its scratch, so it
-        // may be overwritten.
-        if (!begin_with_start_barrier<N>(params, flags)) {
-            return;
-        }
         const unsigned int rank = params.rank;
         const Workers workers = grid_workers();
         const u64 slot = slot_bytes<T, N>(params.elements);
@@ -101,11 +93,7 @@ struct RsagPush {
         // scratch, at its offset inside the slice.
 #pragma unroll
         for (int k = 1; k < N; ++k) {
-            const unsigned int owner = (rank + k) % N;
-            const Range slice = slice_of<T, N>(owner, params.elements);
-            copy_owned<T>(params.input,
-                          params.buffers[owner] + params.scratch_offset + rank * slot,
-                          slice.begin_vector, slice, workers);
+            copy_slice_to_owner<T, N>(params, (rank + k) % N, slot, workers);
         }
         // Data: every peer's piece of this rank's slice (this block's part) is in its slot.
         if (!block_barrier<N>(params, flags, kSetData)) {

@@ -27,32 +27,19 @@ namespace prepare {
 
 struct RsagPhased {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome) {
-        const unsigned int cta = cluster_cta_rank();
-        const unsigned int ctas = cluster_cta_count();
+    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome,
+                               const ClusterPlace& place) {
         const unsigned int rank = params.rank;
-        // Start: every peer has finished its previous launch, which read its scratch, so it
-        // may be overwritten.
-        if (!cluster_begin_with_start<N>(params, flags, outcome, cta, ctas)) {
-            return;
-        }
-        const Workers workers = cluster_workers(cta, ctas);
         const u64 slot = slot_bytes<T, N>(params.elements);
         const u64 gathered_offset = params.scratch_offset + N * slot;
         unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
         unsigned char* output = static_cast<unsigned char*>(params.output);
 
         for (int k = 1; k < N; ++k) {
-            const unsigned int destination_rank = (rank + k) % N;
-            const unsigned int source_rank = (rank + N - k) % N;
-            const Range slice = slice_of<T, N>(destination_rank, params.elements);
-            copy_owned<T>(params.input,
-                          params.buffers[destination_rank] + params.scratch_offset + rank * slot,
-                          slice.begin_vector, slice, workers);
-            // Scatter phase k: the piece is in the destination's slot, and the source's piece
-            // of this rank's slice is in this rank's slot.
-            if (!cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetData,
-                                     1u << destination_rank, 1u << source_rank)) {
+            copy_slice_to_owner<T, N>(params, (rank + k) % N, slot, place.workers);
+            // Scatter phase k: the piece is in rank + k's slot, and rank - k's piece of this
+            // rank's slice is in this rank's slot.
+            if (!ring_exchange<N>(params, flags, outcome, place, kSetData, k)) {
                 return;
             }
         }
@@ -60,26 +47,23 @@ struct RsagPhased {
         const Range own = slice_of<T, N>(rank, params.elements);
         const unsigned char* sources[N];
         rank_sources<N>(rank, params.input + own.begin_vector * 16, own_scratch, slot, sources);
-        sum_owned<T, N>(sources, own.begin_vector, output, own, workers);
+        sum_owned<T, N>(sources, own.begin_vector, output, own, place.workers);
 
         const unsigned char* gathered = own_scratch + N * slot;
         for (int k = 1; k < N; ++k) {
-            const unsigned int destination_rank = (rank + k) % N;
-            const unsigned int source_rank = (rank + N - k) % N;
             // The same thread wrote these output elements above.
-            copy_owned<T>(output, params.buffers[destination_rank] + gathered_offset, 0, own,
-                          workers);
-            // Gather phase k: this rank's slice is at the destination, the source's slice here.
-            if (!cluster_exchange<N>(params, flags, outcome, cta, ctas, kSetGather,
-                                     1u << destination_rank, 1u << source_rank)) {
+            copy_owned<T>(output, params.buffers[(rank + k) % N] + gathered_offset, 0, own,
+                          place.workers);
+            // Gather phase k: this rank's slice is at rank + k, rank - k's slice here.
+            if (!ring_exchange<N>(params, flags, outcome, place, kSetGather, k)) {
                 return;
             }
-            copy_owned<T>(gathered, output, 0, slice_of<T, N>(source_rank, params.elements),
-                          workers);
+            copy_owned<T>(gathered, output, 0, slice_of<T, N>((rank + N - k) % N, params.elements),
+                          place.workers);
         }
         // No end barrier: no peer reads this rank's memory, and peers write its scratch again
         // only after the next launch's start exchange.
-        cluster_end(params, flags, cta);
+        cluster_end(params, flags, place.cta);
     }
 };
 

@@ -145,12 +145,37 @@ __device__ __forceinline__ bool cluster_begin_with_start(const AllReduceParams& 
                                all_peers<N>(params.rank), all_peers<N>(params.rank));
 }
 
-// The threads of the cluster, as the phased kernels hand out work.
-__device__ __forceinline__ Workers cluster_workers(unsigned int cta, unsigned int ctas) {
-    return {static_cast<u64>(cta) * blockDim.x + threadIdx.x, static_cast<u64>(ctas) * blockDim.x};
+// Where a thread of a phased kernel is: its CTA in the cluster, the cluster's CTAs, and the
+// cluster's threads as the phased kernels hand out work.
+struct ClusterPlace {
+    unsigned int cta;
+    unsigned int ctas;
+    Workers workers;
+};
+
+__device__ __forceinline__ ClusterPlace cluster_place() {
+    const unsigned int cta = cluster_cta_rank();
+    const unsigned int ctas = cluster_cta_count();
+    const Workers workers = {static_cast<u64>(cta) * blockDim.x + threadIdx.x,
+                             static_cast<u64>(ctas) * blockDim.x};
+    return {cta, ctas, workers};
 }
 
-// The body of every cluster kernel's entry: cluster 0 runs `Algorithm::run<T, N>` and every
+// Phase k (1 to N - 1) of a ring of exchanges in flag set `set`: this rank wrote what goes to
+// rank + k, and waits until that peer has it and rank - k's part for this rank is here. False
+// (the same in every thread) means a peer timed out: return at once.
+template <int N>
+__device__ __forceinline__ bool ring_exchange(const AllReduceParams& params, ClusterFlags& flags,
+                                              int& outcome, const ClusterPlace& place,
+                                              unsigned int set, int k) {
+    return cluster_exchange<N>(params, flags, outcome, place.cta, place.ctas, set,
+                               1u << ((params.rank + k) % N), 1u << ((params.rank + N - k) % N));
+}
+
+// The body of every cluster kernel's entry: waits for the previous kernel of the stream
+// (prepare_sync.cuh); cluster 0 begins with the start exchange (set 0) with every peer (every
+// peer's launch has begun, so its input is ready, and has finished its previous launch, which
+// read this rank's scratch, so it may be overwritten) and runs `Algorithm::run<T, N>`; every
 // other cluster returns at once, joining no flag protocol.
 template <typename Algorithm, typename T, int N>
 __device__ __forceinline__ void cluster_kernel(const AllReduceParams& params) {
@@ -167,7 +192,10 @@ __device__ __forceinline__ void cluster_kernel(const AllReduceParams& params) {
     }
     __shared__ ClusterFlags flags;
     __shared__ int outcome;
-    Algorithm::template run<T, N>(params, flags, outcome);
+    const ClusterPlace place = cluster_place();
+    if (cluster_begin_with_start<N>(params, flags, outcome, place.cta, place.ctas)) {
+        Algorithm::template run<T, N>(params, flags, outcome, place);
+    }
 }
 
 }  // namespace prepare

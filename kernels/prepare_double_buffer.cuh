@@ -38,6 +38,14 @@ __device__ __forceinline__ bool launch_begin(const AllReduceParams& params, Bloc
     return begin_counted(params, flags, params.state + PREPARE_STATE_LAUNCH_WORD);
 }
 
+// The begin of the double-buffered algorithms: the launch counter, no barrier.
+struct LaunchCounter {
+    template <int N>
+    __device__ __forceinline__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {
+        return launch_begin(params, flags);
+    }
+};
+
 // Every thread of the block calls it last. The last block of the launch to get here (each read
 // the counter before) advances the counter; a block that timed out leaves it, since the abort
 // word already stops every later launch.

@@ -31,18 +31,23 @@ __device__ __forceinline__ float add_round_nearest(float a, float b) {
     return sum;
 }
 
-// bfloat16: the upper half of an fp32.
-struct Bf16 {
+// What bf16 and fp16 share: 16-bit elements, two to a word and eight to a vector; lane 0 of a
+// word is its low half (the lower-addressed element, little endian).
+template <typename Type>
+struct Half {
     typedef unsigned short Bits;
     static constexpr unsigned int kPerWord = 2;
     static constexpr unsigned int kPerVector = 8;
 
+    __device__ __forceinline__ static float lane(unsigned int word, unsigned int j) {
+        return Type::to_float(j == 0 ? word & 0xffffu : word >> 16);
+    }
+};
+
+// bfloat16: the upper half of an fp32.
+struct Bf16 : Half<Bf16> {
     __device__ __forceinline__ static float to_float(unsigned int bits) {
         return __uint_as_float(bits << 16);
-    }
-    // Lane 0 is the low half of a word (the lower-addressed element, little endian).
-    __device__ __forceinline__ static float lane(unsigned int word, unsigned int j) {
-        return __uint_as_float(j == 0 ? word << 16 : word & 0xffff0000u);
     }
     // Nearest even; NaN becomes 0x7FFF; overflow rounds to infinity.
     __device__ __forceinline__ static unsigned int round(float value) {
@@ -70,16 +75,9 @@ __device__ __forceinline__ unsigned int float_to_fp16_bits(float value) {
 }
 
 // IEEE binary16.
-struct Fp16 {
-    typedef unsigned short Bits;
-    static constexpr unsigned int kPerWord = 2;
-    static constexpr unsigned int kPerVector = 8;
-
+struct Fp16 : Half<Fp16> {
     __device__ __forceinline__ static float to_float(unsigned int bits) {
         return fp16_bits_to_float(bits);
-    }
-    __device__ __forceinline__ static float lane(unsigned int word, unsigned int j) {
-        return to_float(j == 0 ? word & 0xffffu : word >> 16);
     }
     // Nearest even, subnormals kept, overflow to infinity; NaN becomes 0x7FFF.
     __device__ __forceinline__ static unsigned int round(float value) {

@@ -16,7 +16,9 @@
 namespace prepare {
 
 // The body of every block kernel's entry: waits for the previous kernel of the stream
-// (prepare_sync.cuh), checks the launch, then runs the algorithm.
+// (prepare_sync.cuh), checks the launch, begins it as the algorithm's protocol does
+// (`Algorithm::begin<N>`, which its base gives: StartBarrier, LaunchCounter or NoBegin), then
+// runs the algorithm, unless the begin gave up.
 template <typename Algorithm, typename T, int N>
 __device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
     wait_for_previous_grid();
@@ -25,8 +27,18 @@ __device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
         return;
     }
     __shared__ BlockFlags flags;
-    Algorithm::template run<T, N>(params, flags);
+    if (Algorithm::template begin<N>(params, flags)) {
+        Algorithm::template run<T, N>(params, flags);
+    }
 }
+
+// An algorithm that waits for nothing when it begins.
+struct NoBegin {
+    template <int N>
+    __device__ __forceinline__ static bool begin(const AllReduceParams&, BlockFlags&) {
+        return true;
+    }
+};
 
 }  // namespace prepare
 

@@ -115,6 +115,17 @@ __device__ __forceinline__ void copy_owned(const unsigned char* source, unsigned
         });
 }
 
+// The RSAG scatter to one owner: the owner's slice of this rank's input goes to slot `rank` of
+// the owner's scratch (slots of `slot` bytes), at its offset inside the slice.
+template <typename T, int N>
+__device__ __forceinline__ void copy_slice_to_owner(const AllReduceParams& params,
+                                                    unsigned int owner, u64 slot,
+                                                    const Workers& workers) {
+    const Range slice = slice_of<T, N>(owner, params.elements);
+    copy_owned<T>(params.input, params.buffers[owner] + params.scratch_offset + params.rank * slot,
+                  slice.begin_vector, slice, workers);
+}
+
 // Copies the part of `range` this thread owns from `source` to every peer's buffer at `offset`
 // (both indexed like the message), peers in the order rank+1, rank+2, ..., each vector or
 // element read once.

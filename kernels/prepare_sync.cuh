@@ -89,10 +89,11 @@ __device__ __forceinline__ u64 fetch_add_acq_rel_device(u64* address, u64 value)
 // Keeps the first abort code (later failures are its consequences); returns the word it found.
 __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int rank) {
     const u64 code = PREPARE_ABORT_FLAG | (reason << 32) | rank;
+    const u64 unset = 0;
     u64 previous;
-    asm volatile("atom.relaxed.gpu.global.cas.b64 %0, [%1], 0, %2;"
+    asm volatile("atom.relaxed.gpu.global.cas.b64 %0, [%1], %2, %3;"
                  : "=l"(previous)
-                 : "l"(state), "l"(code)
+                 : "l"(state), "l"(unset), "l"(code)
                  : "memory");
     return previous;
 }
@@ -231,6 +232,17 @@ __device__ __forceinline__ bool begin_with_start_barrier(const AllReduceParams& 
                                                          BlockFlags& flags) {
     return block_begin(params, flags) && block_barrier<N>(params, flags, kSetStart);
 }
+
+// The begin of the algorithms that start with the start barrier: once it passed, every peer's
+// launch has begun, so its input (written before its launch, in stream order) is ready, and
+// every peer has finished its previous launch, which read this rank's buffers, so they may be
+// overwritten.
+struct StartBarrier {
+    template <int N>
+    __device__ __forceinline__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {
+        return begin_with_start_barrier<N>(params, flags);
+    }
+};
 
 // The launch finished: the next launch of this block number uses the next epoch.
 __device__ __forceinline__ void block_end(const AllReduceParams& params, const BlockFlags& flags) {

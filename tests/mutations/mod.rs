@@ -99,17 +99,13 @@ const DROP_TAIL: &[Patch] = &[Patch {
 
 const NO_START_BARRIER: &[Patch] = &[Patch {
     file: "all_reduce_one_shot.cu",
-    find: concat!(
-        "        if (!begin_with_start_barrier<N>(params, flags)) {\n",
-        "            return;\n",
-        "        }\n",
-        "        sum_whole_message<T, N>(params.buffers, params.output, params.elements);",
-    ),
+    find: "struct OneShotPull : StartBarrier {\n",
     replace: concat!(
-        "        if (!block_begin(params, flags)) {\n",
-        "            return;\n",
-        "        }\n",
-        "        sum_whole_message<T, N>(params.buffers, params.output, params.elements);",
+        "struct OneShotPull {\n",
+        "    template <int N>\n",
+        "    __device__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {\n",
+        "        return block_begin(params, flags);\n",
+        "    }\n",
     ),
 }];
 
@@ -129,8 +125,8 @@ const NO_STEP_WAIT: &[Patch] = &[Patch {
 /// The copy-engine start barrier does nothing at all.
 const NO_COPY_START: &[Patch] = &[Patch {
     file: "all_reduce_one_shot_copy_engine.cu",
-    find: "if (block_begin(params, flags) && block_barrier<N>(params, flags, Set)) {",
-    replace: "if (Set != kSetStart && block_begin(params, flags) && block_barrier<N>(params, flags, Set)) {",
+    find: "return block_begin(params, flags) && block_barrier<N>(params, flags, Set);",
+    replace: "return Set != kSetStart && block_begin(params, flags) && block_barrier<N>(params, flags, Set);",
 }];
 
 const DOUBLE_COUNT: &[Patch] = &[
