@@ -13,44 +13,32 @@ use prepare::hash::sha256_hex;
 use prepare::ladder::{Arch, Ladder};
 use prepare::package::{write_package, Manifest};
 
-/// A ladder whose only candidate is NCCL: its package holds no kernel, so it is written
-/// without NVRTC.
-const NCCL_ONLY_LADDER: &str = r#"{
-  "format_version": 1,
-  "name": "c_abi_tp2_nccl_only",
-  "collective": "all_reduce",
-  "dtype": "bf16",
-  "world_size": 2,
-  "targets": ["sm_90"],
-  "profiles": [ { "id": "nccl", "algorithm": "nccl" } ],
-  "buckets": [
-    { "max_bytes": 65536, "threads": 512, "blocks": 8, "candidates": ["nccl"], "default": "nccl" }
-  ]
+use crate::{crate_dir, repository_file};
+
+/// A ladder whose only candidate is NCCL (a fixture of the tool's tests): its package holds no
+/// kernel, so it is written without NVRTC.
+fn nccl_only_ladder() -> String {
+    let path = repository_file("tests/fixtures/ladders/valid/minimal.json");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()))
 }
-"#;
 
 fn write_nccl_only(out: &Path) {
-    let ladder: Ladder = serde_json::from_str(NCCL_ONLY_LADDER).expect("the ladder parses");
+    let text = nccl_only_ladder();
+    let ladder: Ladder = serde_json::from_str(&text).expect("the ladder parses");
     let compilation = Compilation {
         nvrtc_version: (13, 0),
         options: Vec::new(),
         kernels: Vec::new(),
     };
-    write_package(
-        out,
-        NCCL_ONLY_LADDER,
-        &ladder,
-        &compilation,
-        Arch::Sm90,
-        false,
-    )
-    .expect("the package writes");
+    write_package(out, &text, &ladder, &compilation, Arch::Sm90, false)
+        .expect("the package writes");
 }
 
 /// A package whose ladder.json matches the manifest's hash but breaks a ladder rule.
 fn write_invalid_ladder(out: &Path) {
     write_nccl_only(out);
-    let invalid = NCCL_ONLY_LADDER.replace("\"world_size\": 2", "\"world_size\": 9");
+    let invalid = nccl_only_ladder().replace("\"world_size\": 2", "\"world_size\": 9");
     std::fs::write(out.join("ladder.json"), &invalid).unwrap();
     let mut manifest: Manifest =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
@@ -77,7 +65,7 @@ fn library_dir() -> PathBuf {
 
 #[test]
 fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = crate_dir();
     let scratch = tempfile::tempdir().unwrap();
     let nccl_only = scratch.path().join("nccl_only");
     let invalid = scratch.path().join("invalid_ladder");
@@ -93,7 +81,7 @@ fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
         .arg(&program)
         .arg(crate_dir.join("tests/c/no_gpu.c"))
         .arg("-I")
-        .arg(crate_dir.join("../../include"))
+        .arg(repository_file("include"))
         .arg("-L")
         .arg(&library)
         .arg(format!("-Wl,-rpath,{}", library.display()))

@@ -2,12 +2,12 @@
 //! test regenerates it and fails when the committed file differs.
 //! `PREPARE_UPDATE_HEADER=1 cargo test -p prepare-c --test c_abi header` rewrites it.
 
-use std::path::PathBuf;
+use crate::{crate_dir, repository_file};
 
 #[test]
 fn the_committed_header_is_current() {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let header = crate_dir.join("../../include/prepare.h");
+    let crate_dir = crate_dir();
+    let header = repository_file("include/prepare.h");
     let config =
         cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml reads");
     let mut generated = Vec::new();

@@ -1,11 +1,9 @@
 //! The Python package and the C library it loads carry one version: the tool's.
 
-use std::path::PathBuf;
+use crate::repository_file;
 
 fn read(relative: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative);
+    let path = repository_file(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
