@@ -1,6 +1,6 @@
 //! The kernels' own bodies, as embedded in the binary, run on the host against the reference
 //! sum: every rank at once, one OS thread per CUDA thread, only the inline-PTX primitives
-//! replaced by C++ atomics and barriers (tests/cpu/host_emulation). This checks indices, tails,
+//! replaced by C++ atomics and barriers (tests/host_emulation). This checks indices, tails,
 //! scratch layouts, barriers, epochs, cluster exchanges and the timeout path without a GPU;
 //! the memory model of the real hardware is left to the GPU tests. Needs a C++20 compiler
 //! (`CXX`, else `c++`).
@@ -122,7 +122,7 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
 }
 
 fn build(directory: &Path, thread_sanitizer: bool, mutation: Option<Mutation>) -> PathBuf {
-    let emulation = root().join("tests/cpu/host_emulation");
+    let emulation = root().join("tests/host_emulation");
     write_emulated_sources(directory, mutation);
     let binary = directory.join("harness");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
