@@ -1,10 +1,14 @@
 //! Choice files: identical bytes (and digests, which the ranks agree on before writing) for
 //! equal choices, atomic files per rank, and reading back with the format version checked.
 
+use std::path::PathBuf;
+
 use prepare::tune::choice::{write_choice, BucketChoice, Choice, Tuning, CHOICE_FORMAT_VERSION};
 use prepare::tune::{
     BucketDecision, CandidateOutcome, CandidateResult, DecisionReason, Policy, SizeFigures,
 };
+
+use crate::support::fixtures::format_1_candidate;
 
 fn choice() -> Choice {
     Choice {
@@ -67,6 +71,16 @@ fn choice() -> Choice {
     }
 }
 
+/// The error reading [`choice`] as JSON with `change` made, and the path of the file read.
+fn refusal(change: impl FnOnce(&mut serde_json::Value)) -> (String, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("choice.json");
+    let mut value = serde_json::to_value(choice()).unwrap();
+    change(&mut value);
+    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+    (Choice::read(&path).unwrap_err().to_string(), path)
+}
+
 #[test]
 fn a_choice_round_trips_through_its_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -87,12 +101,7 @@ fn equal_choices_have_equal_bytes_and_digests() {
 
 #[test]
 fn an_unknown_format_version_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("choice.json");
-    let mut value = serde_json::to_value(choice()).unwrap();
-    value["format_version"] = 7.into();
-    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
-    let message = Choice::read(&path).unwrap_err().to_string();
+    let (message, _) = refusal(|value| value["format_version"] = 7.into());
     assert!(
         message.ends_with(&format!(
             "is not a valid choice: format_version 7 is not known to prepare {} (it reads 2)",
@@ -106,23 +115,12 @@ fn an_unknown_format_version_is_refused() {
 /// refused for its version, before its shape is looked at.
 #[test]
 fn a_choice_of_format_1_is_refused_naming_its_version() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("choice.json");
-    let mut value = serde_json::to_value(choice()).unwrap();
-    value["format_version"] = 1.into();
-    value["buckets"][0]["reason"] =
-        serde_json::json!({"kind": "faster", "ratio": 0.55, "p_value": 1e-9});
-    value["buckets"][0]["candidates"][0] = serde_json::json!({
-        "profile": "one_shot_push",
-        "exact": true,
-        "status": "timed",
-        "median_us": 5.5,
-        "min_us": 5.25,
-        "max_us": 6.0,
-        "rounds": 30
+    let (message, path) = refusal(|value| {
+        value["format_version"] = 1.into();
+        value["buckets"][0]["reason"] =
+            serde_json::json!({"kind": "faster", "ratio": 0.55, "p_value": 1e-9});
+        value["buckets"][0]["candidates"][0] = format_1_candidate("one_shot_push");
     });
-    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
-    let message = Choice::read(&path).unwrap_err().to_string();
     assert_eq!(
         message,
         format!(
@@ -159,13 +157,6 @@ fn a_timed_candidate_holds_its_figures_per_size() {
 
 #[test]
 fn an_unknown_top_level_field_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("choice.json");
-    let mut value = serde_json::to_value(choice()).unwrap();
-    value["surprise"] = true.into();
-    std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
-    assert!(Choice::read(&path)
-        .unwrap_err()
-        .to_string()
-        .contains("unknown field `surprise`"));
+    let (message, _) = refusal(|value| value["surprise"] = true.into());
+    assert!(message.contains("unknown field `surprise`"), "{message}");
 }

@@ -28,16 +28,28 @@ fn scratch_with_ladder() -> tempfile::TempDir {
     scratch
 }
 
-/// `prepare export` of the fixture ladder to `pkg` with `flags`, in a scratch directory holding
-/// the ladder alone: it must exit with `code`, print nothing on stdout and leave nothing behind.
-/// Returns what it printed on stderr.
+/// `prepare export` of `ladder` to `pkg` with `flags`, in `dir`: it must exit with `code`,
+/// print nothing on stdout and leave `dir` as it was. Returns what it printed on stderr.
+fn refused_export_in(dir: &Path, ladder: &str, flags: &[&str], code: i32) -> String {
+    let before = names(dir);
+    let (found, stdout, stderr) = run_in(dir, &export_args(ladder, "pkg", flags));
+    assert_eq!(
+        (found, stdout.as_str()),
+        (code, ""),
+        "{ladder} {flags:?}: {stderr}"
+    );
+    assert_eq!(
+        names(dir),
+        before,
+        "{ladder} {flags:?} leaves something behind"
+    );
+    stderr
+}
+
+/// [`refused_export_in`] of the fixture ladder, in a scratch directory holding it alone.
 fn refused_export(flags: &[&str], code: i32) -> String {
     let scratch = scratch_with_ladder();
-    let (found, stdout, stderr) =
-        export_ladder(scratch.path(), &[flags, &["--out", "pkg"]].concat());
-    assert_eq!((found, stdout.as_str()), (code, ""), "{flags:?}: {stderr}");
-    assert_eq!(names(scratch.path()), ["ladder.json"], "{flags:?}");
-    stderr
+    refused_export_in(scratch.path(), "ladder.json", flags, code)
 }
 
 #[test]
@@ -172,11 +184,7 @@ fn a_qualified_package_is_not_the_one_an_export_without_gpus_writes() {
 #[test]
 fn a_missing_ladder_is_refused_naming_it() {
     let scratch = tempfile::tempdir().unwrap();
-    let (code, _, stderr) = run_in(
-        scratch.path(),
-        &export_args("absent.json", "pkg", &["--arch", "sm_120"]),
-    );
-    assert_eq!(code, 1, "{stderr}");
+    let stderr = refused_export_in(scratch.path(), "absent.json", &["--arch", "sm_120"], 1);
     assert!(
         stderr.starts_with("error: cannot read ladder absent.json: "),
         "{stderr}"
@@ -195,11 +203,7 @@ fn an_invalid_ladder_is_refused_with_the_report_of_prepare_validate() {
     ] {
         let ladder = root.join("tests/fixtures/ladders/invalid").join(fixture);
         let ladder = ladder.to_str().unwrap();
-        let (code, stdout, stderr) = run_in(
-            scratch.path(),
-            &export_args(ladder, "pkg", &["--arch", "sm_90"]),
-        );
-        assert_eq!((code, stdout.as_str()), (1, ""), "{fixture}: {stderr}");
+        let stderr = refused_export_in(scratch.path(), ladder, &["--arch", "sm_90"], 1);
         let (_, report, _) = run_in(scratch.path(), &["validate", ladder]);
         let diagnostics: Vec<&str> = report.lines().skip(1).collect();
         assert!(!diagnostics.is_empty(), "{fixture}: {report}");
@@ -212,8 +216,8 @@ fn an_invalid_ladder_is_refused_with_the_report_of_prepare_validate() {
             stderr.starts_with(&format!("error: {ladder} is not a valid ladder: ")),
             "{stderr}"
         );
-        assert!(names(scratch.path()).is_empty());
     }
+    assert!(names(scratch.path()).is_empty());
 }
 
 #[test]
@@ -226,15 +230,16 @@ fn a_shipped_gb202_ladder_for_sm_90_is_refused_naming_the_rule() {
         "gb202_pcie_tp4_clustered_full",
     ] {
         let file = root.join("ladders").join(format!("{ladder}.json"));
-        let (code, stdout, stderr) = run_in(
+        let stderr = refused_export_in(
             scratch.path(),
-            &export_args(file.to_str().unwrap(), "pkg", &["--arch", "sm_90"]),
+            file.to_str().unwrap(),
+            &["--arch", "sm_90"],
+            1,
         );
-        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
         assert_eq!(
             stderr,
             format!("error: ladder {ladder} targets sm_120, sm_121 only, not sm_90 [architecture_not_targeted]\n")
         );
-        assert!(names(scratch.path()).is_empty(), "nothing is left behind");
     }
+    assert!(names(scratch.path()).is_empty(), "nothing is left behind");
 }

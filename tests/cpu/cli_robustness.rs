@@ -163,6 +163,18 @@ fn the_serve_example_exits_with_the_class_of_its_failure() {
     }
 }
 
+/// [`run_in`] of `prepare COMMAND --package PACKAGE FLAGS`.
+fn run_on_package(
+    dir: &Path,
+    command: &str,
+    package: &Path,
+    flags: &[&str],
+) -> (Option<i32>, String, String) {
+    let mut args = vec![command, "--package", package.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    run_in(dir, &args)
+}
+
 fn mkfifo(path: &Path) {
     let status = std::process::Command::new("mkfifo")
         .arg(path)
@@ -200,17 +212,11 @@ fn the_launcher_never_removes_an_id_file_it_did_not_write() {
     let (scratch, out) = scratch_with_package();
     let precious = scratch.path().join("notes.txt");
     fs::write(&precious, "a user's notes").unwrap();
-    let (code, _, stderr) = run_in(
+    let (code, _, stderr) = run_on_package(
         scratch.path(),
-        &[
-            "tune",
-            "--package",
-            out.to_str().unwrap(),
-            "--gpus",
-            "0,1",
-            "--id-file",
-            precious.to_str().unwrap(),
-        ],
+        "tune",
+        &out,
+        &["--gpus", "0,1", "--id-file", precious.to_str().unwrap()],
     );
     assert_eq!(
         fs::read_to_string(&precious).ok().as_deref(),
@@ -271,71 +277,29 @@ fn devices_and_huge_files_are_refused_naming_the_limit() {
 #[test]
 fn out_of_range_numbers_are_usage_errors_never_panics() {
     let (scratch, out) = scratch_with_package();
-    let package = out.to_str().unwrap();
-    let runs: [&[&str]; 9] = [
-        &[
-            "tune",
-            "--package",
-            package,
-            "--gpus",
-            "0,1",
-            "--timeout",
-            "1e18",
-        ],
-        &[
-            "tune",
-            "--package",
-            package,
-            "--gpus",
-            "0,1",
-            "--timeout",
-            "inf",
-        ],
-        &["tune", "--package", package, "--timeout", "0"],
-        &["tune", "--package", package, "--margin", "NaN"],
-        &["tune", "--package", package, "--rounds", "4"],
-        &[
-            "check",
-            "--package",
-            package,
-            "--gpus",
-            "0,1",
-            "--timeout",
-            "1e18",
-        ],
-        &[
-            "bench",
-            "--package",
-            package,
-            "--gpus",
-            "0,1",
-            "--timeout",
-            "1e300",
-        ],
-        &[
-            "bench",
-            "--package",
-            package,
-            "--batches",
-            "18446744073709551615",
-        ],
-        &["bench", "--package", package, "--sample-us", "inf"],
+    let runs: [(&str, &[&str]); 9] = [
+        ("tune", &["--gpus", "0,1", "--timeout", "1e18"]),
+        ("tune", &["--gpus", "0,1", "--timeout", "inf"]),
+        ("tune", &["--timeout", "0"]),
+        ("tune", &["--margin", "NaN"]),
+        ("tune", &["--rounds", "4"]),
+        ("check", &["--gpus", "0,1", "--timeout", "1e18"]),
+        ("bench", &["--gpus", "0,1", "--timeout", "1e300"]),
+        ("bench", &["--batches", "18446744073709551615"]),
+        ("bench", &["--sample-us", "inf"]),
     ];
-    for args in runs {
-        let (code, _, stderr) = run_in(scratch.path(), args);
-        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+    for (command, flags) in runs {
+        let (code, _, stderr) = run_on_package(scratch.path(), command, &out, flags);
+        assert_eq!(code, Some(2), "{command} {flags:?}: {stderr}");
     }
 }
 
 #[test]
 fn a_crafted_package_is_refused_by_show() {
     let (_scratch, out) = scratch_with_package();
-    let path = out.join("manifest.json");
-    let mut manifest: prepare::package::Manifest =
-        serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    manifest.peer_memory.buffer_bytes = u64::MAX;
-    manifest.seal();
-    fs::write(&path, manifest.to_bytes()).unwrap();
+    fixtures::reseal(&out, |manifest| {
+        manifest.peer_memory.buffer_bytes = u64::MAX;
+    });
     let (code, _, stderr) = run_in(out.parent().unwrap(), &["show", out.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("/peer_memory"), "{stderr}");
@@ -347,17 +311,11 @@ fn an_unwritable_out_or_cache_is_refused_before_any_rank_starts() {
     let file = scratch.path().join("a-file");
     fs::write(&file, "not a directory").unwrap();
     for flag in ["--out", "--cache-dir"] {
-        let (code, _, stderr) = run_in(
+        let (code, _, stderr) = run_on_package(
             scratch.path(),
-            &[
-                "tune",
-                "--package",
-                out.to_str().unwrap(),
-                "--gpus",
-                "0,1",
-                flag,
-                file.to_str().unwrap(),
-            ],
+            "tune",
+            &out,
+            &["--gpus", "0,1", flag, file.to_str().unwrap()],
         );
         assert_eq!(code, Some(1), "{flag}: {stderr}");
         assert!(stderr.contains(flag), "{flag}: {stderr}");
@@ -371,10 +329,7 @@ fn an_unwritable_out_or_cache_is_refused_before_any_rank_starts() {
 #[test]
 fn the_same_gpu_twice_is_a_usage_error() {
     let (scratch, out) = scratch_with_package();
-    let (code, _, stderr) = run_in(
-        scratch.path(),
-        &["tune", "--package", out.to_str().unwrap(), "--gpus", "0,0"],
-    );
+    let (code, _, stderr) = run_on_package(scratch.path(), "tune", &out, &["--gpus", "0,0"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("GPU 0"), "{stderr}");
 }

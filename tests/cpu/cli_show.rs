@@ -19,12 +19,20 @@ use crate::support::fixtures::{
 use crate::support::repository;
 use crate::support::timings::Noise;
 
+/// `prepare show PACKAGE FLAGS`, which must succeed without a word on stderr; returns stdout.
+fn shown(package: &Path, flags: &[&str]) -> String {
+    let mut args = vec!["show", package.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    let (code, stdout, stderr) = run(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{args:?}");
+    stdout
+}
+
 #[test]
 fn show_prints_header_buckets_kernels_and_peer_memory() {
     let (_scratch, out) = scratch();
     write_fixture(&out, Arch::Sm120);
-    let (code, stdout, stderr) = run(&["show", out.to_str().unwrap()]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    let stdout = shown(&out, &[]);
     settings(&out).bind(|| {
         insta::assert_snapshot!(stdout);
     });
@@ -92,8 +100,7 @@ fn show_wide_puts_each_bucket_and_decision_on_one_line() {
 fn show_prints_the_qualification_when_present() {
     let (_scratch, out) = scratch();
     try_write_fixture(&out, Arch::Sm120, Some(mixed_qualification()), false).unwrap();
-    let (code, stdout, stderr) = run(&["show", out.to_str().unwrap()]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    let stdout = shown(&out, &[]);
     let qualification = &stdout[stdout
         .find("Qualification")
         .expect("a qualification section")..];
@@ -265,9 +272,8 @@ fn show_prints_a_choice_after_the_package() {
     write_fixture(&out, Arch::Sm120);
     let choice = fixture_choice(&out);
     let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
-    let (code, stdout, stderr) = run(&["show", out.to_str().unwrap(), "--choice", &path]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
-    let (_, plain, _) = run(&["show", out.to_str().unwrap()]);
+    let stdout = shown(&out, &["--choice", &path]);
+    let plain = shown(&out, &[]);
     assert!(
         stdout.starts_with(&plain),
         "the package's tables come first, unchanged"
@@ -325,8 +331,7 @@ fn show_prints_a_choice_for_every_shipped_bucket_readably() {
         }
     });
     let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
-    let (code, stdout, stderr) = run(&["show", out.to_str().unwrap(), "--choice", &path]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    let stdout = shown(&out, &["--choice", &path]);
     let section = &stdout[stdout.find("\nChoice\n").expect("a choice section") + 1..];
     for line in section.lines() {
         assert!(line.chars().count() <= 100, "{line}");
@@ -342,8 +347,7 @@ fn show_json_holds_the_choice_as_read() {
     write_fixture(&out, Arch::Sm120);
     let choice = fixture_choice(&out);
     let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
-    let (code, stdout, stderr) = run(&["show", "--json", out.to_str().unwrap(), "--choice", &path]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    let stdout = shown(&out, &["--json", "--choice", &path]);
     let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let file: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
     assert_eq!(document["choice"], file);
@@ -399,17 +403,20 @@ fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
     let (scratch, out) = scratch();
     write_fixture(&out, Arch::Sm120);
     let path = scratch.path().join("choice.json");
-    let show = |path: &Path| {
-        run(&[
+    // `prepare show` of the package with the choice at `path`: refused with nothing on stdout.
+    // Returns what it printed on stderr.
+    let refused = |path: &Path| {
+        let (code, stdout, stderr) = run(&[
             "show",
             out.to_str().unwrap(),
             "--choice",
             path.to_str().unwrap(),
-        ])
+        ]);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        stderr
     };
 
-    let (code, stdout, stderr) = show(&path);
-    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    let stderr = refused(&path);
     assert!(
         stderr.starts_with(&format!(
             "error: cannot read the choice {}: ",
@@ -419,8 +426,7 @@ fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
     );
 
     fs::write(&path, "{ \"format_version\": 1, ").unwrap();
-    let (code, stdout, stderr) = show(&path);
-    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    let stderr = refused(&path);
     assert!(
         stderr.starts_with(&format!(
             "error: {} is not a valid choice: ",
@@ -432,8 +438,7 @@ fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
     let mut value = serde_json::to_value(fixture_choice(&out)).unwrap();
     value["buckets"][1]["max_bytes"] = 65_536.into();
     fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
-    let (code, stdout, stderr) = show(&path);
-    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    let stderr = refused(&path);
     assert_eq!(
         stderr,
         format!(
@@ -447,8 +452,7 @@ fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
 fn show_json_prints_the_identity_and_the_manifest() {
     let (_scratch, out) = scratch();
     let summary = write_fixture(&out, Arch::Sm120);
-    let (code, stdout, stderr) = run(&["show", "--json", out.to_str().unwrap()]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    let stdout = shown(&out, &["--json"]);
     let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(document["identity"], summary.identity.as_str());
     let manifest: serde_json::Value =

@@ -113,16 +113,34 @@ fn slowdown_of(decision: &BucketDecision, profile: &str) -> f64 {
     timed_of(decision, profile).0
 }
 
+/// The decision on a bucket timed at one size, `LARGEST`, among `ranks` ranks, under the default
+/// policy.
+fn decide_with_defaults(
+    default: &str,
+    candidates: Vec<CandidateSamples>,
+    ranks: usize,
+) -> BucketDecision {
+    decide_bucket(&bucket(default, candidates), ranks, &Policy::default()).unwrap()
+}
+
+/// The decision between `one_shot` and the default, `nccl`, at two ranks.
+fn against_nccl(one_shot: CandidateSamples, nccl: CandidateSamples) -> BucketDecision {
+    decide_with_defaults("nccl", vec![one_shot, nccl], 2)
+}
+
+/// A candidate excluded from the decision for `reason`.
+fn excluded(reason: &str) -> CandidateOutcome {
+    CandidateOutcome::Excluded {
+        reason: reason.to_owned(),
+    }
+}
+
 #[test]
 fn a_clear_win_replaces_the_default() {
-    let samples = bucket(
-        "nccl",
-        vec![
-            timed("one_shot", 6.0, 0.02, 2, 30, 1),
-            timed("nccl", 10.0, 0.02, 2, 30, 2),
-        ],
+    let decision = against_nccl(
+        timed("one_shot", 6.0, 0.02, 2, 30, 1),
+        timed("nccl", 10.0, 0.02, 2, 30, 2),
     );
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
     assert_eq!(decision.winner, "one_shot");
     assert_eq!(decision.baseline, "nccl");
     match decision.reason {
@@ -142,14 +160,10 @@ fn a_clear_win_replaces_the_default() {
 
 #[test]
 fn a_near_tie_inside_the_margin_keeps_the_default() {
-    let samples = bucket(
-        "nccl",
-        vec![
-            timed("one_shot", 9.8, 0.001, 2, 30, 3),
-            timed("nccl", 10.0, 0.001, 2, 30, 4),
-        ],
+    let decision = against_nccl(
+        timed("one_shot", 9.8, 0.001, 2, 30, 3),
+        timed("nccl", 10.0, 0.001, 2, 30, 4),
     );
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
     assert_eq!(decision.winner, "nccl");
     assert!(
         matches!(decision.reason, DecisionReason::WithinMargin { ref fastest, .. } if fastest == "one_shot")
@@ -159,14 +173,10 @@ fn a_near_tie_inside_the_margin_keeps_the_default() {
 #[test]
 fn a_win_past_the_margin_that_is_not_significant_keeps_the_default() {
     // Three rounds cannot reach p < 0.01 in a one-sided Mann-Whitney test (the least is 1/20).
-    let samples = bucket(
-        "nccl",
-        vec![
-            timed("one_shot", 8.0, 0.01, 2, 3, 5),
-            timed("nccl", 10.0, 0.01, 2, 3, 6),
-        ],
+    let decision = against_nccl(
+        timed("one_shot", 8.0, 0.01, 2, 3, 5),
+        timed("nccl", 10.0, 0.01, 2, 3, 6),
     );
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
     assert_eq!(decision.winner, "nccl");
     match decision.reason {
         DecisionReason::NotSignificant {
@@ -186,8 +196,7 @@ fn the_slowest_rank_counts_in_every_round() {
     for sample in &mut custom.samples[0][1] {
         *sample = Some(12.0);
     }
-    let samples = bucket("nccl", vec![custom, timed("nccl", 10.0, 0.01, 2, 30, 8)]);
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
+    let decision = against_nccl(custom, timed("nccl", 10.0, 0.01, 2, 30, 8));
     assert_eq!(median_of(&decision, "one_shot"), 12.0);
     assert_eq!(decision.winner, "nccl");
     assert_eq!(decision.reason, DecisionReason::BaselineFastest);
@@ -205,8 +214,7 @@ fn failed_and_nan_samples_skip_their_round() {
     at_size[0][1] = Some(1e9);
     at_size[0][2] = Some(f64::INFINITY);
     at_size[1][2] = Some(1e9);
-    let samples = bucket("nccl", vec![custom, timed("nccl", 10.0, 0.0, 2, 30, 10)]);
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
+    let decision = against_nccl(custom, timed("nccl", 10.0, 0.0, 2, 30, 10));
     match &decision.candidates[0].outcome {
         CandidateOutcome::Timed { sizes, .. } => {
             assert_eq!(sizes.len(), 1);
@@ -225,20 +233,17 @@ fn a_candidate_without_one_valid_round_is_excluded() {
     for round in 0..4 {
         custom.samples[0][round % 2][round] = None;
     }
-    let samples = bucket("nccl", vec![custom, timed("nccl", 10.0, 0.0, 2, 4, 12)]);
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
+    let decision = against_nccl(custom, timed("nccl", 10.0, 0.0, 2, 4, 12));
     assert_eq!(decision.winner, "nccl");
     assert_eq!(
         decision.candidates[0].outcome,
-        CandidateOutcome::Excluded {
-            reason: "no round had a valid sample from every rank at 16384 bytes".to_owned()
-        }
+        excluded("no round had a valid sample from every rank at 16384 bytes")
     );
 }
 
 #[test]
 fn a_dropped_default_makes_the_first_survivor_the_baseline() {
-    let samples = bucket(
+    let decision = decide_with_defaults(
         "rsag",
         vec![
             timed("nccl", 10.0, 0.01, 2, 30, 13),
@@ -248,29 +253,27 @@ fn a_dropped_default_makes_the_first_survivor_the_baseline() {
             ),
             timed("one_shot", 9.9, 0.01, 2, 30, 14),
         ],
+        2,
     );
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
     assert_eq!(decision.baseline, "nccl");
     assert_eq!(decision.winner, "nccl");
     assert_eq!(
         decision.candidates[1].outcome,
-        CandidateOutcome::Excluded {
-            reason: "blocks cannot all be resident: needs 8 clusters, 6 fit".to_owned()
-        }
+        excluded("blocks cannot all be resident: needs 8 clusters, 6 fit")
     );
 }
 
 #[test]
 fn every_custom_candidate_dropped_leaves_nccl() {
-    let samples = bucket(
+    let decision = decide_with_defaults(
         "one_shot",
         vec![
             dropped("one_shot", "no peer access between GPU 0 and GPU 1"),
             dropped("rsag", "no peer access between GPU 0 and GPU 1"),
             timed("nccl", 10.0, 0.01, 4, 30, 15),
         ],
+        4,
     );
-    let decision = decide_bucket(&samples, 4, &Policy::default()).unwrap();
     assert_eq!(decision.winner, "nccl");
     assert_eq!(decision.baseline, "nccl");
     assert_eq!(decision.reason, DecisionReason::BaselineFastest);
@@ -321,15 +324,15 @@ fn equal_figures_go_to_the_earlier_candidate() {
         exact: true,
         samples: vec![vec![vec![Some(4.0); 20]; 2]],
     };
-    let samples = bucket(
+    let decision = decide_with_defaults(
         "nccl",
         vec![
             constant("b"),
             constant("a"),
             timed("nccl", 10.0, 0.01, 2, 20, 18),
         ],
+        2,
     );
-    let decision = decide_bucket(&samples, 2, &Policy::default()).unwrap();
     assert_eq!(decision.winner, "b");
 }
 

@@ -16,7 +16,7 @@ use proptest::sample::Index;
 use serde_json::Value;
 
 use crate::support::fixtures;
-use crate::support::fixtures::{scratch, write_fixture};
+use crate::support::fixtures::{opened_fixture, scratch, write_fixture};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -136,9 +136,7 @@ proptest! {
 
     #[test]
     fn a_corrupted_choice_file_never_panics(corruption in corruption()) {
-        let (scratch, out) = scratch();
-        write_fixture(&out, Arch::Sm120);
-        let package = open_package(&out).unwrap();
+        let (scratch, package) = opened_fixture();
         let bytes = fixtures::defaults_choice(&package, Tuning::Runtime, Policy::default(), "peer kernels").to_bytes();
         let corrupted = corrupt(&bytes, &corruption);
         let path = scratch.path().join("choice.json");
@@ -155,9 +153,7 @@ proptest! {
         leaf in any_leaf(),
         by_leaf in any::<bool>(),
     ) {
-        let (_scratch, out) = scratch();
-        write_fixture(&out, Arch::Sm120);
-        let package = open_package(&out).unwrap();
+        let (_scratch, package) = opened_fixture();
         let good = fixtures::defaults_choice(&package, Tuning::Runtime, Policy::default(), "peer kernels");
         let policy = Policy::default();
         let bytes = good.to_bytes();

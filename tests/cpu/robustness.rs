@@ -11,7 +11,7 @@ use prepare::tune::choice::{Choice, Tuning};
 use prepare::tune::{CandidateOutcome, Policy};
 
 use crate::support::fixtures::{
-    self, qualification, reseal, scratch, try_write_fixture, write_fixture,
+    self, opened_fixture, qualification, reseal, scratch, try_write_fixture, write_fixture,
 };
 
 #[test]
@@ -153,9 +153,7 @@ type ChoiceChange = Box<dyn Fn(&mut Choice)>;
 
 #[test]
 fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
-    let (_scratch, out) = scratch();
-    write_fixture(&out, Arch::Sm120);
-    let package = open_package(&out).unwrap();
+    let (_scratch, package) = opened_fixture();
     let exact_only = Policy {
         exact_only: true,
         ..Policy::default()

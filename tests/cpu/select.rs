@@ -2,13 +2,12 @@
 //! entry per bucket naming one of the bucket's candidates. Anything else is a miss, so a stale
 //! or foreign entry can never be served.
 
-use prepare::package::open_package;
 use prepare::select::cached_choice;
 use prepare::tune::choice::{Choice, Tuning, CHOICE_FORMAT_VERSION};
 use prepare::tune::Policy;
 
 use crate::support::fixtures;
-use crate::support::fixtures::CHOICE_KEY;
+use crate::support::fixtures::{format_1_candidate, CHOICE_KEY};
 
 /// The topology text of the test choices.
 const TOPOLOGY: &str = "peer kernels: one host, full peer access";
@@ -18,10 +17,7 @@ type Change = Box<dyn Fn(&mut Choice)>;
 
 #[test]
 fn only_a_choice_that_fits_is_taken_from_the_cache() {
-    let (_scratch, dir) = fixtures::scratch();
-    let out = dir.join("package");
-    fixtures::write_fixture(&out, prepare::ladder::Arch::Sm120);
-    let package = open_package(&out).unwrap();
+    let (_scratch, package) = fixtures::opened_fixture();
     let policy = Policy::default();
     let good = fixtures::defaults_choice(&package, Tuning::Runtime, Policy::default(), TOPOLOGY);
     let fits = |choice: &Choice| cached_choice(&choice.to_bytes(), &package, CHOICE_KEY, &policy);
@@ -66,10 +62,7 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
 /// it is timed again and replaced.
 #[test]
 fn a_cached_choice_of_format_1_misses() {
-    let (_scratch, dir) = fixtures::scratch();
-    let out = dir.join("package");
-    fixtures::write_fixture(&out, prepare::ladder::Arch::Sm120);
-    let package = open_package(&out).unwrap();
+    let (_scratch, package) = fixtures::opened_fixture();
     let policy = Policy::default();
     let mut value = serde_json::to_value(fixtures::defaults_choice(
         &package,
@@ -79,15 +72,8 @@ fn a_cached_choice_of_format_1_misses() {
     ))
     .unwrap();
     value["format_version"] = 1.into();
-    value["buckets"][0]["candidates"] = serde_json::json!([{
-        "profile": value["buckets"][0]["winner"].clone(),
-        "exact": true,
-        "status": "timed",
-        "median_us": 5.5,
-        "min_us": 5.25,
-        "max_us": 6.0,
-        "rounds": 30
-    }]);
+    let winner = value["buckets"][0]["winner"].as_str().unwrap().to_owned();
+    value["buckets"][0]["candidates"] = serde_json::json!([format_1_candidate(&winner)]);
     let bytes = serde_json::to_vec_pretty(&value).unwrap();
     assert_eq!(cached_choice(&bytes, &package, CHOICE_KEY, &policy), None);
 }

@@ -5,13 +5,12 @@
 //! printed, for the GPU run's log.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use prepare::compile::SourceOverrides;
 use prepare::ladder::Arch;
 
-use super::support::{ladder, prepare_bin, require_gpus};
+use super::support::{check_on_two_gpus, gpu_tests, ladder, printed, require_gpus};
 use crate::support::mutations::{mutated_package, package_with_sources, Mutation};
 
 const LADDER: &str = "h200_nvlink_tp2.json";
@@ -58,19 +57,10 @@ impl Outcome {
 /// `repeat` times on fresh random data.
 fn check(package: &Path, repeat: u32) -> Outcome {
     let started = Instant::now();
-    let output = Command::new(prepare_bin())
-        .args(["check", "--gpus", "0,1", "--timeout", "20", "--package"])
-        .arg(package)
-        .args(["--repeat", &repeat.to_string()])
-        .output()
-        .expect("prepare starts");
+    let output = check_on_two_gpus(package, 20, &["--repeat", &repeat.to_string()]);
     Outcome {
         code: output.status.code(),
-        output: format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
+        output: printed(&output),
         elapsed: started.elapsed(),
     }
 }
@@ -106,28 +96,11 @@ fn the_unmutated_package_passes_three_passes_of_the_exactness_suite() {
     assert_eq!(outcome.code, Some(0), "{}", outcome.output);
 }
 
-#[test]
-#[ignore = "needs GPUs"]
-fn a_skipped_peer_is_caught() {
-    caught_in_one_pass(Mutation::SkipPeer);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn truncating_instead_of_rounding_is_caught() {
-    caught_in_one_pass(Mutation::Truncate);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn a_dropped_tail_is_caught() {
-    caught_in_one_pass(Mutation::DropTail);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn a_double_counted_rank_is_caught() {
-    caught_in_one_pass(Mutation::DoubleCount);
+gpu_tests! {
+    a_skipped_peer_is_caught => caught_in_one_pass(Mutation::SkipPeer);
+    truncating_instead_of_rounding_is_caught => caught_in_one_pass(Mutation::Truncate);
+    a_dropped_tail_is_caught => caught_in_one_pass(Mutation::DropTail);
+    a_double_counted_rank_is_caught => caught_in_one_pass(Mutation::DoubleCount);
 }
 
 /// `h200_nvlink_tp2.json` cut to the buckets where `profile` is a candidate, written into
@@ -188,17 +161,12 @@ fn caught_in_some_runs(mutation: Mutation, profile: &str) {
     assert!(caught >= 1, "{mutation}: no run of {RACE_RUNS} caught it");
 }
 
-/// The missing start barrier: a run catches it only when a peer writes its input after this
-/// rank read it.
-#[test]
-#[ignore = "needs GPUs"]
-fn a_missing_start_barrier_is_caught_in_some_runs() {
-    caught_in_some_runs(Mutation::NoStartBarrier, "one_shot_pull");
-}
-
-/// Lines taken without their flag: a run catches it when a line has not landed yet.
-#[test]
-#[ignore = "needs GPUs"]
-fn lines_taken_without_their_flag_are_caught_in_some_runs() {
-    caught_in_some_runs(Mutation::NoLineWait, "one_shot_ll");
+gpu_tests! {
+    /// The missing start barrier: a run catches it only when a peer writes its input after this
+    /// rank read it.
+    a_missing_start_barrier_is_caught_in_some_runs =>
+        caught_in_some_runs(Mutation::NoStartBarrier, "one_shot_pull");
+    /// Lines taken without their flag: a run catches it when a line has not landed yet.
+    lines_taken_without_their_flag_are_caught_in_some_runs =>
+        caught_in_some_runs(Mutation::NoLineWait, "one_shot_ll");
 }

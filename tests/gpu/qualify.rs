@@ -2,24 +2,21 @@
 //! the clustered H200 TP2 ladder in CUDA graphs and records the outcome in the manifest, which
 //! `prepare show` lists; `prepare bench` times every candidate and NCCL side by side.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::support::{ladder, prepare_bin, require_gpus};
+use super::support::{export, ladder, prepare_bin, printed, require_gpus};
 
 fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let output = Command::new(prepare_bin()).args(args).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    (output.status.success(), printed(&output))
 }
 
-/// `prepare export --gpus 0,1` of `ladder_file` into `out`, which must succeed and qualify the
-/// multi-size sequence; returns what it printed.
-fn export_on_gpus(ladder_file: &Path, out: &Path) -> String {
+/// `prepare export --gpus 0,1` of `ladder_file` into a fresh directory, which must succeed and
+/// qualify the multi-size sequence; returns the directory and the package in it.
+fn export_on_gpus(ladder_file: &Path) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
     let started = std::time::Instant::now();
     let (ok, text) = run(&[
         "export".as_ref(),
@@ -36,7 +33,7 @@ fn export_on_gpus(ladder_file: &Path, out: &Path) -> String {
     assert!(ok, "export --gpus failed");
     // The multi-size sequence captures every candidate, one after another in one graph.
     assert!(text.contains("multi-size sequence:"), "{text}");
-    text
+    (dir, out)
 }
 
 /// The package's qualification, read through `prepare show --json`: two GPUs, every candidate
@@ -75,9 +72,7 @@ fn every_candidate_qualified_exact(out: &Path) -> Vec<String> {
 #[ignore = "needs GPUs"]
 fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
     require_gpus!(2);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("package");
-    export_on_gpus(&ladder("h200_nvlink_tp2_clustered.json"), &out);
+    let (_dir, out) = export_on_gpus(&ladder("h200_nvlink_tp2_clustered.json"));
 
     let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
     eprintln!("{shown}");
@@ -92,19 +87,7 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
 fn bench_times_every_candidate_and_nccl_side_by_side() {
     require_gpus!(2);
     for name in ["h200_nvlink_tp2", "h200_nvlink_tp2_clustered"] {
-        let dir = tempfile::tempdir().unwrap();
-        let package = dir.path().join("package");
-        let ladder_file = ladder(&format!("{name}.json"));
-        let (ok, text) = run(&[
-            "export".as_ref(),
-            "--arch".as_ref(),
-            "sm_90".as_ref(),
-            "--collective-ladder".as_ref(),
-            ladder_file.as_os_str(),
-            "--out".as_ref(),
-            package.as_os_str(),
-        ]);
-        assert!(ok, "{text}");
+        let (dir, package) = export(&format!("{name}.json"));
         let out = dir.path().join("bench");
         let cache = dir.path().join("cache");
         let (ok, text) = run(&[
@@ -185,9 +168,8 @@ fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
     let dir = tempfile::tempdir().unwrap();
     let ladder_file = dir.path().join("copy_engine_tp2.json");
     std::fs::write(&ladder_file, COPY_ENGINE_LADDER).unwrap();
-    let out = dir.path().join("package");
     // The copy-engine candidates take part in the multi-size sequence too.
-    export_on_gpus(&ladder_file, &out);
+    let (_package_dir, out) = export_on_gpus(&ladder_file);
     let qualified = every_candidate_qualified_exact(&out);
     let copy_engine = qualified
         .iter()

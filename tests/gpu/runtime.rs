@@ -3,13 +3,13 @@
 //! that never starts, a rank killed or stopped during an NCCL or a custom collective, another
 //! "host" turning peer kernels off, and a kernel whose peer never arrives.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
 use super::support::{
-    export, export_file, free_port, inject_fault, ladder, prepare_bin, require_gpus, start_rank,
+    assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests, ladder,
+    printed, require_gpus, start_rank, survivor_names_the_victim,
 };
 
 #[test]
@@ -18,14 +18,9 @@ fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
     require_gpus!(2);
     for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
         let (_dir, package) = export(name);
-        let output = Command::new(prepare_bin())
-            .args(["check", "--gpus", "0,1", "--timeout", "30", "--package"])
-            .arg(&package)
-            .output()
-            .unwrap();
+        let output = check_on_two_gpus(&package, 30, &[]);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        eprintln!("{name}:\n{stdout}{stderr}");
+        eprintln!("{name}:\n{}", printed(&output));
         assert!(output.status.success(), "{name}: prepare check failed");
         for rank in 0..2 {
             assert!(
@@ -53,14 +48,7 @@ fn a_rank_that_never_starts_ends_the_other_within_the_timeout_naming_it() {
     let rank = start_rank("check", 0, free_port(), "one", &["--timeout", "5"]);
     let (code, lines, elapsed) = rank.finish(Duration::from_secs(40));
     eprintln!("a rank that never starts: rank 0 exited after {elapsed:?}");
-    assert_eq!(code, Some(3), "{lines:#?}");
-    assert!(
-        lines
-            .iter()
-            .any(|line| line.contains("rank 1 did not arrive")),
-        "{lines:#?}"
-    );
-    assert!(elapsed < Duration::from_secs(20));
+    assert_rank_1_missed(code, &lines, elapsed);
 }
 
 fn fault_during_soak(collective: &str, signal: Signal) {
@@ -81,42 +69,18 @@ fn fault_during_soak(collective: &str, signal: Signal) {
     let victim = start_rank("check", 1, port, "one", &args);
     survivor.wait_for("soak:", Duration::from_secs(90));
     victim.wait_for("soak:", Duration::from_secs(10));
-    let (code, lines, elapsed) = inject_fault(survivor, victim, signal);
-    eprintln!("{signal:?} during the {collective} soak: rank 0 exited {elapsed:?} after the fault");
-    assert_eq!(code, Some(3), "{lines:#?}");
-    assert!(
-        lines
-            .iter()
-            .any(|line| line.contains("rank 1 did not arrive")
-                || line.contains("peer rank 1 did not arrive")),
-        "{lines:#?}"
-    );
-    // The timeout is 5 s; a kernel's waits and the stream's bound add at most two more.
-    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+    survivor_names_the_victim(survivor, victim, signal, &format!("the {collective} soak"));
 }
 
-#[test]
-#[ignore = "needs GPUs"]
-fn a_rank_killed_during_nccl_ends_the_other_within_the_timeout() {
-    fault_during_soak("nccl", Signal::SIGKILL);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn a_rank_stopped_during_nccl_ends_the_other_within_the_timeout() {
-    fault_during_soak("nccl", Signal::SIGSTOP);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn a_rank_killed_during_a_custom_kernel_ends_the_other_within_the_timeout() {
-    fault_during_soak("custom", Signal::SIGKILL);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn a_rank_stopped_during_a_custom_kernel_ends_the_other_within_the_timeout() {
-    fault_during_soak("custom", Signal::SIGSTOP);
+gpu_tests! {
+    a_rank_killed_during_nccl_ends_the_other_within_the_timeout =>
+        fault_during_soak("nccl", Signal::SIGKILL);
+    a_rank_stopped_during_nccl_ends_the_other_within_the_timeout =>
+        fault_during_soak("nccl", Signal::SIGSTOP);
+    a_rank_killed_during_a_custom_kernel_ends_the_other_within_the_timeout =>
+        fault_during_soak("custom", Signal::SIGKILL);
+    a_rank_stopped_during_a_custom_kernel_ends_the_other_within_the_timeout =>
+        fault_during_soak("custom", Signal::SIGSTOP);
 }
 
 #[test]
@@ -142,13 +106,9 @@ fn nccl_profiles_with_communicator_settings_run_on_their_own_split() {
     let file = dir.path().join("h200_nvlink_tp2_nccl_4cta.json");
     std::fs::write(&file, serde_json::to_vec_pretty(&ladder_value).unwrap()).unwrap();
     let (_package_dir, package) = export_file(&file);
-    let output = Command::new(prepare_bin())
-        .args(["check", "--gpus", "0,1", "--timeout", "30", "--package"])
-        .arg(&package)
-        .output()
-        .unwrap();
+    let output = check_on_two_gpus(&package, 30, &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    eprintln!("{}", printed(&output));
     assert!(output.status.success());
     let buckets = ladder_value["buckets"].as_array().unwrap().len();
     for rank in 0..2 {

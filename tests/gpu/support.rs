@@ -3,8 +3,8 @@
 //! kernels with NVRTC.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,20 @@ macro_rules! require_gpus {
 }
 pub(crate) use require_gpus;
 
+/// GPU tests that each make one call, with their own arguments: `name => call;`, each name
+/// with its doc comment if it has one.
+macro_rules! gpu_tests {
+    ($($(#[doc = $doc:literal])* $name:ident => $call:expr;)*) => {$(
+        $(#[doc = $doc])*
+        #[test]
+        #[ignore = "needs GPUs"]
+        fn $name() {
+            $call;
+        }
+    )*};
+}
+pub(crate) use gpu_tests;
+
 /// Compiles CUDA source to PTX for `arch` (`sm_90`) with NVRTC, panicking with its log (cudarc
 /// panics with the names it searched when `libnvrtc.so.13` is not on the loader path).
 pub fn compile_ptx(source: &str, arch: &'static str) -> String {
@@ -104,6 +118,32 @@ pub fn prepare_bin() -> PathBuf {
         || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
         PathBuf::from,
     )
+}
+
+/// What a finished process printed: stdout, then stderr.
+pub fn printed(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `prepare check` of `package` on GPUs 0 and 1 with `--timeout SECONDS` and `flags`.
+pub fn check_on_two_gpus(package: &Path, seconds: u32, flags: &[&str]) -> Output {
+    Command::new(prepare_bin())
+        .args([
+            "check",
+            "--gpus",
+            "0,1",
+            "--timeout",
+            &seconds.to_string(),
+            "--package",
+        ])
+        .arg(package)
+        .args(flags)
+        .output()
+        .expect("prepare starts")
 }
 
 /// A shipped ladder's file: from the ladders carried next to the tests on the GPU machine
@@ -278,4 +318,33 @@ pub fn inject_fault(
     let _ = kill(pid, Signal::SIGKILL);
     let _ = victim.child.wait();
     (code, lines, elapsed)
+}
+
+/// Sends `signal` to `victim` during `what` (see [`inject_fault`]): `survivor`, rank 0, must exit
+/// with 3 naming rank 1 as the rank that did not arrive, within 20 s of the fault. Returns its
+/// remaining lines.
+pub fn survivor_names_the_victim(
+    survivor: Rank,
+    victim: Rank,
+    signal: nix::sys::signal::Signal,
+    what: &str,
+) -> Vec<String> {
+    let (code, lines, elapsed) = inject_fault(survivor, victim, signal);
+    eprintln!("{signal:?} during {what}: rank 0 exited {elapsed:?} after the fault");
+    assert_rank_1_missed(code, &lines, elapsed);
+    lines
+}
+
+/// How rank 0 ended when rank 1 did not take part: it exited with 3, naming rank 1 as the rank
+/// that did not arrive, within 20 s.
+pub fn assert_rank_1_missed(code: Option<i32>, lines: &[String], elapsed: Duration) {
+    assert_eq!(code, Some(3), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("rank 1 did not arrive")),
+        "{lines:#?}"
+    );
+    // The timeout is 5 s; a kernel's waits and the stream's bound add at most two more.
+    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
 }

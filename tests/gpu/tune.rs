@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::support::{export, free_port, inject_fault, prepare_bin, require_gpus, start_rank};
+use super::support::{
+    export, free_port, gpu_tests, prepare_bin, printed, require_gpus, start_rank,
+    survivor_names_the_victim,
+};
 
 /// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
 /// succeeded and its output.
@@ -24,12 +27,7 @@ fn tune(package: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         command.env(name, value);
     }
     let output = command.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    (output.status.success(), printed(&output))
 }
 
 /// Both ranks' choice files in `dir`, which must be byte-identical.
@@ -56,115 +54,61 @@ fn tune_agrees_caches_and_misses_on_a_changed_nccl_setting() {
         let scratch = tempfile::tempdir().unwrap();
         let cache = scratch.path().join("cache");
         let cache_arg = cache.to_str().unwrap();
-        let out = |run: &str| scratch.path().join(run);
+        // `prepare tune` with the cache, `--out` a folder named for the run, `flags` and `env`
+        // set; it must succeed. Returns its output and the choice, byte-identical on both ranks.
+        let run = |run: &str, flags: &[&str], env: &[(&str, &str)]| -> (String, Vec<u8>) {
+            let out = scratch.path().join(run);
+            let mut args = vec!["--cache-dir", cache_arg, "--out", out.to_str().unwrap()];
+            args.extend_from_slice(flags);
+            let started = Instant::now();
+            let (ok, text) = tune(&package, &args, env);
+            eprintln!(
+                "{name}, {run} run ({:?}, {flags:?}, {env:?}):\n{text}",
+                started.elapsed()
+            );
+            assert!(ok, "{name}: the {run} run of tune failed");
+            (text, identical_choices(&out))
+        };
 
-        let started = Instant::now();
-        let first_out = out("first");
-        let (ok, text) = tune(
-            &package,
-            &[
-                "--cache-dir",
-                cache_arg,
-                "--out",
-                first_out.to_str().unwrap(),
-            ],
-            &[],
-        );
-        eprintln!("{name}, first run ({:?}):\n{text}", started.elapsed());
-        assert!(ok, "{name}: tune failed");
+        let (text, first) = run("first", &[], &[]);
         assert!(text.contains("[rank 0] selected in"), "{text}");
-        let first = identical_choices(&first_out);
         assert_eq!(entries(&cache).len(), 1, "one cache entry");
 
-        let started = Instant::now();
-        let second_out = out("second");
-        let (ok, text) = tune(
-            &package,
-            &[
-                "--cache-dir",
-                cache_arg,
-                "--out",
-                second_out.to_str().unwrap(),
-            ],
-            &[],
-        );
-        eprintln!("{name}, second run ({:?}):\n{text}", started.elapsed());
-        assert!(ok);
+        let (text, second) = run("second", &[], &[]);
         assert!(
             text.contains("[rank 0] cache hit on every rank: nothing timed"),
             "{text}"
         );
         assert!(!text.contains("timing:"), "{text}");
-        assert_eq!(identical_choices(&second_out), first, "the cached choice");
+        assert_eq!(second, first, "the cached choice");
 
-        let changed_out = out("changed");
-        let (ok, text) = tune(
-            &package,
-            &[
-                "--cache-dir",
-                cache_arg,
-                "--out",
-                changed_out.to_str().unwrap(),
-            ],
-            &[("NCCL_DEBUG_SUBSYS", "INIT")],
-        );
-        eprintln!("{name}, with NCCL_DEBUG_SUBSYS=INIT:\n{text}");
-        assert!(ok);
+        let (text, changed) = run("changed", &[], &[("NCCL_DEBUG_SUBSYS", "INIT")]);
         assert!(
             text.contains("[rank 0] selected in"),
             "a changed NCCL setting must miss: {text}"
         );
-        let changed = identical_choices(&changed_out);
         assert_ne!(changed, first, "another fingerprint");
         assert_eq!(entries(&cache).len(), 2);
 
-        let retune_out = out("retune");
-        let (ok, text) = tune(
-            &package,
-            &[
-                "--cache-dir",
-                cache_arg,
-                "--retune",
-                "--out",
-                retune_out.to_str().unwrap(),
-            ],
-            &[],
-        );
-        assert!(ok, "{text}");
+        let (text, _) = run("retune", &["--retune"], &[]);
         assert!(
             text.contains("[rank 0] selected in"),
             "--retune times again: {text}"
         );
-        identical_choices(&retune_out);
 
-        let static_out = out("static");
-        let (ok, text) = tune(
-            &package,
-            &[
-                "--cache-dir",
-                cache_arg,
-                "--collective-tuning",
-                "static",
-                "--out",
-                static_out.to_str().unwrap(),
-            ],
-            &[],
-        );
-        eprintln!("{name}, static:\n{text}");
-        assert!(ok);
+        let (text, choice) = run("static", &["--collective-tuning", "static"], &[]);
         assert!(
             !text.contains("timing:"),
             "static tuning times nothing: {text}"
         );
-        let choice: serde_json::Value =
-            serde_json::from_slice(&identical_choices(&static_out)).unwrap();
+        let choice: serde_json::Value = serde_json::from_slice(&choice).unwrap();
         assert_eq!(choice["tuning"], "static");
 
         let shown = Command::new(prepare_bin())
             .arg("show")
             .arg(&package)
             .arg("--choice")
-            .arg(first_out.join("choice.rank0.json"))
+            .arg(scratch.path().join("first/choice.rank0.json"))
             .output()
             .unwrap();
         eprintln!("{}", String::from_utf8_lossy(&shown.stdout));
@@ -195,16 +139,7 @@ fn fault_during_timing(signal: Signal) {
     let survivor = start_rank("tune", 0, port, "one", &args);
     let victim = start_rank("tune", 1, port, "one", &args);
     survivor.wait_for("timing:", Duration::from_secs(120));
-    let (code, lines, elapsed) = inject_fault(survivor, victim, signal);
-    eprintln!("{signal:?} during timing: rank 0 exited {elapsed:?} after the fault");
-    assert_eq!(code, Some(3), "{lines:#?}");
-    assert!(
-        lines
-            .iter()
-            .any(|line| line.contains("rank 1 did not arrive")),
-        "{lines:#?}"
-    );
-    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+    survivor_names_the_victim(survivor, victim, signal, "timing");
     assert!(
         entries(&out).is_empty(),
         "a choice was written: {:?}",
@@ -217,16 +152,11 @@ fn fault_during_timing(signal: Signal) {
     );
 }
 
-#[test]
-#[ignore = "needs GPUs"]
-fn a_rank_killed_during_timing_ends_the_other_within_the_timeout_writing_nothing() {
-    fault_during_timing(Signal::SIGKILL);
-}
-
-#[test]
-#[ignore = "needs GPUs"]
-fn a_rank_stopped_during_timing_ends_the_other_within_the_timeout_writing_nothing() {
-    fault_during_timing(Signal::SIGSTOP);
+gpu_tests! {
+    a_rank_killed_during_timing_ends_the_other_within_the_timeout_writing_nothing =>
+        fault_during_timing(Signal::SIGKILL);
+    a_rank_stopped_during_timing_ends_the_other_within_the_timeout_writing_nothing =>
+        fault_during_timing(Signal::SIGSTOP);
 }
 
 /// The `serve` example: carried next to the tests on the GPU machine, else this build's.

@@ -35,6 +35,17 @@ fn export(dir: &Path, ladder: &Path, arch: &str, out: &str, force: bool) -> (i32
     run_in(dir, &export_args(ladder.to_str().unwrap(), out, flags))
 }
 
+/// [`export`] of the shipped ladder `name` for sm_90 into `out` in `dir`, which must succeed
+/// without a word on stderr; returns stdout.
+fn exported(dir: &Path, name: &str, out: &str, force: bool) -> String {
+    let ladder = repository::root()
+        .join("ladders")
+        .join(format!("{name}.json"));
+    let (code, stdout, stderr) = export(dir, &ladder, "sm_90", out, force);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{name} to {out}");
+    stdout
+}
+
 /// Register counts and cubin sizes change with every kernel edit and are checked above; the
 /// snapshots pin the rest, for the NVRTC wheel CI installs.
 fn show_settings(package: &Path) -> insta::Settings {
@@ -141,9 +152,8 @@ fn export_is_deterministic_and_force_replaces_atomically() {
     let scratch = tempfile::tempdir().unwrap();
     let tp2 = repository::root().join("ladders/h200_nvlink_tp2.json");
     let tp4 = repository::root().join("ladders/h200_nvlink_tp4.json");
-
-    assert_eq!(export(scratch.path(), &tp2, "sm_90", "first", false).0, 0);
-    assert_eq!(export(scratch.path(), &tp2, "sm_90", "second", false).0, 0);
+    exported(scratch.path(), "h200_nvlink_tp2", "first", false);
+    exported(scratch.path(), "h200_nvlink_tp2", "second", false);
     let first = files(&scratch.path().join("first"));
     assert_eq!(
         first,
@@ -191,8 +201,7 @@ fn export_is_deterministic_and_force_replaces_atomically() {
         "the old package stays"
     );
 
-    let (code, stdout, stderr) = export(scratch.path(), &tp4, "sm_90", "first", true);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    let stdout = exported(scratch.path(), "h200_nvlink_tp4", "first", true);
     assert!(
         stdout.starts_with(
             "Exported `h200_nvlink_tp4` for sm_90 to first (replaced the previous package)\n"
@@ -242,9 +251,8 @@ fn another_compilation_at_the_output_is_refused_naming_the_kernels() {
 fn a_kill_at_any_step_of_force_leaves_a_whole_package_in_place() {
     require_nvrtc!();
     let scratch = tempfile::tempdir().unwrap();
-    let tp2 = repository::root().join("ladders/h200_nvlink_tp2.json");
     let tp4 = repository::root().join("ladders/h200_nvlink_tp4.json");
-    assert_eq!(export(scratch.path(), &tp2, "sm_90", "pkg", false).0, 0);
+    exported(scratch.path(), "h200_nvlink_tp2", "pkg", false);
     // Each step starts from the tp2 package: written first, then by the export that cleans up.
     for (step, expected) in [
         ("staged", "h200_nvlink_tp2"),
@@ -253,16 +261,11 @@ fn a_kill_at_any_step_of_force_leaves_a_whole_package_in_place() {
         let output = prepare()
             .current_dir(scratch.path())
             .env("PREPARE_FAULT", step)
-            .args([
-                "export",
-                "--collective-ladder",
+            .args(export_args(
                 tp4.to_str().unwrap(),
-                "--arch",
-                "sm_90",
-                "--out",
                 "pkg",
-                "--force",
-            ])
+                &["--arch", "sm_90", "--force"],
+            ))
             .output()
             .unwrap();
         assert_eq!(
@@ -277,7 +280,7 @@ fn a_kill_at_any_step_of_force_leaves_a_whole_package_in_place() {
             names(scratch.path()).len() > 1,
             "{step}: the killed export leaves its staging or the old package"
         );
-        assert_eq!(export(scratch.path(), &tp2, "sm_90", "pkg", true).0, 0);
+        exported(scratch.path(), "h200_nvlink_tp2", "pkg", true);
         assert_eq!(names(scratch.path()), ["pkg"], "{step}: leftovers removed");
     }
 }

@@ -10,49 +10,14 @@ use prepare::device::{DropReason, Residency};
 use prepare::kernels::kernel_for;
 use prepare::ladder::{Arch, Ladder};
 use prepare::package::{
-    write_qualified_package, BucketQualification, CandidateQualification, Manifest, Outcome,
-    PackageError, PackageSummary, Qualification, QualifiedGpu,
+    open_package, write_qualified_package, BucketQualification, CandidateQualification, Manifest,
+    Outcome, Package, PackageError, PackageSummary, Qualification, QualifiedGpu,
 };
 
-/// A TP4 GB202 ladder: an unclustered bucket (one profile with its own block count), a
-/// clustered bucket with a cluster kernel and an ordinary kernel under cluster scheduling.
-pub const LADDER: &str = r#"{
-  "format_version": 1,
-  "name": "test_tp4_clustered",
-  "collective": "all_reduce",
-  "dtype": "bf16",
-  "world_size": 4,
-  "targets": ["sm_120", "sm_121"],
-  "profiles": [
-    { "id": "one_shot_push", "algorithm": "one_shot", "transfer": "push" },
-    { "id": "one_shot_pull_32", "algorithm": "one_shot", "transfer": "pull", "blocks": 32 },
-    { "id": "rsag_phased", "algorithm": "rsag", "schedule": "phased", "active_clusters": 1 },
-    { "id": "nccl", "algorithm": "nccl" },
-    { "id": "nccl_4cta", "algorithm": "nccl", "max_ctas": 4 }
-  ],
-  "buckets": [
-    { "max_bytes": 16384, "threads": 256, "blocks": 16,
-      "candidates": ["one_shot_push", "one_shot_pull_32", "nccl"], "default": "one_shot_push" },
-    { "max_bytes": 98304, "threads": 512, "blocks": 64, "cluster_size": 8,
-      "candidates": ["one_shot_push", "rsag_phased", "nccl", "nccl_4cta"], "default": "rsag_phased" }
-  ]
-}
-"#;
-
-/// A ladder whose only candidates are NCCL: it compiles no kernel.
-pub const NCCL_ONLY_LADDER: &str = r#"{
-  "format_version": 1,
-  "name": "test_tp2_nccl_only",
-  "collective": "all_reduce",
-  "dtype": "bf16",
-  "world_size": 2,
-  "targets": ["sm_90"],
-  "profiles": [ { "id": "nccl", "algorithm": "nccl" } ],
-  "buckets": [
-    { "max_bytes": 65536, "threads": 512, "blocks": 8, "candidates": ["nccl"], "default": "nccl" }
-  ]
-}
-"#;
+/// A TP4 GB202 ladder (tests/fixtures/ladders/valid/package_fixture.json): an unclustered
+/// bucket (one profile with its own block count), a clustered bucket with a cluster kernel and an
+/// ordinary kernel under cluster scheduling.
+pub const LADDER: &str = include_str!("../fixtures/ladders/valid/package_fixture.json");
 
 /// Parses a fixture ladder.
 pub fn ladder(text: &str) -> Ladder {
@@ -122,6 +87,14 @@ pub fn try_write_fixture(
 /// Writes the fixture ladder's package for `arch` into `out`.
 pub fn write_fixture(out: &Path, arch: Arch) -> PackageSummary {
     try_write_fixture(out, arch, None, false).expect("the fixture package writes")
+}
+
+/// The fixture ladder's package for sm_120, written into a scratch directory and opened.
+pub fn opened_fixture() -> (tempfile::TempDir, Package) {
+    let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let package = open_package(&out).expect("the fixture package opens");
+    (scratch, package)
 }
 
 /// Rewrites the manifest of the package at `dir` with `change` and reseals its checksum, as
@@ -254,6 +227,20 @@ pub fn regex_escape(text: &str) -> String {
 
 /// A fingerprint for test choices.
 pub const CHOICE_KEY: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+/// A candidate of choice format 1, timed at its bucket's largest message only, as a choice of
+/// that format held it.
+pub fn format_1_candidate(profile: &str) -> serde_json::Value {
+    serde_json::json!({
+        "profile": profile,
+        "exact": true,
+        "status": "timed",
+        "median_us": 5.5,
+        "min_us": 5.25,
+        "max_us": 6.0,
+        "rounds": 30
+    })
+}
 
 /// A candidate timed at one size, at 5 us.
 pub fn timed_candidate(profile: &str, bytes: u64, exact: bool) -> prepare::tune::CandidateResult {
