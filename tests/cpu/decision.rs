@@ -128,42 +128,58 @@ fn against_nccl(one_shot: CandidateSamples, nccl: CandidateSamples) -> BucketDec
     decide_with_defaults("nccl", vec![one_shot, nccl], 2)
 }
 
-/// A candidate excluded from the decision for `reason`.
-fn excluded(reason: &str) -> CandidateOutcome {
-    CandidateOutcome::Excluded {
-        reason: reason.to_owned(),
-    }
+/// [`against_nccl`] with both timed at two ranks, `rounds` each, around `one_shot_us` and
+/// `nccl_us` with +-`jitter` relative noise, from seeds `seed` and `seed + 1`.
+fn one_shot_against_nccl(
+    one_shot_us: f64,
+    nccl_us: f64,
+    jitter: f64,
+    rounds: usize,
+    seed: u64,
+) -> BucketDecision {
+    against_nccl(
+        timed("one_shot", one_shot_us, jitter, 2, rounds, seed),
+        timed("nccl", nccl_us, jitter, 2, rounds, seed + 1),
+    )
 }
 
-#[test]
-fn a_clear_win_replaces_the_default() {
-    let decision = against_nccl(
-        timed("one_shot", 6.0, 0.02, 2, 30, 1),
-        timed("nccl", 10.0, 0.02, 2, 30, 2),
-    );
-    assert_eq!(decision.winner, "one_shot");
-    assert_eq!(decision.baseline, "nccl");
+/// The ratio, the size tested and the p-value of a decision that replaced its baseline.
+fn faster(decision: &BucketDecision) -> (f64, u64, f64) {
     match decision.reason {
         DecisionReason::Faster {
             ratio,
             tested_bytes,
             p_value,
-        } => {
-            assert!((0.55..0.65).contains(&ratio), "{ratio}");
-            assert_eq!(tested_bytes, LARGEST);
-            assert!(p_value < 1e-6, "{p_value}");
-        }
-        other => panic!("{other:?}"),
+        } => (ratio, tested_bytes, p_value),
+        ref other => panic!("{other:?}"),
     }
+}
+
+/// Asserts that the decision excluded its candidate `index` for `reason`.
+fn assert_excluded(decision: &BucketDecision, index: usize, reason: &str) {
+    assert_eq!(
+        decision.candidates[index].outcome,
+        CandidateOutcome::Excluded {
+            reason: reason.to_owned()
+        }
+    );
+}
+
+#[test]
+fn a_clear_win_replaces_the_default() {
+    let decision = one_shot_against_nccl(6.0, 10.0, 0.02, 30, 1);
+    assert_eq!(decision.winner, "one_shot");
+    assert_eq!(decision.baseline, "nccl");
+    let (ratio, tested_bytes, p_value) = faster(&decision);
+    assert!((0.55..0.65).contains(&ratio), "{ratio}");
+    assert_eq!(tested_bytes, LARGEST);
+    assert!(p_value < 1e-6, "{p_value}");
     assert!(decision.bit_exact);
 }
 
 #[test]
 fn a_near_tie_inside_the_margin_keeps_the_default() {
-    let decision = against_nccl(
-        timed("one_shot", 9.8, 0.001, 2, 30, 3),
-        timed("nccl", 10.0, 0.001, 2, 30, 4),
-    );
+    let decision = one_shot_against_nccl(9.8, 10.0, 0.001, 30, 3);
     assert_eq!(decision.winner, "nccl");
     assert!(
         matches!(decision.reason, DecisionReason::WithinMargin { ref fastest, .. } if fastest == "one_shot")
@@ -173,10 +189,7 @@ fn a_near_tie_inside_the_margin_keeps_the_default() {
 #[test]
 fn a_win_past_the_margin_that_is_not_significant_keeps_the_default() {
     // Three rounds cannot reach p < 0.01 in a one-sided Mann-Whitney test (the least is 1/20).
-    let decision = against_nccl(
-        timed("one_shot", 8.0, 0.01, 2, 3, 5),
-        timed("nccl", 10.0, 0.01, 2, 3, 6),
-    );
+    let decision = one_shot_against_nccl(8.0, 10.0, 0.01, 3, 5);
     assert_eq!(decision.winner, "nccl");
     match decision.reason {
         DecisionReason::NotSignificant {
@@ -235,9 +248,10 @@ fn a_candidate_without_one_valid_round_is_excluded() {
     }
     let decision = against_nccl(custom, timed("nccl", 10.0, 0.0, 2, 4, 12));
     assert_eq!(decision.winner, "nccl");
-    assert_eq!(
-        decision.candidates[0].outcome,
-        excluded("no round had a valid sample from every rank at 16384 bytes")
+    assert_excluded(
+        &decision,
+        0,
+        "no round had a valid sample from every rank at 16384 bytes",
     );
 }
 
@@ -257,9 +271,10 @@ fn a_dropped_default_makes_the_first_survivor_the_baseline() {
     );
     assert_eq!(decision.baseline, "nccl");
     assert_eq!(decision.winner, "nccl");
-    assert_eq!(
-        decision.candidates[1].outcome,
-        excluded("blocks cannot all be resident: needs 8 clusters, 6 fit")
+    assert_excluded(
+        &decision,
+        1,
+        "blocks cannot all be resident: needs 8 clusters, 6 fit",
     );
 }
 
@@ -381,18 +396,10 @@ fn a_default_within_the_margin_at_one_edge_but_slow_at_the_other_loses() {
         (1.12..1.14).contains(&baseline_slowdown),
         "{baseline_slowdown}"
     );
-    match decision.reason {
-        DecisionReason::Faster {
-            ratio,
-            tested_bytes,
-            p_value,
-        } => {
-            assert!((ratio - 1.0 / baseline_slowdown).abs() < 1e-12, "{ratio}");
-            assert_eq!(tested_bytes, SMALLEST_EDGE, "where the default fares worst");
-            assert!(p_value < policy.significance, "{p_value}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let (ratio, tested_bytes, p_value) = faster(&decision);
+    assert!((ratio - 1.0 / baseline_slowdown).abs() < 1e-12, "{ratio}");
+    assert_eq!(tested_bytes, SMALLEST_EDGE, "where the default fares worst");
+    assert!(p_value < policy.significance, "{p_value}");
     // Every candidate's figures at both sizes, smallest first.
     for candidate in &decision.candidates {
         let (_, sizes) = timed_of(&decision, &candidate.profile);
@@ -544,18 +551,10 @@ fn the_significance_test_is_at_the_baselines_worst_size() {
         [&SEPARATE_SLOW, &OVERLAPPING_SLOW.map(|value| value * 0.9)],
     );
     assert_eq!(decision.winner, "one_shot");
-    match decision.reason {
-        DecisionReason::Faster {
-            ratio,
-            tested_bytes,
-            p_value,
-        } => {
-            assert_eq!(ratio, 0.8);
-            assert_eq!(tested_bytes, SMALLEST_EDGE);
-            assert_eq!(Some(p_value), p_value_less(&SEPARATE_FAST, &SEPARATE_SLOW));
-        }
-        other => panic!("{other:?}"),
-    }
+    let (ratio, tested_bytes, p_value) = faster(&decision);
+    assert_eq!(ratio, 0.8);
+    assert_eq!(tested_bytes, SMALLEST_EDGE);
+    assert_eq!(Some(p_value), p_value_less(&SEPARATE_FAST, &SEPARATE_SLOW));
     assert!(!significant(
         &OVERLAPPING_FAST,
         &OVERLAPPING_SLOW.map(|value| value * 0.9)
@@ -613,11 +612,10 @@ fn a_candidate_without_a_valid_round_at_one_size_is_excluded() {
         &Policy::default(),
     )
     .unwrap();
-    assert_eq!(
-        decision.candidates[0].outcome,
-        CandidateOutcome::Excluded {
-            reason: format!("no round had a valid sample from every rank at {SMALLEST_EDGE} bytes")
-        }
+    assert_excluded(
+        &decision,
+        0,
+        &format!("no round had a valid sample from every rank at {SMALLEST_EDGE} bytes"),
     );
     assert_ne!(decision.winner, "one_shot");
     assert_eq!(decision.baseline, "rsag");
@@ -652,14 +650,10 @@ fn a_candidate_without_a_valid_round_at_one_size_is_excluded() {
         &Policy::default(),
     )
     .unwrap();
-    assert_eq!(
-        decision.candidates[0].outcome,
-        CandidateOutcome::Excluded {
-            reason: format!(
-                "no round had a valid sample from every rank at {SMALLEST_EDGE} and {LARGEST_EDGE} bytes"
-            )
-        }
+    let reason = format!(
+        "no round had a valid sample from every rank at {SMALLEST_EDGE} and {LARGEST_EDGE} bytes"
     );
+    assert_excluded(&decision, 0, &reason);
     assert_eq!(decision.winner, "nccl");
     assert_eq!(slowdown_of(&decision, "nccl"), 1.0);
 }
@@ -797,6 +791,41 @@ fn one_median_rule(bucket: &BucketSamples, policy: &Policy) -> (String, Decision
     }
 }
 
+/// Candidates `p0`, `p1`, ... around `centers` (microseconds at the smallest and the largest
+/// message) and NCCL around 8 and 10 us, with +-`jitter` relative noise, on `ranks` ranks,
+/// `rounds` each: timed at both edges when `two_sizes`, else at the largest message alone.
+/// Candidate `index` is timed from seed `seeds.0 ^ index`, NCCL from `seeds.1`. Returns the sizes
+/// timed and the candidates.
+fn generated(
+    centers: &[(f64, f64)],
+    two_sizes: bool,
+    jitter: f64,
+    ranks: usize,
+    rounds: usize,
+    seeds: (u64, u64),
+) -> (&'static [u64], Vec<CandidateSamples>) {
+    let at_sizes = |(smallest, largest): (f64, f64)| {
+        if two_sizes {
+            vec![smallest, largest]
+        } else {
+            vec![largest]
+        }
+    };
+    let mut candidates: Vec<CandidateSamples> = centers
+        .iter()
+        .enumerate()
+        .map(|(index, center)| {
+            let profile = format!("p{index}");
+            let seed = seeds.0 ^ index as u64;
+            timed_at(&profile, &at_sizes(*center), jitter, ranks, rounds, seed)
+        })
+        .collect();
+    let nccl = at_sizes((8.0, 10.0));
+    candidates.push(timed_at("nccl", &nccl, jitter, ranks, rounds, seeds.1));
+    let sizes: &'static [u64] = if two_sizes { &EDGES } else { &[LARGEST] };
+    (sizes, candidates)
+}
+
 proptest! {
     /// Permuting ranks, and permuting rounds (the same way on every rank and at every size, as
     /// rounds are aligned), gives byte-identical decisions, with one size timed or two.
@@ -810,16 +839,8 @@ proptest! {
         two_sizes in any::<bool>(),
         centers in proptest::collection::vec((1.0_f64..20.0, 1.0_f64..20.0), 1..5),
     ) {
-        let sizes: &[u64] = if two_sizes { &EDGES } else { &[LARGEST] };
-        let at_sizes = |(smallest, largest): (f64, f64)| {
-            if two_sizes { vec![smallest, largest] } else { vec![largest] }
-        };
-        let mut candidates: Vec<CandidateSamples> = centers
-            .iter()
-            .enumerate()
-            .map(|(index, center)| timed_at(&format!("p{index}"), &at_sizes(*center), 0.2, ranks, rounds, seed ^ index as u64))
-            .collect();
-        candidates.push(timed_at("nccl", &at_sizes((8.0, 10.0)), 0.2, ranks, rounds, seed.rotate_left(7)));
+        let (sizes, candidates) =
+            generated(&centers, two_sizes, 0.2, ranks, rounds, (seed, seed.rotate_left(7)));
         let original = vec![bucket_at("nccl", sizes, candidates.clone())];
         let permuted: Vec<CandidateSamples> = candidates
             .into_iter()
@@ -851,16 +872,8 @@ proptest! {
         centers in proptest::collection::vec((1.0_f64..20.0, 1.0_f64..20.0), 1..5),
         rounds in 1_usize..30,
     ) {
-        let sizes: &[u64] = if two_sizes { &EDGES } else { &[LARGEST] };
-        let at_sizes = |(smallest, largest): (f64, f64)| {
-            if two_sizes { vec![smallest, largest] } else { vec![largest] }
-        };
-        let mut candidates: Vec<CandidateSamples> = centers
-            .iter()
-            .enumerate()
-            .map(|(index, center)| timed_at(&format!("p{index}"), &at_sizes(*center), 0.3, 2, rounds, seed ^ index as u64))
-            .collect();
-        candidates.push(timed_at("nccl", &at_sizes((8.0, 10.0)), 0.3, 2, rounds, seed.rotate_left(9)));
+        let (sizes, candidates) =
+            generated(&centers, two_sizes, 0.3, 2, rounds, (seed, seed.rotate_left(9)));
         let policy = Policy::default();
         let decision = decide_bucket(&bucket_at("nccl", sizes, candidates), 2, &policy).unwrap();
         if !two_sizes {
