@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use prepare::cache::Fingerprint;
 use prepare::ladder::Arch;
@@ -266,12 +266,19 @@ fn write_choice_file(scratch: &Path, package: &Path, choice: &Choice) -> (String
     (path, settings)
 }
 
-#[test]
-fn show_prints_a_choice_after_the_package() {
+/// The fixture package with its [`fixture_choice`] written beside it: the scratch directory, the
+/// package, the choice, the choice file and snapshot settings that hide both paths.
+fn fixture_and_choice() -> (tempfile::TempDir, PathBuf, Choice, String, insta::Settings) {
     let (scratch, out) = scratch();
     write_fixture(&out, Arch::Sm120);
     let choice = fixture_choice(&out);
     let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
+    (scratch, out, choice, path, settings)
+}
+
+#[test]
+fn show_prints_a_choice_after_the_package() {
+    let (_scratch, out, _, path, settings) = fixture_and_choice();
     let stdout = shown(&out, &["--choice", &path]);
     let plain = shown(&out, &[]);
     assert!(
@@ -343,10 +350,7 @@ fn show_prints_a_choice_for_every_shipped_bucket_readably() {
 
 #[test]
 fn show_json_holds_the_choice_as_read() {
-    let (scratch, out) = scratch();
-    write_fixture(&out, Arch::Sm120);
-    let choice = fixture_choice(&out);
-    let (path, settings) = write_choice_file(scratch.path(), &out, &choice);
+    let (_scratch, out, choice, path, settings) = fixture_and_choice();
     let stdout = shown(&out, &["--json", "--choice", &path]);
     let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let file: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
@@ -403,9 +407,10 @@ fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
     let (scratch, out) = scratch();
     write_fixture(&out, Arch::Sm120);
     let path = scratch.path().join("choice.json");
-    // `prepare show` of the package with the choice at `path`: refused with nothing on stdout.
-    // Returns what it printed on stderr.
-    let refused = |path: &Path| {
+    let file = path.display();
+    // `prepare show` of the package with the choice at `path`: refused with nothing on stdout,
+    // saying what starts with `start` on stderr. Returns stderr.
+    let refused = |start: &str| {
         let (code, stdout, stderr) = run(&[
             "show",
             out.to_str().unwrap(),
@@ -413,37 +418,23 @@ fn show_refuses_an_unreadable_or_invalid_choice_naming_the_file() {
             path.to_str().unwrap(),
         ]);
         assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert!(stderr.starts_with(start), "{stderr}");
         stderr
     };
 
-    let stderr = refused(&path);
-    assert!(
-        stderr.starts_with(&format!(
-            "error: cannot read the choice {}: ",
-            path.display()
-        )),
-        "{stderr}"
-    );
+    refused(&format!("error: cannot read the choice {file}: "));
 
     fs::write(&path, "{ \"format_version\": 1, ").unwrap();
-    let stderr = refused(&path);
-    assert!(
-        stderr.starts_with(&format!(
-            "error: {} is not a valid choice: ",
-            path.display()
-        )),
-        "{stderr}"
-    );
+    refused(&format!("error: {file} is not a valid choice: "));
 
     let mut value = serde_json::to_value(fixture_choice(&out)).unwrap();
     value["buckets"][1]["max_bytes"] = 65_536.into();
     fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
-    let stderr = refused(&path);
+    let stderr = refused(&format!("error: {file} is not a valid choice: "));
     assert_eq!(
         stderr,
         format!(
-            "error: {} is not a valid choice: /buckets/1: bucket 1 covers 16386-65536 bytes, but its package's bucket 1 covers 16386-98304\n",
-            path.display()
+            "error: {file} is not a valid choice: /buckets/1: bucket 1 covers 16386-65536 bytes, but its package's bucket 1 covers 16386-98304\n"
         )
     );
 }
