@@ -20,7 +20,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Runs `prepare` in `dir` with `args`, ending it after [`PATIENCE`]; returns its exit code
 /// (`None` when it was ended), stdout and stderr.
-fn run_in(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+fn run_bounded(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     run_with(cli::prepare(), dir, &[], args)
 }
 
@@ -111,7 +111,7 @@ fn every_command_exits_with_the_class_of_its_failure() {
 #[test]
 fn a_rank_names_itself_once_per_line() {
     let (scratch, _) = scratch_with_package();
-    let (code, _, stderr) = run_in(scratch.path(), &["check", "--gpus", "0,1"]);
+    let (code, _, stderr) = run_bounded(scratch.path(), &["check", "--gpus", "0,1"]);
     assert_eq!(code, Some(3), "{stderr}");
     // The first rank to fail ends the other, which may not have reported yet.
     let mut reported = 0;
@@ -172,7 +172,7 @@ fn run_on_package(
 ) -> (Option<i32>, String, String) {
     let mut args = vec![command, "--package", package.to_str().unwrap()];
     args.extend_from_slice(flags);
-    run_in(dir, &args)
+    run_bounded(dir, &args)
 }
 
 fn mkfifo(path: &Path) {
@@ -198,7 +198,7 @@ fn force_refuses_before_compiling_a_directory_holding_files_the_package_does_not
     fs::create_dir_all(target.join("src")).unwrap();
     fs::write(target.join("manifest.json"), "{}").unwrap();
     fs::write(target.join("src/main.js"), "code").unwrap();
-    let (code, _, stderr) = run_in(
+    let (code, _, stderr) = run_bounded(
         scratch.path(),
         &[&EXPORT[..], &["--arch", "sm_120", "--out", "p", "--force"]].concat(),
     );
@@ -244,7 +244,7 @@ fn a_fifo_as_ladder_manifest_or_choice_is_refused_without_blocking() {
     ];
     for args in runs {
         // `validate` reports each file on standard output, the rest on standard error.
-        let (code, stdout, stderr) = run_in(scratch.path(), args);
+        let (code, stdout, stderr) = run_bounded(scratch.path(), args);
         assert_eq!(code, Some(1), "{args:?}: {stderr}");
         let output = stdout + &stderr;
         assert!(output.contains("not a regular file"), "{args:?}: {output}");
@@ -260,13 +260,13 @@ fn devices_and_huge_files_are_refused_naming_the_limit() {
         .set_len(64 << 30)
         .expect("a sparse file");
     let huge = huge.to_str().unwrap();
-    let (code, stdout, _) = run_in(scratch.path(), &["validate", huge]);
+    let (code, stdout, _) = run_bounded(scratch.path(), &["validate", huge]);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("1 MiB"), "{stdout}");
-    let (code, stdout, _) = run_in(scratch.path(), &["validate", "/dev/zero"]);
+    let (code, stdout, _) = run_bounded(scratch.path(), &["validate", "/dev/zero"]);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("not a regular file"), "{stdout}");
-    let (code, _, stderr) = run_in(
+    let (code, _, stderr) = run_bounded(
         scratch.path(),
         &["show", out.to_str().unwrap(), "--choice", huge],
     );
@@ -300,7 +300,7 @@ fn a_crafted_package_is_refused_by_show() {
     fixtures::reseal(&out, |manifest| {
         manifest.peer_memory.buffer_bytes = u64::MAX;
     });
-    let (code, _, stderr) = run_in(out.parent().unwrap(), &["show", out.to_str().unwrap()]);
+    let (code, _, stderr) = run_bounded(out.parent().unwrap(), &["show", out.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("/peer_memory"), "{stderr}");
 }
@@ -338,7 +338,7 @@ fn the_same_gpu_twice_is_a_usage_error() {
 fn an_output_that_names_no_directory_is_a_usage_error() {
     let (scratch, _) = scratch_with_package();
     for out in ["new/.", "new/..", "/"] {
-        let (code, _, stderr) = run_in(
+        let (code, _, stderr) = run_bounded(
             scratch.path(),
             &[&EXPORT[..], &["--arch", "sm_120", "--out", out]].concat(),
         );
@@ -356,7 +356,7 @@ fn control_characters_from_files_are_printed_escaped() {
     );
     let bad = scratch.path().join("bad.json");
     fs::write(&bad, ladder).unwrap();
-    let (code, stdout, stderr) = run_in(scratch.path(), &["validate", bad.to_str().unwrap()]);
+    let (code, stdout, stderr) = run_bounded(scratch.path(), &["validate", bad.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         !stdout.contains('\u{1b}') && !stderr.contains('\u{1b}'),
@@ -385,7 +385,7 @@ fn control_characters_from_files_are_printed_escaped() {
 fn show_with_choice(dir: &Path, package: &Path, choice: &[u8]) -> (Option<i32>, String, String) {
     let file = dir.join("choice.json");
     fs::write(&file, choice).unwrap();
-    run_in(
+    run_bounded(
         dir,
         &[
             "show",
