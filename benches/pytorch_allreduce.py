@@ -400,30 +400,28 @@ class SymmMemBase(Contender):
         return self.ctx.symm_mem.rendezvous(tensor, self.ctx.group_name)
 
 
-class SymmMemOneShot(SymmMemBase):
+class SymmMemOneShot(SymmMemBase, ViewContender):
+    """Reads `view` in symmetric memory, writes the sum to `output_view` in ordinary memory."""
+
     name = "symm_mem_one_shot"
 
     def allocate(self, max_elements):
         torch = self.ctx.torch
-        self.symm = self._symm_empty(max_elements)
+        self.buffer = self._symm_empty(max_elements)
         self.out = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
         self.handle = None
-        self.input_view = None
         self.output_view = None
 
     def rendezvous(self):
-        self.handle = self._rendezvous(self.symm)
+        self.handle = self._rendezvous(self.buffer)
 
     def bind(self, elements):
-        self.input_view = self.symm[:elements]
+        super().bind(elements)
         self.output_view = self.out[:elements]
-
-    def reset(self, pristine):
-        self.input_view.copy_(pristine)
 
     def op(self):
         self.ctx.torch.ops.symm_mem.one_shot_all_reduce_out(
-            self.input_view, "sum", self.ctx.group_name, self.output_view
+            self.view, "sum", self.ctx.group_name, self.output_view
         )
 
     def result(self):
@@ -431,10 +429,8 @@ class SymmMemOneShot(SymmMemBase):
 
     def close(self):
         super().close()
-        self.input_view = None
         self.output_view = None
         self.handle = None
-        self.symm = None
         self.out = None
 
 
