@@ -159,18 +159,17 @@ def parse_args(argv):
         args.contenders = list(CONTENDERS if args.prepare else TORCH_CONTENDERS)
     if not args.prepare and any(name in PREPARE_CONTENDERS for name in args.contenders):
         parser.error("the prepare contenders need --prepare PACKAGE")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    if args.warmup < 0:
-        parser.error("--warmup must not be negative")
-    if not args.sample_us > 0:
-        parser.error("--sample-us must be positive")
-    if args.max_ops < 1:
-        parser.error("--max-ops must be at least 1")
-    if args.pause_us < 0:
-        parser.error("--pause-us must not be negative")
-    if not args.timeout > 0:
-        parser.error("--timeout must be positive")
+    bounds = [
+        ("--rounds", args.rounds >= 1, "must be at least 1"),
+        ("--warmup", args.warmup >= 0, "must not be negative"),
+        ("--sample-us", args.sample_us > 0, "must be positive"),
+        ("--max-ops", args.max_ops >= 1, "must be at least 1"),
+        ("--pause-us", args.pause_us >= 0, "must not be negative"),
+        ("--timeout", args.timeout > 0, "must be positive"),
+    ]
+    for flag, within, bound in bounds:
+        if not within:
+            parser.error(f"{flag} {bound}")
     return args
 
 
@@ -358,12 +357,12 @@ class Contender:
         self.drop_graphs()
 
 
-class TorchNccl(Contender):
-    name = "torch_nccl"
+class ViewContender(Contender):
+    """A contender whose all-reduce works in place on `view`, the message's slice of `buffer`."""
 
-    def allocate(self, max_elements):
-        torch = self.ctx.torch
-        self.buffer = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.buffer = None
         self.view = None
 
     def bind(self, elements):
@@ -372,9 +371,6 @@ class TorchNccl(Contender):
     def reset(self, pristine):
         self.view.copy_(pristine)
 
-    def op(self):
-        self.ctx.dist.all_reduce(self.view)
-
     def result(self):
         return self.view
 
@@ -382,6 +378,17 @@ class TorchNccl(Contender):
         super().close()
         self.view = None
         self.buffer = None
+
+
+class TorchNccl(ViewContender):
+    name = "torch_nccl"
+
+    def allocate(self, max_elements):
+        torch = self.ctx.torch
+        self.buffer = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
+
+    def op(self):
+        self.ctx.dist.all_reduce(self.view)
 
 
 class SymmMemBase(Contender):
@@ -393,30 +400,28 @@ class SymmMemBase(Contender):
         return self.ctx.symm_mem.rendezvous(tensor, self.ctx.group_name)
 
 
-class SymmMemOneShot(SymmMemBase):
+class SymmMemOneShot(SymmMemBase, ViewContender):
+    """Reads `view` in symmetric memory, writes the sum to `output_view` in ordinary memory."""
+
     name = "symm_mem_one_shot"
 
     def allocate(self, max_elements):
         torch = self.ctx.torch
-        self.symm = self._symm_empty(max_elements)
+        self.buffer = self._symm_empty(max_elements)
         self.out = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
         self.handle = None
-        self.input_view = None
         self.output_view = None
 
     def rendezvous(self):
-        self.handle = self._rendezvous(self.symm)
+        self.handle = self._rendezvous(self.buffer)
 
     def bind(self, elements):
-        self.input_view = self.symm[:elements]
+        super().bind(elements)
         self.output_view = self.out[:elements]
-
-    def reset(self, pristine):
-        self.input_view.copy_(pristine)
 
     def op(self):
         self.ctx.torch.ops.symm_mem.one_shot_all_reduce_out(
-            self.input_view, "sum", self.ctx.group_name, self.output_view
+            self.view, "sum", self.ctx.group_name, self.output_view
         )
 
     def result(self):
@@ -424,62 +429,37 @@ class SymmMemOneShot(SymmMemBase):
 
     def close(self):
         super().close()
-        self.input_view = None
         self.output_view = None
         self.handle = None
-        self.symm = None
         self.out = None
 
 
-class SymmMemTwoShot(SymmMemBase):
+class SymmMemTwoShot(SymmMemBase, ViewContender):
     name = "symm_mem_two_shot"
 
     def allocate(self, max_elements):
-        self.symm = self._symm_empty(max_elements)
+        self.buffer = self._symm_empty(max_elements)
         self.handle = None
-        self.view = None
 
     def rendezvous(self):
-        self.handle = self._rendezvous(self.symm)
-
-    def bind(self, elements):
-        self.view = self.symm[:elements]
-
-    def reset(self, pristine):
-        self.view.copy_(pristine)
+        self.handle = self._rendezvous(self.buffer)
 
     def op(self):
         self.ctx.torch.ops.symm_mem.two_shot_all_reduce_(self.view, "sum", self.ctx.group_name)
 
-    def result(self):
-        return self.view
-
     def close(self):
         super().close()
-        self.view = None
         self.handle = None
-        self.symm = None
 
 
-class PrepareBase(Contender):
+class PrepareBase(ViewContender):
     """prepare's Python path: one `prepare.Collectives` shared by both prepare contenders."""
 
     def collectives(self):
         return self.ctx.prepare_collectives()
 
-    def reset(self, pristine):
-        self.view.copy_(pristine)
-
     def op(self):
         self.collectives().all_reduce(self.view)
-
-    def result(self):
-        return self.view
-
-    def close(self):
-        super().close()
-        self.view = None
-        self.buffer = None
 
 
 class PrepareZeroCopy(PrepareBase):
@@ -489,7 +469,6 @@ class PrepareZeroCopy(PrepareBase):
         collectives = self.collectives()
         capacity = collectives.zero_copy_bytes() // 2
         self.buffer = collectives.empty(min(max_elements, capacity) if capacity else max_elements)
-        self.view = None
 
     def bind(self, elements):
         if elements > self.buffer.numel():
@@ -497,7 +476,7 @@ class PrepareZeroCopy(PrepareBase):
                 f"{elements * 2} bytes do not fit the zero-copy region "
                 f"({self.buffer.numel() * 2} bytes)"
             )
-        self.view = self.buffer[:elements]
+        super().bind(elements)
 
 
 class PrepareAnyTensor(PrepareBase):
@@ -507,10 +486,6 @@ class PrepareAnyTensor(PrepareBase):
         torch = self.ctx.torch
         self.collectives()
         self.buffer = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
-        self.view = None
-
-    def bind(self, elements):
-        self.view = self.buffer[:elements]
 
 
 CONTENDER_TYPES = {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds what a GPU run needs, here (the GPU machine has no Rust toolchain), and gathers it in
-# .device-carry/ (git-ignored): the release `prepare` binary and `serve` example, the GPU test
-# binaries (tests/gpu_*.rs) and the library's unit tests built in release, this folder's scripts
-# and the shipped ladders. The other test binaries are CPU tests that CI runs; some read files by this
-# checkout's path, which the GPU machine does not have. Then on the GPU machine, from the
-# repository root: bash .device-carry/scripts/gpu-tests.sh
+# .device-carry/ (git-ignored): the release `prepare` binary and `serve` example, the integration
+# test binary (tests/integration.rs, whose gpu group, tests/gpu/, is what runs there) and the
+# library's unit tests built in release, this folder's scripts and the shipped ladders. The
+# integration binary's cpu and nvrtc groups are left to CI: some read files by this checkout's
+# path, which the GPU machine does not have. Then on the GPU machine, from the repository root:
+# bash .device-carry/scripts/gpu-tests.sh
 #
 # usage: scripts/build-gpu-tests.sh [DESTINATION]   (default: .device-carry in this checkout)
 set -euo pipefail
@@ -35,7 +36,7 @@ for entry in "${tests[@]}"; do
     # The library's and the binary's unit tests share the crate's name; keep them apart.
     case "$kind:$name" in
     lib:*) copy="unit-lib" ;;
-    test:gpu_*) copy="$name" ;;
+    test:integration) copy="$name" ;;
     *) continue ;;
     esac
     cp "$executable" "$destination/tests/$copy"

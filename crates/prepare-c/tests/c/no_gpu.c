@@ -2,7 +2,7 @@
  * call returns a status and leaves a message, never crashes.
  *
  * no_gpu VERSION MISSING_PACKAGE INVALID_LADDER_PACKAGE NCCL_ONLY_PACKAGE
- * Started by crates/prepare-c/tests/c_program.rs with no torchrun variables set. */
+ * Started by crates/prepare-c/tests/c_abi/c_program.rs with no torchrun variables set. */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,0 +1,67 @@
+//! `prepare tune` and `prepare bench` refuse bad flags (exit code 2) and packages (exit code 1)
+//! before starting any rank, with a message naming what is wrong (no GPU needed).
+
+use crate::support::cli::run;
+
+/// Runs `prepare ARGS`, which must fail with `code` before starting any rank and print nothing
+/// on stdout; returns its stderr.
+fn fails(code: i32, args: &[&str]) -> String {
+    let (found, stdout, stderr) = run(args);
+    assert_eq!((found, stdout.as_str()), (code, ""), "{args:?}: {stderr}");
+    stderr
+}
+
+/// Runs a command that must fail as a usage error (exit 2) before starting any rank.
+fn usage_error(args: &[&str]) -> String {
+    fails(2, args)
+}
+
+/// Runs a command whose input must be refused (exit 1) before starting any rank.
+fn refused(args: &[&str]) -> String {
+    fails(1, args)
+}
+
+#[test]
+fn a_margin_outside_zero_to_a_hundred_percent_is_refused() {
+    for margin in ["-1", "100", "NaN"] {
+        let stderr = usage_error(&["tune", "--package", "pkg", &format!("--margin={margin}")]);
+        assert!(
+            stderr.contains(&format!("--margin {margin} is not a percentage")),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn too_few_rounds_are_refused() {
+    let stderr = usage_error(&["tune", "--package", "pkg", "--rounds", "4"]);
+    assert!(stderr.contains("--rounds 4 is too few"), "{stderr}");
+}
+
+#[test]
+fn a_bad_timeout_is_refused() {
+    let stderr = usage_error(&["tune", "--package", "pkg", "--timeout", "0"]);
+    assert!(
+        stderr.contains("0 is not a positive number of seconds up to 86400"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_package_is_refused_by_tune_and_bench_before_any_rank_starts() {
+    let scratch = tempfile::tempdir().unwrap();
+    let missing = scratch.path().join("no-package");
+    for command in ["tune", "bench"] {
+        let stderr = refused(&[command, "--package", missing.to_str().unwrap()]);
+        assert!(stderr.contains("no-package"), "{command}: {stderr}");
+    }
+}
+
+#[test]
+fn bench_sizes_take_suffixes_and_refuse_nonsense() {
+    let stderr = usage_error(&["bench", "--package", "pkg", "--sizes", "8K,lots"]);
+    assert!(
+        stderr.contains("`lots` is not a size such as 4096, 256K or 64M"),
+        "{stderr}"
+    );
+}

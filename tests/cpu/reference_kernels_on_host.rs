@@ -1,0 +1,280 @@
+//! The kernels' own bodies, as embedded in the binary, run on the host against the reference
+//! sum: every rank at once, one OS thread per CUDA thread, only the inline-PTX primitives
+//! replaced by C++ atomics and barriers (tests/host_emulation). This checks indices, tails,
+//! scratch layouts, barriers, epochs, cluster exchanges and the timeout path without a GPU;
+//! the memory model of the real hardware is left to the GPU tests. Needs a C++20 compiler
+//! (`CXX`, else `c++`).
+//!
+//! Every planted mutation (tests/support/mutations.rs) must give a wrong sum here too, in every kernel it
+//! touches and in no other.
+
+// Each mutation's failures are reported on stderr for the test log.
+#![allow(clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use prepare::kernels::{all_kernels, headers, source};
+use prepare::ladder::Dtype;
+
+use crate::support::mutations::{apply, Mutation};
+use crate::support::repository::root;
+
+/// Removes the definition of `name` (a `__device__ __forceinline__` function ending with a `}`
+/// line) from `text`.
+fn drop_function(text: &str, name: &str) -> String {
+    let call = format!(" {name}(");
+    let position = text
+        .find(&call)
+        .unwrap_or_else(|| panic!("{name} not found"));
+    let start = text[..position]
+        .rfind("\n__device__")
+        .expect("a definition")
+        + 1;
+    let end = position + text[position..].find("\n}\n").expect("an end") + 3;
+    format!("{}{}", &text[..start], &text[end..])
+}
+
+/// The kernel sources and headers, with `mutation` planted when given, their inline PTX
+/// replaced by the host versions.
+fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
+    let replaced: [(&str, &[&str], &str); 3] = [
+        (
+            "prepare_sync.cuh",
+            &[
+                "global_timer_ns",
+                "store_release_system",
+                "load_acquire_system",
+                "load_relaxed_device",
+                "record_abort",
+                "store_line_volatile",
+                "load_line_volatile",
+                "fetch_add_acq_rel_device",
+                "wait_for_previous_grid",
+                "allow_next_grid",
+            ],
+            "host_sync_prims.h",
+        ),
+        (
+            "prepare_cluster.cuh",
+            &[
+                "cluster_cta_rank",
+                "cluster_cta_count",
+                "cluster_index",
+                "cluster_sync",
+                "store_cluster_shared",
+            ],
+            "host_cluster_prims.h",
+        ),
+        (
+            "prepare_element.cuh",
+            &[
+                "add_round_nearest",
+                "fp16_bits_to_float",
+                "float_to_fp16_bits",
+            ],
+            "host_element_prims.h",
+        ),
+    ];
+    let mut files: Vec<(String, String)> = headers()
+        .iter()
+        .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
+        .collect();
+    for spec in all_kernels(Dtype::Bf16, 2) {
+        if !files.iter().any(|(name, _)| name == spec.source) {
+            files.push((spec.source.to_owned(), source(&spec).to_owned()));
+        }
+    }
+    for (file, patched) in mutation.map(apply).unwrap_or_default() {
+        for (name, text) in &mut files {
+            if *name == file {
+                text.clone_from(&patched);
+            }
+        }
+    }
+    for (name, mut text) in files {
+        if let Some((_, functions, host)) = replaced.iter().find(|(file, _, _)| *file == name) {
+            for function in *functions {
+                text = drop_function(&text, function);
+            }
+            text = text.replacen(
+                "namespace prepare {\n",
+                &format!("namespace prepare {{\n#include \"{host}\"\n"),
+                1,
+            );
+        }
+        text = text
+            .replace(
+                "__shared__ BlockFlags flags;",
+                "BlockFlags& flags = emu_shared<BlockFlags>(0);",
+            )
+            .replace(
+                "__shared__ ClusterFlags flags;",
+                "ClusterFlags& flags = emu_shared<ClusterFlags>(0);",
+            )
+            .replace(
+                "__shared__ int outcome;",
+                "int& outcome = emu_shared<int>(1);",
+            );
+        assert!(!text.contains("asm"), "{name} still has inline PTX");
+        assert!(
+            !text.contains("__shared__"),
+            "{name} still has shared memory"
+        );
+        std::fs::write(directory.join(&name), text).unwrap();
+    }
+}
+
+fn build(directory: &Path, thread_sanitizer: bool, mutation: Option<Mutation>) -> PathBuf {
+    let emulation = root().join("tests/host_emulation");
+    write_emulated_sources(directory, mutation);
+    let binary = directory.join("harness");
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
+    let mut command = Command::new(&compiler);
+    // A mutation's harness runs one short mode once, expecting failures: it is built for speed.
+    let optimization: &[&str] = if mutation.is_some() {
+        &["-O0"]
+    } else {
+        &["-O1", "-g"]
+    };
+    command
+        .args(["-std=c++20", "-pthread", "-w"])
+        .args(optimization)
+        .arg("-include")
+        .arg(emulation.join("prelude.h"))
+        .arg("-I")
+        .arg(directory)
+        .arg("-I")
+        .arg(&emulation)
+        .arg(emulation.join("harness.cc"))
+        .arg("-o")
+        .arg(&binary);
+    if thread_sanitizer {
+        command.arg("-fsanitize=thread");
+    }
+    let output = command.output().unwrap_or_else(|error| {
+        panic!("this test needs a C++20 compiler; running `{compiler}` failed: {error} (install g++ or set CXX)")
+    });
+    assert!(
+        output.status.success(),
+        "{compiler} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    binary
+}
+
+fn run(binary: &Path, arguments: &[&str]) {
+    let output = Command::new(binary)
+        .args(arguments)
+        .env("TSAN_OPTIONS", "halt_on_error=1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "harness {arguments:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// What the harness's `exactness` mode reported: each kernel's entry name and whether it gave
+/// the reference sum every time, with the whole output.
+fn exactness(binary: &Path) -> (BTreeMap<String, bool>, String) {
+    let output = Command::new(binary).arg("exactness").output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let verdicts: BTreeMap<String, bool> = text
+        .lines()
+        .filter_map(|line| {
+            let (kernel, verdict) = line.split_once(": ")?;
+            let exact = verdict == "exact";
+            (exact || verdict.starts_with("inexact")).then(|| (kernel.to_owned(), exact))
+        })
+        .collect();
+    let mut names: Vec<String> = Dtype::ALL
+        .into_iter()
+        .flat_map(|dtype| all_kernels(dtype, 2))
+        .map(|spec| spec.name)
+        .collect();
+    names.sort();
+    assert_eq!(
+        verdicts.keys().cloned().collect::<Vec<_>>(),
+        names,
+        "the harness did not report every kernel:\n{text}"
+    );
+    let all_exact = verdicts.values().all(|exact| *exact);
+    assert_eq!(
+        output.status.success(),
+        all_exact,
+        "the exit status disagrees with the verdicts:\n{text}"
+    );
+    (verdicts, text)
+}
+
+#[test]
+fn kernels_give_the_reference_sum_on_every_rank() {
+    let directory = tempfile::tempdir().unwrap();
+    let binary = build(directory.path(), false, None);
+    run(&binary, &["quick"]);
+    run(&binary, &["streams", "1"]);
+    let (verdicts, text) = exactness(&binary);
+    assert!(verdicts.values().all(|exact| *exact), "{text}");
+}
+
+/// Each mutation's harness is built and run in its own thread; every kernel it touches must
+/// give a wrong sum and every other kernel the reference. The emulation catches the missing
+/// start barrier reliably, but only because the `exactness` mode starts one rank 200 ms late:
+/// a kernel that does not wait for it then always reads its input before it is written. With
+/// every rank on time the race would show only sometimes.
+#[test]
+fn every_planted_mutation_gives_a_wrong_sum() {
+    let started = Instant::now();
+    let reports: Vec<(Mutation, BTreeMap<String, bool>, String)> = std::thread::scope(|scope| {
+        let runs: Vec<_> = Mutation::ALL
+            .into_iter()
+            .map(|mutation| {
+                scope.spawn(move || {
+                    let directory = tempfile::tempdir().unwrap();
+                    let binary = build(directory.path(), false, Some(mutation));
+                    let (verdicts, text) = exactness(&binary);
+                    (mutation, verdicts, text)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("a mutation's harness ran"))
+            .collect()
+    });
+    for (mutation, verdicts, text) in &reports {
+        let wrong: Vec<&str> = verdicts
+            .iter()
+            .filter(|(_, exact)| !**exact)
+            .map(|(kernel, _)| kernel.as_str())
+            .collect();
+        eprintln!("{mutation}: wrong sums from {}", wrong.join(", "));
+        assert_eq!(
+            wrong,
+            mutation.kernels(),
+            "{mutation}: the kernels that gave a wrong sum are not those it touches:\n{text}"
+        );
+    }
+    eprintln!(
+        "{} mutations built and run in {:.1} s",
+        reports.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+#[ignore = "slow: every world size, then ThreadSanitizer over the stream sequences"]
+fn kernels_are_exact_at_every_world_size_and_race_free() {
+    let directory = tempfile::tempdir().unwrap();
+    run(&build(directory.path(), false, None), &["full"]);
+    let sanitized = tempfile::tempdir().unwrap();
+    run(&build(sanitized.path(), true, None), &["streams", "1"]);
+}

@@ -1,0 +1,307 @@
+//! The shipped catalogs are shaped as documented, and the device rules judge them on the
+//! described devices: RTX PRO 6000 runs every GB202 catalog, GB10 only the ordinary one (the
+//! refusal names it), H200 runs the H200 catalogs and no GB202 one.
+
+use prepare::device::{
+    check_candidate_residency, check_export_target, check_package_fits, required_residency,
+    DeviceDescription, DeviceError, Residency,
+};
+use prepare::ladder::{validate_ladder_file, Algorithm, Arch, Ladder};
+
+use crate::support::repository::root;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+/// One decode row of a 7168-wide bf16 hidden state.
+const SMALLEST_SERVING_MESSAGE: u64 = 7168 * 2;
+/// Blocks of 512 threads that every supported kernel can keep resident per SM.
+const BLOCKS_PER_SM: u32 = 2;
+
+const GB202: [&str; 3] = [
+    "gb202_pcie_tp4",
+    "gb202_pcie_tp4_clustered",
+    "gb202_pcie_tp4_clustered_full",
+];
+const H200: [&str; 4] = [
+    "h200_nvlink_tp2",
+    "h200_nvlink_tp2_clustered",
+    "h200_nvlink_tp4",
+    "h200_nvlink_tp8",
+];
+
+fn ladder(name: &str) -> Ladder {
+    let path = root().join("ladders").join(format!("{name}.json"));
+    validate_ladder_file(&path).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// NVIDIA RTX PRO 6000 Blackwell (GB202): sm_120, 188 SMs.
+fn rtx_pro_6000() -> DeviceDescription {
+    DeviceDescription {
+        name: "NVIDIA RTX PRO 6000 Blackwell".to_owned(),
+        arch: Arch::Sm120,
+        sm_count: 188,
+        cluster_launch: true,
+    }
+}
+
+/// NVIDIA GB10 (DGX Spark): sm_121, 48 SMs.
+fn gb10() -> DeviceDescription {
+    DeviceDescription {
+        name: "NVIDIA GB10".to_owned(),
+        arch: Arch::Sm121,
+        sm_count: 48,
+        cluster_launch: true,
+    }
+}
+
+/// NVIDIA H200: sm_90, 132 SMs.
+fn h200() -> DeviceDescription {
+    DeviceDescription {
+        name: "NVIDIA H200".to_owned(),
+        arch: Arch::Sm90,
+        sm_count: 132,
+        cluster_launch: true,
+    }
+}
+
+fn devices() -> [DeviceDescription; 3] {
+    [rtx_pro_6000(), gb10(), h200()]
+}
+
+#[test]
+fn every_catalog_covers_serving_sizes_with_nccl_everywhere() {
+    for name in GB202.iter().chain(&H200) {
+        let ladder = ladder(name);
+        assert_eq!(ladder.format_version, 1, "{name}");
+        assert_eq!(
+            ladder.bucket_for(SMALLEST_SERVING_MESSAGE),
+            Some(0),
+            "{name}"
+        );
+        assert_eq!(
+            ladder.buckets.last().map(|bucket| bucket.max_bytes),
+            Some(64 * MIB)
+        );
+        for (index, bucket) in ladder.buckets.iter().enumerate() {
+            let profiles: Vec<_> = bucket
+                .candidates
+                .iter()
+                .map(|id| ladder.profile(id).expect("validated"))
+                .collect();
+            assert!(
+                profiles.iter().any(|profile| profile.id == "nccl"),
+                "{name} bucket {index}"
+            );
+            assert!(
+                profiles
+                    .iter()
+                    .any(|profile| profile.algorithm == Algorithm::Rsag),
+                "{name} bucket {index}: RSAG is a candidate everywhere"
+            );
+            // One-shot moves world x the message, RSAG 2(world-1)/world x: past 1 MiB one-shot
+            // can win only at two ranks, where both move the same bytes.
+            if bucket.max_bytes > MIB && ladder.world_size > 2 {
+                assert!(
+                    profiles
+                        .iter()
+                        .all(|profile| profile.algorithm != Algorithm::OneShot),
+                    "{name} bucket {index}"
+                );
+            }
+            if GB202.contains(name) {
+                assert!(
+                    bucket.candidates.iter().any(|id| id == "nccl_4cta"),
+                    "{name} {index}"
+                );
+            }
+        }
+        let used: Vec<&String> = ladder
+            .buckets
+            .iter()
+            .flat_map(|bucket| &bucket.candidates)
+            .collect();
+        for profile in &ladder.profiles {
+            assert!(
+                used.contains(&&profile.id),
+                "{name}: {} is never a candidate",
+                profile.id
+            );
+        }
+    }
+}
+
+#[test]
+fn clustered_catalogs_cluster_16_kib_to_1_mib_with_phased_rsag() {
+    for name in [
+        "gb202_pcie_tp4_clustered",
+        "gb202_pcie_tp4_clustered_full",
+        "h200_nvlink_tp2_clustered",
+    ] {
+        let ladder = ladder(name);
+        for bucket in &ladder.buckets {
+            let expected = (16 * KIB..=MIB).contains(&bucket.max_bytes);
+            assert_eq!(
+                bucket.is_clustered(),
+                expected,
+                "{name} {}",
+                bucket.max_bytes
+            );
+            let phased = bucket.candidates.iter().any(|id| id == "rsag_phased");
+            assert_eq!(phased, expected, "{name} {}", bucket.max_bytes);
+        }
+    }
+    for name in GB202.iter().chain(&H200) {
+        let ladder = ladder(name);
+        let clustered = name.contains("clustered");
+        assert_eq!(ladder.has_clustered_buckets(), clustered, "{name}");
+        let ordinary = name
+            .trim_end_matches("_full")
+            .trim_end_matches("_clustered");
+        let expected = clustered.then(|| ordinary.to_owned());
+        assert_eq!(ladder.ordinary_ladder, expected, "{name}");
+    }
+}
+
+#[test]
+fn full_all_reduce_is_a_candidate_only_where_80_kib_messages_go() {
+    let ladder = ladder("gb202_pcie_tp4_clustered_full");
+    let holder = ladder.bucket_for(80 * KIB).expect("a bucket holds 80 KiB");
+    for (index, bucket) in ladder.buckets.iter().enumerate() {
+        let full = bucket.candidates.iter().any(|id| {
+            ladder
+                .profile(id)
+                .is_some_and(|profile| profile.algorithm == Algorithm::Full)
+        });
+        assert_eq!(full, index == holder, "bucket {index}");
+    }
+}
+
+#[test]
+fn targets_are_the_architecture_rule() {
+    for name in GB202 {
+        assert_eq!(
+            ladder(name).targets,
+            vec![Arch::Sm120, Arch::Sm121],
+            "{name}"
+        );
+    }
+    for name in H200 {
+        assert_eq!(ladder(name).targets, vec![Arch::Sm90], "{name}");
+    }
+    let error = check_export_target(&ladder("gb202_pcie_tp4"), Arch::Sm90).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "ladder gb202_pcie_tp4 targets sm_120, sm_121 only, not sm_90 [architecture_not_targeted]"
+    );
+    assert_eq!(
+        check_export_target(&ladder("gb202_pcie_tp4"), Arch::Sm121),
+        Ok(())
+    );
+    assert_eq!(
+        check_export_target(&ladder("h200_nvlink_tp8"), Arch::Sm90),
+        Ok(())
+    );
+    assert!(check_export_target(&ladder("h200_nvlink_tp8"), Arch::Sm100).is_err());
+}
+
+#[test]
+fn rtx_pro_6000_runs_every_gb202_catalog() {
+    let device = rtx_pro_6000();
+    for name in GB202 {
+        assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
+    }
+}
+
+#[test]
+fn gb10_is_told_to_use_the_ordinary_catalog() {
+    let device = gb10();
+    assert_eq!(
+        check_package_fits(&ladder("gb202_pcie_tp4"), &device),
+        Ok(())
+    );
+    for name in ["gb202_pcie_tp4_clustered", "gb202_pcie_tp4_clustered_full"] {
+        let error = check_package_fits(&ladder(name), &device).unwrap_err();
+        assert!(
+            matches!(error, DeviceError::TooFewSmsForClusters { .. }),
+            "{error:?}"
+        );
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "NVIDIA GB10 (sm_121, 48 SMs) cannot run ladder {name}: its clustered buckets \
+                 launch 8 clusters of 8 blocks that must all be resident at once, which needs at \
+                 least 64 SMs; use the ordinary ladder gb202_pcie_tp4 [too_few_sms_for_clusters]"
+            )
+        );
+    }
+}
+
+#[test]
+fn h200_runs_the_h200_catalogs_and_no_gb202_one() {
+    let device = h200();
+    for name in H200 {
+        assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
+    }
+    for name in GB202 {
+        let error = check_package_fits(&ladder(name), &device).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "NVIDIA H200 (sm_90, 132 SMs) cannot run ladder {name}: it targets sm_120, \
+                 sm_121 only [architecture_not_targeted]"
+            )
+        );
+    }
+}
+
+#[test]
+fn a_device_without_cluster_launch_is_refused_clustered_catalogs() {
+    let device = DeviceDescription {
+        cluster_launch: false,
+        ..h200()
+    };
+    assert_eq!(
+        check_package_fits(&ladder("h200_nvlink_tp2"), &device),
+        Ok(())
+    );
+    let error = check_package_fits(&ladder("h200_nvlink_tp2_clustered"), &device).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "NVIDIA H200 (sm_90, 132 SMs) cannot run ladder h200_nvlink_tp2_clustered: its clustered \
+         buckets need thread-block cluster launch, which the device lacks; use the ordinary \
+         ladder h200_nvlink_tp2 [cluster_launch_unsupported]"
+    );
+}
+
+/// Every launch of every shipped catalog stays resident on every described device that the
+/// package fits, assuming two blocks of 512 threads per SM (and for clusters, a cluster per
+/// 8 SMs), so no candidate is dropped for residency on the machines the catalogs are for.
+#[test]
+fn every_launch_is_resident_on_the_devices_it_fits() {
+    for name in GB202.iter().chain(&H200) {
+        let ladder = ladder(name);
+        for device in devices()
+            .iter()
+            .filter(|device| check_package_fits(&ladder, device).is_ok())
+        {
+            let blocks = Residency::Blocks(device.sm_count * BLOCKS_PER_SM);
+            let clusters = Residency::Clusters(device.sm_count * BLOCKS_PER_SM / 8);
+            for bucket in &ladder.buckets {
+                for id in &bucket.candidates {
+                    let profile = ladder.profile(id).expect("validated");
+                    let resident = if bucket.is_clustered() {
+                        clusters
+                    } else {
+                        blocks
+                    };
+                    assert_eq!(
+                        check_candidate_residency(bucket, profile, resident),
+                        Ok(()),
+                        "{name} on {device}: {id} needs {}",
+                        required_residency(bucket, Some(profile))
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Qualification and timing on real GPUs: `prepare export --gpus` qualifies every candidate of
+//! the clustered H200 TP2 ladder in CUDA graphs and records the outcome in the manifest, which
+//! `prepare show` lists; `prepare bench` times every candidate and NCCL side by side.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::support::{export, ladder, prepare_bin, printed, require_gpus};
+
+fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let output = Command::new(prepare_bin()).args(args).output().unwrap();
+    (output.status.success(), printed(&output))
+}
+
+/// `prepare export --gpus 0,1` of `ladder_file` into a fresh directory, which must succeed and
+/// qualify the multi-size sequence; returns the directory and the package in it.
+fn export_on_gpus(ladder_file: &Path) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
+    let started = std::time::Instant::now();
+    let (ok, text) = run(&[
+        "export".as_ref(),
+        "--gpus".as_ref(),
+        "0,1".as_ref(),
+        "--timeout".as_ref(),
+        "30".as_ref(),
+        "--collective-ladder".as_ref(),
+        ladder_file.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    eprintln!("export --gpus 0,1 took {:?}:\n{text}", started.elapsed());
+    assert!(ok, "export --gpus failed");
+    // The multi-size sequence captures every candidate, one after another in one graph.
+    assert!(text.contains("multi-size sequence:"), "{text}");
+    (dir, out)
+}
+
+/// The package's qualification, read through `prepare show --json`: two GPUs, every candidate
+/// of every bucket listed and qualified exact (on two H200s every candidate fits, and NCCL's
+/// sum equals the reference at two ranks). Returns the qualified profiles.
+fn every_candidate_qualified_exact(out: &Path) -> Vec<String> {
+    let (ok, json) = run(&["show".as_ref(), "--json".as_ref(), out.as_os_str()]);
+    assert!(ok, "{json}");
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let qualification = &value["manifest"]["qualification"];
+    assert_eq!(qualification["gpus"].as_array().unwrap().len(), 2, "{json}");
+    let manifest_buckets = value["manifest"]["buckets"].as_array().unwrap();
+    let buckets = qualification["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), manifest_buckets.len());
+    let mut qualified = Vec::new();
+    for (bucket, listed) in buckets.iter().zip(manifest_buckets) {
+        let candidates = bucket["candidates"].as_array().unwrap();
+        assert_eq!(
+            candidates.len(),
+            listed["candidates"].as_array().unwrap().len()
+        );
+        for candidate in candidates {
+            assert_eq!(
+                candidate["outcome"],
+                serde_json::json!({"qualified": {"exact": true}}),
+                "bucket {}: {candidate}",
+                bucket["index"]
+            );
+            qualified.push(candidate["profile"].as_str().unwrap().to_owned());
+        }
+    }
+    qualified
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
+    require_gpus!(2);
+    let (_dir, out) = export_on_gpus(&ladder("h200_nvlink_tp2_clustered.json"));
+
+    let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
+    eprintln!("{shown}");
+    assert!(ok);
+    let qualified = every_candidate_qualified_exact(&out);
+    eprintln!("{} candidates qualified", qualified.len());
+    assert!(shown.contains("Qualification"), "{shown}");
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn bench_times_every_candidate_and_nccl_side_by_side() {
+    require_gpus!(2);
+    for name in ["h200_nvlink_tp2", "h200_nvlink_tp2_clustered"] {
+        let (dir, package) = export(&format!("{name}.json"));
+        let out = dir.path().join("bench");
+        let cache = dir.path().join("cache");
+        let (ok, text) = run(&[
+            "bench".as_ref(),
+            "--gpus".as_ref(),
+            "0,1".as_ref(),
+            "--timeout".as_ref(),
+            "30".as_ref(),
+            "--package".as_ref(),
+            package.as_os_str(),
+            "--sizes".as_ref(),
+            "8K,256K,4M,64M".as_ref(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ]);
+        eprintln!("{name}:\n{text}");
+        assert!(ok, "bench failed");
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("bench.json")).unwrap()).unwrap();
+        let rows = report["sizes"].as_array().unwrap();
+        for size in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
+            let at: Vec<_> = rows.iter().filter(|row| row["bytes"] == size).collect();
+            assert!(
+                at.iter()
+                    .any(|row| row["profile"] == "nccl" && row["median_us"].is_number()),
+                "{size}: NCCL not timed"
+            );
+            assert!(
+                at.iter().all(|row| row["median_us"].is_number()),
+                "{size}: a candidate was not timed: {at:?}"
+            );
+            assert_eq!(
+                at.iter().filter(|row| row["chosen"] == true).count(),
+                1,
+                "{size}: one tuned choice"
+            );
+        }
+        for plot in ["latency.svg", "bus_bandwidth.svg", "decode.svg"] {
+            let svg = std::fs::read_to_string(out.join(plot)).unwrap();
+            assert!(svg.starts_with("<svg"), "{plot}");
+        }
+        let decode = report["decode"].as_array().unwrap();
+        assert_eq!(decode.len(), 7, "batches 1 to 64");
+        assert!(decode
+            .iter()
+            .all(|row| row["tuned_us"].as_f64().unwrap() > 0.0
+                && row["nccl_us"].as_f64().unwrap() > 0.0));
+    }
+}
+
+/// A ladder whose large bucket has the copy-engine one-shot beside a barrier kernel and NCCL:
+/// chunks of 16 MiB, so its largest message takes four.
+const COPY_ENGINE_LADDER: &str = r#"{
+  "format_version": 1,
+  "name": "copy_engine_tp2",
+  "collective": "all_reduce",
+  "dtype": "bf16",
+  "world_size": 2,
+  "targets": ["sm_90"],
+  "profiles": [
+    {"id": "one_shot_pull", "algorithm": "one_shot", "transfer": "pull"},
+    {"id": "one_shot_copy_engine", "algorithm": "one_shot", "transfer": "copy_engine"},
+    {"id": "one_shot_copy_engine_128", "algorithm": "one_shot", "transfer": "copy_engine", "blocks": 128},
+    {"id": "nccl", "algorithm": "nccl"}
+  ],
+  "buckets": [
+    {"max_bytes": 65536, "threads": 256, "blocks": 8, "candidates": ["one_shot_pull", "one_shot_copy_engine", "nccl"], "default": "one_shot_pull"},
+    {"max_bytes": 67108864, "threads": 512, "blocks": 64, "candidates": ["one_shot_pull", "one_shot_copy_engine", "one_shot_copy_engine_128", "nccl"], "default": "one_shot_pull"}
+  ]
+}"#;
+
+#[test]
+#[ignore = "needs GPUs"]
+fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
+    require_gpus!(2);
+    let dir = tempfile::tempdir().unwrap();
+    let ladder_file = dir.path().join("copy_engine_tp2.json");
+    std::fs::write(&ladder_file, COPY_ENGINE_LADDER).unwrap();
+    // The copy-engine candidates take part in the multi-size sequence too.
+    let (_package_dir, out) = export_on_gpus(&ladder_file);
+    let qualified = every_candidate_qualified_exact(&out);
+    let copy_engine = qualified
+        .iter()
+        .filter(|profile| profile.contains("copy_engine"))
+        .count();
+    assert_eq!(copy_engine, 3, "{qualified:?}");
+}

@@ -1,0 +1,325 @@
+//! The GPU runtime on real GPUs: `prepare check` on two GPUs (bootstrap, agreement, IPC peer
+//! memory, NCCL and every custom candidate exact), and the faults that must never hang: a rank
+//! that never starts, a rank killed or stopped during an NCCL or a custom collective, another
+//! "host" turning peer kernels off, and a kernel whose peer never arrives.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::support::{
+    assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests, ladder,
+    printed, require_gpus, start_rank, survivor_names_the_victim,
+};
+
+#[test]
+#[ignore = "needs GPUs"]
+fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
+    require_gpus!(2);
+    for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+        let (_dir, package) = export(name);
+        let output = check_on_two_gpus(&package, 30, &[]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        eprintln!("{name}:\n{}", printed(&output));
+        assert!(output.status.success(), "{name}: prepare check failed");
+        for rank in 0..2 {
+            assert!(
+                stdout.contains(&format!("[rank {rank}] check passed")),
+                "{name}"
+            );
+            assert!(stdout.contains(&format!("[rank {rank}] rank {rank}/2 on GPU {rank}")));
+            assert!(stdout.contains("PeerKernels"));
+        }
+        assert!(
+            !stdout.contains("dropped"),
+            "{name}: a candidate was dropped"
+        );
+        // Every candidate in graphs at three sizes, then the multi-size sequence with device
+        // memory unchanged (check fails otherwise).
+        assert!(stdout.contains("graph replays checked against the reference sum"));
+        assert!(stdout.contains("[rank 1] multi-size sequence:"), "{name}");
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_that_never_starts_ends_the_other_within_the_timeout_naming_it() {
+    require_gpus!(2);
+    let rank = start_rank("check", 0, free_port(), "one", &["--timeout", "5"]);
+    let (code, lines, elapsed) = rank.finish(Duration::from_secs(40));
+    eprintln!("a rank that never starts: rank 0 exited after {elapsed:?}");
+    assert_rank_1_missed(code, &lines, elapsed);
+}
+
+fn fault_during_soak(collective: &str, signal: Signal) {
+    require_gpus!(2);
+    let port = free_port();
+    let (_dir, tp2) = export("h200_nvlink_tp2.json");
+    let args = [
+        "--timeout",
+        "5",
+        "--soak",
+        "100000000",
+        "--soak-collective",
+        collective,
+        "--package",
+        tp2.to_str().unwrap(),
+    ];
+    let survivor = start_rank("check", 0, port, "one", &args);
+    let victim = start_rank("check", 1, port, "one", &args);
+    survivor.wait_for("soak:", Duration::from_secs(90));
+    victim.wait_for("soak:", Duration::from_secs(10));
+    survivor_names_the_victim(survivor, victim, signal, &format!("the {collective} soak"));
+}
+
+gpu_tests! {
+    a_rank_killed_during_nccl_ends_the_other_within_the_timeout =>
+        fault_during_soak("nccl", Signal::SIGKILL);
+    a_rank_stopped_during_nccl_ends_the_other_within_the_timeout =>
+        fault_during_soak("nccl", Signal::SIGSTOP);
+    a_rank_killed_during_a_custom_kernel_ends_the_other_within_the_timeout =>
+        fault_during_soak("custom", Signal::SIGKILL);
+    a_rank_stopped_during_a_custom_kernel_ends_the_other_within_the_timeout =>
+        fault_during_soak("custom", Signal::SIGSTOP);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn nccl_profiles_with_communicator_settings_run_on_their_own_split() {
+    require_gpus!(2);
+    // The TP2 ladder with a four-CTA NCCL profile in every bucket.
+    let mut ladder_value: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ladder("h200_nvlink_tp2.json")).unwrap()).unwrap();
+    ladder_value.as_object_mut().unwrap().remove("$schema");
+    ladder_value["name"] = "h200_nvlink_tp2_nccl_4cta".into();
+    ladder_value["profiles"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"id": "nccl_4cta", "algorithm": "nccl", "max_ctas": 4}));
+    for bucket in ladder_value["buckets"].as_array_mut().unwrap() {
+        bucket["candidates"]
+            .as_array_mut()
+            .unwrap()
+            .push("nccl_4cta".into());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("h200_nvlink_tp2_nccl_4cta.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&ladder_value).unwrap()).unwrap();
+    let (_package_dir, package) = export_file(&file);
+    let output = check_on_two_gpus(&package, 30, &[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{}", printed(&output));
+    assert!(output.status.success());
+    let buckets = ladder_value["buckets"].as_array().unwrap().len();
+    for rank in 0..2 {
+        let exact = stdout
+            .lines()
+            .filter(|line| {
+                line.starts_with(&format!("[rank {rank}] bucket"))
+                    && line.contains(" nccl_4cta ")
+                    && line.ends_with(" exact")
+            })
+            .count();
+        assert_eq!(exact, buckets, "rank {rank}");
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn ranks_can_meet_through_an_id_file_instead_of_nccl_comm_id() {
+    require_gpus!(2);
+    let dir = tempfile::tempdir().unwrap();
+    let id_file = dir.path().join("nccl.id");
+    // Rank 1 starts first and waits for rank 0 to write the id; the port is never used.
+    let args = ["--timeout", "30", "--id-file", id_file.to_str().unwrap()];
+    let port = free_port();
+    let second = start_rank("check", 1, port, "one", &args);
+    std::thread::sleep(Duration::from_millis(500));
+    let first = start_rank("check", 0, port, "one", &args);
+    for rank in [first, second] {
+        let (code, lines, _) = rank.finish(Duration::from_secs(120));
+        assert_eq!(code, Some(0), "{lines:#?}");
+        assert!(
+            lines.iter().any(|line| line == "check passed"),
+            "{lines:#?}"
+        );
+    }
+    assert_eq!(std::fs::read(&id_file).unwrap().len(), 128);
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_rank_on_another_host_turns_peer_kernels_off_for_all() {
+    require_gpus!(2);
+    let port = free_port();
+    let (_dir, tp2) = export("h200_nvlink_tp2.json");
+    let args = ["--timeout", "30", "--package", tp2.to_str().unwrap()];
+    let ranks = [
+        start_rank("check", 0, port, "host-a", &args),
+        start_rank("check", 1, port, "host-b", &args),
+    ];
+    for rank in ranks {
+        let (code, lines, _) = rank.finish(Duration::from_secs(120));
+        assert_eq!(code, Some(0), "{lines:#?}");
+        let text = lines.join("\n");
+        assert!(
+            text.contains("the ranks are on 2 hosts (host-a, host-b)"),
+            "{text}"
+        );
+        assert!(
+            lines.iter().any(|line| line.contains(" one_shot_pull ")
+                && line.contains("dropped: no peer access: the ranks are on 2 hosts")),
+            "{text}"
+        );
+    }
+}
+
+/// A graph of many replays of a real kernel whose peer never launches fails within about one
+/// deadline: the first launch records the abort code naming the peer, the rest return at once.
+#[test]
+#[ignore = "needs GPUs"]
+fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
+    use prepare::gpu::abort::{Abort, AbortReason};
+    use prepare::gpu::driver::{DeviceMemory, Geometry, ModuleImage};
+    use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+
+    let (driver, devices) = require_gpus!(1);
+    let device = &devices[0];
+    let (major, minor) = driver.describe(0).unwrap().compute_capability;
+    let arch = prepare::ladder::Arch::from_compute_capability(major, minor).unwrap();
+    let spec = prepare::kernels::all_kernels(prepare::ladder::Dtype::Bf16, 2)
+        .into_iter()
+        .find(|spec| spec.name == "all_reduce_one_shot_pull_bf16")
+        .unwrap();
+    let compiled = prepare::compile::compile_kernels(
+        std::slice::from_ref(&spec),
+        arch,
+        &prepare::progress::Silent,
+    )
+    .unwrap();
+    let module = device
+        .load_module(ModuleImage::Cubin(&compiled.kernels[0].cubin))
+        .unwrap();
+    let kernel = module
+        .load(&spec.name, false, prepare::abi::PARAMS_BYTES)
+        .unwrap();
+    let mut stream = device.new_stream().unwrap();
+
+    let elements = 4096_usize;
+    let region = 1 << 20;
+    // Rank 1's memory lives here too, but no kernel ever runs as rank 1.
+    let buffers: Vec<_> = (0..2)
+        .map(|_| device.allocate(region * 2).unwrap())
+        .collect();
+    let signals: Vec<_> = (0..2)
+        .map(|_| device.allocate(SIGNAL_WORDS * 8).unwrap())
+        .collect();
+    let state = device.allocate(STATE_WORDS * 8).unwrap();
+    let output = device.allocate(elements * 2).unwrap();
+    for memory in signals.iter().chain([&state]) {
+        stream.fill_u8(memory, 0..memory.len_bytes(), 0).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let mut buffer_addresses = [0; MAX_RANKS];
+    let mut signal_addresses = [0; MAX_RANKS];
+    for rank in 0..2 {
+        buffer_addresses[rank] = buffers[rank].address();
+        signal_addresses[rank] = signals[rank].address();
+    }
+    let timeout = Duration::from_millis(300);
+    let params = AllReduceParams {
+        buffers: buffer_addresses,
+        signals: signal_addresses,
+        state: state.address(),
+        output: output.address(),
+        input: buffer_addresses[0],
+        elements: elements as u64,
+        scratch_offset: region as u64,
+        timeout_ns: timeout.as_nanos() as u64,
+        rank: 0,
+        world: 2,
+    };
+    let geometry = Geometry::new(8, 256).unwrap();
+    let replays = 32;
+    let graph = stream
+        .capture(|stream| -> Result<(), prepare::gpu::driver::DriverError> {
+            for _ in 0..replays {
+                stream.launch_loaded(&kernel, geometry, &params.to_bytes())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let started = Instant::now();
+    graph.launch().unwrap();
+    stream.synchronize_within(Duration::from_secs(30)).unwrap();
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{replays} replays with a missing peer ended after {elapsed:?} (deadline {timeout:?})"
+    );
+    let mut word = [0_u64];
+    stream.read(&state, 0, &mut word).unwrap();
+    let abort = Abort::decode(word[0]).expect("the abort word is set");
+    assert_eq!(abort.reason, AbortReason::PeerTimeout);
+    assert_eq!(abort.missing_peer(), Some(1));
+    // One deadline, not one per replay (32 x 300 ms would be 9.6 s).
+    assert!(elapsed < timeout * 4, "{elapsed:?}");
+}
+
+/// A serving process that already has a blocking NCCL communicator hands it to the library,
+/// which splits its own from it; dropping the runtime leaves the server's communicator working.
+/// Both ranks run as threads of this process, as a single-process server would.
+#[test]
+#[ignore = "needs GPUs"]
+// Adopting a raw communicator is the unsafe entry under test.
+#[allow(unsafe_code)]
+fn a_servers_own_communicator_is_adopted_split_from_and_left_working() {
+    use prepare::gpu::driver::Driver;
+    use prepare::gpu::nccl::{CommConfig, Communicator, UniqueId};
+    use prepare::runtime::{RankSetup, Rendezvous, Runtime};
+
+    require_gpus!(2);
+    let id = UniqueId::new().unwrap();
+    let ranks: Vec<_> = (0..2_u32)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let driver = Driver::open().unwrap();
+                let device = driver.open_device(rank as usize).unwrap();
+                let stream = device.new_stream().unwrap();
+                stream.bind_current().unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                // The server's own communicator: blocking, as servers make them.
+                let server =
+                    Communicator::init_with(&id, rank, 2, CommConfig::default(), deadline).unwrap();
+                // SAFETY: `server` outlives the runtime and no other thread uses it meanwhile.
+                let adopted = unsafe { Communicator::adopt(server.as_raw(), rank, 2, false) };
+                let setup = RankSetup {
+                    rank,
+                    world: 2,
+                    gpu: rank as usize,
+                    timeout: Duration::from_secs(30),
+                    rendezvous: Rendezvous::CommId,
+                    host: "one".to_owned(),
+                };
+                let runtime = Runtime::start_from_parent(&setup, adopted).unwrap();
+                assert_eq!(runtime.records().len(), 2);
+                assert_eq!(*runtime.topology(), prepare::agree::Topology::PeerKernels);
+                drop(runtime);
+                // The server's communicator still sums.
+                let elements = 1024;
+                let buffer = device.allocate(elements * 2).unwrap();
+                stream.fill_u16(&buffer, 0..elements * 2, 0x3F80).unwrap();
+                server
+                    .all_reduce_bf16(&stream, &buffer, &buffer, elements)
+                    .unwrap();
+                stream.synchronize_within(Duration::from_secs(30)).unwrap();
+                let mut sums = vec![0_u16; elements];
+                stream.read(&buffer, 0, &mut sums).unwrap();
+                // 1.0 + 1.0 = 2.0 in bf16.
+                assert!(sums.iter().all(|&sum| sum == 0x4000), "{:#06x}", sums[0]);
+            })
+        })
+        .collect();
+    for rank in ranks {
+        rank.join().unwrap();
+    }
+}

@@ -1,0 +1,350 @@
+//! Shared by the GPU tests: find enough GPUs or skip (failing instead when
+//! `PREPARE_REQUIRE_GPU=1`, so a GPU run cannot pass by finding none), and compile test
+//! kernels with NVRTC.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use prepare::gpu::driver::{visible_devices, Device, Driver, DriverError};
+
+/// Whether this run must find GPUs.
+pub fn gpu_required() -> bool {
+    std::env::var("PREPARE_REQUIRE_GPU").is_ok_and(|value| value == "1")
+}
+
+/// The verdict on a probe of the driver: `Ok(true)` to run, `Ok(false)` to skip, `Err` to fail.
+pub fn verdict(
+    required: bool,
+    needed: usize,
+    probe: &Result<usize, DriverError>,
+) -> Result<bool, String> {
+    let missing = match probe {
+        Ok(count) if *count >= needed => return Ok(true),
+        Ok(count) => format!("the driver sees {count} GPU(s), {needed} needed"),
+        Err(error) => format!("no usable driver: {error}"),
+    };
+    if required {
+        Err(format!("PREPARE_REQUIRE_GPU=1 but {missing}"))
+    } else {
+        eprintln!("skipped: {missing}");
+        Ok(false)
+    }
+}
+
+/// `needed` GPUs opened, or `None` (skip) when there are fewer and GPUs are not required.
+pub fn gpus(needed: usize) -> Option<(Driver, Vec<Device>)> {
+    let probe = visible_devices();
+    match verdict(gpu_required(), needed, &probe) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(message) => panic!("{message}"),
+    }
+    let driver = Driver::open().expect("the driver opened for the probe");
+    let devices = (0..needed)
+        .map(|ordinal| driver.open_device(ordinal).expect("opening a visible GPU"))
+        .collect();
+    Some((driver, devices))
+}
+
+/// `needed` GPUs opened, as `(Driver, Vec<Device>)`, for the calling test, which returns (skips)
+/// when there are fewer, unless `PREPARE_REQUIRE_GPU=1` makes that a failure. Every GPU test
+/// starts with it.
+macro_rules! require_gpus {
+    ($needed:expr) => {
+        match $crate::gpu::support::gpus($needed) {
+            Some(gpus) => gpus,
+            None => return,
+        }
+    };
+}
+pub(crate) use require_gpus;
+
+/// GPU tests that each make one call, with their own arguments: `name => call;`, each name
+/// with its doc comment if it has one.
+macro_rules! gpu_tests {
+    ($($(#[doc = $doc:literal])* $name:ident => $call:expr;)*) => {$(
+        $(#[doc = $doc])*
+        #[test]
+        #[ignore = "needs GPUs"]
+        fn $name() {
+            $call;
+        }
+    )*};
+}
+pub(crate) use gpu_tests;
+
+/// Compiles CUDA source to PTX for `arch` (`sm_90`) with NVRTC, panicking with its log (cudarc
+/// panics with the names it searched when `libnvrtc.so.13` is not on the loader path).
+pub fn compile_ptx(source: &str, arch: &'static str) -> String {
+    let options = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".to_owned()],
+        ..Default::default()
+    };
+    match cudarc::nvrtc::compile_ptx_with_opts(source, options) {
+        Ok(ptx) => ptx.to_src(),
+        Err(cudarc::nvrtc::CompileError::CompileError { log, options, .. }) => panic!(
+            "NVRTC refused the test kernels with {options:?}:\n{}",
+            log.to_string_lossy()
+        ),
+        Err(other) => panic!("NVRTC failed: {other}"),
+    }
+}
+
+/// A reproducible stream of 64-bit values (splitmix64), for test inputs that are never zeros.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut value = self.0;
+        value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        value ^ (value >> 31)
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+}
+
+/// The `prepare` binary: carried next to the tests on the GPU machine, else this build's.
+pub fn prepare_bin() -> PathBuf {
+    std::env::var_os("PREPARE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_prepare")),
+        PathBuf::from,
+    )
+}
+
+/// What a finished process printed: stdout, then stderr.
+pub fn printed(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `prepare check` of `package` on GPUs 0 and 1 with `--timeout SECONDS` and `flags`.
+pub fn check_on_two_gpus(package: &Path, seconds: u32, flags: &[&str]) -> Output {
+    Command::new(prepare_bin())
+        .args([
+            "check",
+            "--gpus",
+            "0,1",
+            "--timeout",
+            &seconds.to_string(),
+            "--package",
+        ])
+        .arg(package)
+        .args(flags)
+        .output()
+        .expect("prepare starts")
+}
+
+/// A shipped ladder's file: from the ladders carried next to the tests on the GPU machine
+/// (`PREPARE_LADDERS`), else from this checkout.
+pub fn ladder(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PREPARE_LADDERS").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ladders"),
+        PathBuf::from,
+    );
+    dir.join(name)
+}
+
+/// Exports a shipped ladder for sm_90 into a fresh directory (NVRTC runs in its own process,
+/// before any GPU work).
+pub fn export(name: &str) -> (tempfile::TempDir, PathBuf) {
+    export_file(&ladder(name))
+}
+
+pub fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf) {
+    let name = ladder_file.display();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("package");
+    let output = Command::new(prepare_bin())
+        .args(["export", "--arch", "sm_90", "--collective-ladder"])
+        .arg(ladder_file)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "export of {name} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (dir, out)
+}
+
+/// A port free a moment ago, with the next one (the rendezvous) free too.
+pub fn free_port() -> u16 {
+    prepare::launch::free_port_pair().expect("a free pair of ports")
+}
+
+/// A rank started by hand, its output lines arriving on a channel.
+pub struct Rank {
+    /// The process.
+    pub child: Child,
+    /// Its stdout and stderr lines.
+    pub lines: Receiver<String>,
+}
+
+/// Starts rank `rank` of two by hand (the torchrun variables set), running `prepare COMMAND
+/// ARGS` on GPU `rank`, with `host` as its host identity.
+pub fn start_rank(command: &str, rank: u32, port: u16, host: &str, args: &[&str]) -> Rank {
+    let mut child = Command::new(prepare_bin())
+        .arg(command)
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("PREPARE_GPUS", "0,1")
+        .env("PREPARE_HOST_ID", host)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("prepare starts");
+    let (sender, lines) = channel();
+    for reader in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines().map_while(Result::ok) {
+                eprintln!("[rank {rank}] {line}");
+                let _ = sender.send(line);
+            }
+        });
+    }
+    Rank { child, lines }
+}
+
+impl Rank {
+    /// Waits for a line containing `text`, returning every line seen so far.
+    pub fn wait_for(&self, text: &str, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            let found = line.contains(text);
+            seen.push(line);
+            if found {
+                return seen;
+            }
+        }
+        panic!("no line containing {text:?} within {limit:?}; saw {seen:#?}");
+    }
+
+    /// Waits for the process to end, returning its code and every remaining line.
+    pub fn finish(mut self, limit: Duration) -> (Option<i32>, Vec<String>, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let elapsed = started.elapsed();
+                std::thread::sleep(Duration::from_millis(100));
+                let lines = self.lines.try_iter().collect();
+                return (status.code(), lines, elapsed);
+            }
+            if started.elapsed() > limit {
+                dump_threads(self.child.id());
+                let _ = self.child.kill();
+                panic!("the rank did not exit within {limit:?}: it hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Prints every thread of a hung process (name and kernel wait channel, and the stacks when
+/// gdb is installed), so a hang can be diagnosed from the log.
+fn dump_threads(pid: u32) {
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let read = |file: &str| {
+                std::fs::read_to_string(task.path().join(file))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            };
+            eprintln!(
+                "thread {}: {} waiting in {}",
+                task.file_name().display(),
+                read("comm"),
+                read("wchan")
+            );
+        }
+    }
+    if let Ok(output) = Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt 30",
+        ])
+        .output()
+    {
+        eprintln!("{}", String::from_utf8_lossy(&output.stdout));
+    }
+}
+
+/// Sends `signal` to `victim` (already past the point to fault), waits for `survivor` to
+/// exit and ends the victim. Returns the survivor's exit code, its remaining lines and the time
+/// from the fault to its exit.
+pub fn inject_fault(
+    survivor: Rank,
+    mut victim: Rank,
+    signal: nix::sys::signal::Signal,
+) -> (Option<i32>, Vec<String>, Duration) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = Pid::from_raw(i32::try_from(victim.child.id()).unwrap());
+    kill(pid, signal).unwrap();
+    let injected = Instant::now();
+    let (code, lines, _) = survivor.finish(Duration::from_secs(60));
+    let elapsed = injected.elapsed();
+    let _ = kill(pid, Signal::SIGKILL);
+    let _ = victim.child.wait();
+    (code, lines, elapsed)
+}
+
+/// Sends `signal` to `victim` during `what` (see [`inject_fault`]): `survivor`, rank 0, must exit
+/// with 3 naming rank 1 as the rank that did not arrive, within 20 s of the fault. Returns its
+/// remaining lines.
+pub fn survivor_names_the_victim(
+    survivor: Rank,
+    victim: Rank,
+    signal: nix::sys::signal::Signal,
+    what: &str,
+) -> Vec<String> {
+    let (code, lines, elapsed) = inject_fault(survivor, victim, signal);
+    eprintln!("{signal:?} during {what}: rank 0 exited {elapsed:?} after the fault");
+    assert_rank_1_missed(code, &lines, elapsed);
+    lines
+}
+
+/// How rank 0 ended when rank 1 did not take part: it exited with 3, naming rank 1 as the rank
+/// that did not arrive, within 20 s.
+pub fn assert_rank_1_missed(code: Option<i32>, lines: &[String], elapsed: Duration) {
+    assert_eq!(code, Some(3), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("rank 1 did not arrive")),
+        "{lines:#?}"
+    );
+    // The timeout is 5 s; a kernel's waits and the stream's bound add at most two more.
+    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+}

@@ -1,0 +1,228 @@
+//! Startup selection on real GPUs: `prepare tune` on both H200 TP2 packages writes
+//! byte-identical choice files on both ranks; a second run hits the cache and times nothing; a
+//! changed `NCCL_*` setting misses it; `--retune` and static tuning; a rank killed or stopped
+//! during timing ends the other within the timeout with nothing written; and the library
+//! handle serving from a server's own graphs (examples/serve.rs).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::support::{
+    export, free_port, gpu_tests, prepare_bin, printed, require_gpus, start_rank,
+    survivor_names_the_victim,
+};
+
+/// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
+/// succeeded and its output.
+fn tune(package: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut command = Command::new(prepare_bin());
+    command
+        .args(["tune", "--gpus", "0,1", "--timeout", "30", "--package"])
+        .arg(package)
+        .args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().unwrap();
+    (output.status.success(), printed(&output))
+}
+
+/// Both ranks' choice files in `dir`, which must be byte-identical.
+fn identical_choices(dir: &Path) -> Vec<u8> {
+    let first = std::fs::read(dir.join("choice.rank0.json")).unwrap();
+    let second = std::fs::read(dir.join("choice.rank1.json")).unwrap();
+    assert_eq!(first, second, "the ranks' choice files differ");
+    first
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(dir) {
+        Ok(read) => read.map(|entry| entry.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn tune_agrees_caches_and_misses_on_a_changed_nccl_setting() {
+    require_gpus!(2);
+    for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+        let (_package_dir, package) = export(name);
+        let scratch = tempfile::tempdir().unwrap();
+        let cache = scratch.path().join("cache");
+        let cache_arg = cache.to_str().unwrap();
+        // `prepare tune` with the cache, `--out` a folder named for the run, `flags` and `env`
+        // set; it must succeed. Returns its output and the choice, byte-identical on both ranks.
+        let run = |run: &str, flags: &[&str], env: &[(&str, &str)]| -> (String, Vec<u8>) {
+            let out = scratch.path().join(run);
+            let mut args = vec!["--cache-dir", cache_arg, "--out", out.to_str().unwrap()];
+            args.extend_from_slice(flags);
+            let started = Instant::now();
+            let (ok, text) = tune(&package, &args, env);
+            eprintln!(
+                "{name}, {run} run ({:?}, {flags:?}, {env:?}):\n{text}",
+                started.elapsed()
+            );
+            assert!(ok, "{name}: the {run} run of tune failed");
+            (text, identical_choices(&out))
+        };
+
+        let (text, first) = run("first", &[], &[]);
+        assert!(text.contains("[rank 0] selected in"), "{text}");
+        assert_eq!(entries(&cache).len(), 1, "one cache entry");
+
+        let (text, second) = run("second", &[], &[]);
+        assert!(
+            text.contains("[rank 0] cache hit on every rank: nothing timed"),
+            "{text}"
+        );
+        assert!(!text.contains("timing:"), "{text}");
+        assert_eq!(second, first, "the cached choice");
+
+        let (text, changed) = run("changed", &[], &[("NCCL_DEBUG_SUBSYS", "INIT")]);
+        assert!(
+            text.contains("[rank 0] selected in"),
+            "a changed NCCL setting must miss: {text}"
+        );
+        assert_ne!(changed, first, "another fingerprint");
+        assert_eq!(entries(&cache).len(), 2);
+
+        let (text, _) = run("retune", &["--retune"], &[]);
+        assert!(
+            text.contains("[rank 0] selected in"),
+            "--retune times again: {text}"
+        );
+
+        let (text, choice) = run("static", &["--collective-tuning", "static"], &[]);
+        assert!(
+            !text.contains("timing:"),
+            "static tuning times nothing: {text}"
+        );
+        let choice: serde_json::Value = serde_json::from_slice(&choice).unwrap();
+        assert_eq!(choice["tuning"], "static");
+
+        let shown = Command::new(prepare_bin())
+            .arg("show")
+            .arg(&package)
+            .arg("--choice")
+            .arg(scratch.path().join("first/choice.rank0.json"))
+            .output()
+            .unwrap();
+        eprintln!("{}", String::from_utf8_lossy(&shown.stdout));
+        assert!(shown.status.success());
+    }
+}
+
+fn fault_during_timing(signal: Signal) {
+    require_gpus!(2);
+    let port = free_port();
+    let (_dir, package) = export("h200_nvlink_tp2.json");
+    let scratch = tempfile::tempdir().unwrap();
+    let cache = scratch.path().join("cache");
+    let out = scratch.path().join("out");
+    // Enough rounds that timing lasts long after the fault.
+    let args = [
+        "--timeout",
+        "5",
+        "--rounds",
+        "100000",
+        "--package",
+        package.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let survivor = start_rank("tune", 0, port, "one", &args);
+    let victim = start_rank("tune", 1, port, "one", &args);
+    survivor.wait_for("timing:", Duration::from_secs(120));
+    survivor_names_the_victim(survivor, victim, signal, "timing");
+    assert!(
+        entries(&out).is_empty(),
+        "a choice was written: {:?}",
+        entries(&out)
+    );
+    assert!(
+        entries(&cache).is_empty(),
+        "the cache was written: {:?}",
+        entries(&cache)
+    );
+}
+
+gpu_tests! {
+    a_rank_killed_during_timing_ends_the_other_within_the_timeout_writing_nothing =>
+        fault_during_timing(Signal::SIGKILL);
+    a_rank_stopped_during_timing_ends_the_other_within_the_timeout_writing_nothing =>
+        fault_during_timing(Signal::SIGSTOP);
+}
+
+/// The `serve` example: carried next to the tests on the GPU machine, else this build's.
+fn serve_bin() -> PathBuf {
+    std::env::var_os("PREPARE_SERVE").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target")
+                .join(if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                })
+                .join("examples")
+                .join("serve")
+        },
+        PathBuf::from,
+    )
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_server_selects_then_serves_exact_sums_from_its_own_graphs() {
+    use prepare::launch::{launch, LaunchSpec, OutputSink, Stream};
+    use std::sync::{Arc, Mutex};
+
+    struct Collect(Mutex<Vec<String>>);
+    impl OutputSink for Collect {
+        fn line(&self, rank: u32, _stream: Stream, line: &str) {
+            eprintln!("[rank {rank}] {line}");
+            self.0.lock().unwrap().push(format!("[rank {rank}] {line}"));
+        }
+    }
+
+    require_gpus!(2);
+    let (_dir, package) = export("h200_nvlink_tp2.json");
+    let cache = tempfile::tempdir().unwrap();
+    for run in ["cold", "cached"] {
+        let collect = Arc::new(Collect(Mutex::new(Vec::new())));
+        let sink: Arc<dyn OutputSink> = collect.clone();
+        let spec = LaunchSpec {
+            program: serve_bin(),
+            args: vec![package.clone().into(), cache.path().into()],
+            gpus: vec![0, 1],
+            master_addr: "127.0.0.1".to_owned(),
+            master_port: free_port(),
+            env: Vec::new(),
+            deadline: Some(Duration::from_secs(300)),
+        };
+        launch(&spec, &sink).unwrap_or_else(|error| panic!("{run}: {error}"));
+        let lines = collect.0.lock().unwrap().clone();
+        for rank in 0..2 {
+            let served = format!("[rank {rank}] served ");
+            assert!(
+                lines.iter().any(|line| line.starts_with(&served)
+                    && line.ends_with(" graph replays, every one exact")),
+                "{run}: {lines:#?}"
+            );
+            let hit = run == "cached";
+            assert!(
+                lines
+                    .iter()
+                    .any(|line| line
+                        .starts_with(&format!("[rank {rank}] selected: cache hit {hit},"))),
+                "{run}: {lines:#?}"
+            );
+        }
+    }
+}

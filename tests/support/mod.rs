@@ -1,0 +1,8 @@
+//! Shared by the tests of every group.
+
+pub mod cli;
+pub mod fixtures;
+pub mod mutations;
+pub mod process;
+pub mod repository;
+pub mod timings;

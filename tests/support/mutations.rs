@@ -1,0 +1,340 @@
+//! Shared by the tests that plant bugs in the kernels to prove the exactness checks catch them:
+//! the mutations, each an exact text replacement in the embedded sources, and packages built
+//! from mutated sources.
+//!
+//! A replacement whose text is not found, or found more than once, panics naming it, so an
+//! edit to the kernels cannot silently turn a mutation into a no-op: update the pattern here.
+
+use std::path::{Path, PathBuf};
+
+use prepare::compile::{compile_kernels_with_sources, SourceOverrides};
+use prepare::gpu::nvrtc::Nvrtc;
+use prepare::kernels::{all_kernels, headers, kernels_for_ladder, source};
+use prepare::ladder::{validate_ladder_bytes, Arch, Dtype};
+use prepare::progress::Silent;
+
+/// A bug planted in the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mutation {
+    /// The sum leaves out the last rank's contribution.
+    SkipPeer,
+    /// fp32 to bf16 and to fp16 round by truncation instead of to nearest even.
+    Truncate,
+    /// The tail (the elements after the last whole 16-byte vector) is never written.
+    DropTail,
+    /// `all_reduce_one_shot_pull_<dtype>` skips its start barrier, so it may read a peer's input
+    /// before the peer wrote it: a race that shows only sometimes.
+    NoStartBarrier,
+    /// Rank 0's contribution is added twice.
+    DoubleCount,
+    /// `all_reduce_one_shot_push_ll_<dtype>` takes each line as it finds it, without waiting for
+    /// the launch's flag: a race that shows only when a peer is late.
+    NoLineWait,
+    /// `all_reduce_one_shot_push_simple_<dtype>` sums a step without waiting for the peers' step
+    /// flags: a race that shows only when a peer is late.
+    NoStepWait,
+    /// `all_reduce_one_shot_copy_engine_start_<dtype>` does not wait for the peers, so the copies
+    /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
+    /// late.
+    NoCopyStart,
+}
+
+/// One exact text replacement in one kernel source or header.
+#[derive(Debug)]
+struct Patch {
+    file: &'static str,
+    find: &'static str,
+    replace: &'static str,
+}
+
+/// The rank loop of `sum_elements` (kernels/prepare_bf16.cuh), from rank 1 on.
+const ELEMENT_RANK_LOOP: &str = concat!(
+    "for (int q = 1; q < N; ++q) {\n",
+    "        acc = add_round_nearest(acc, T::to_float(source(q)));",
+);
+const VECTOR_RANK_LOOP: &str = concat!(
+    "for (int q = 1; q < N; ++q) {\n",
+    "        acc.add(source(q));",
+);
+
+const SKIP_PEER: &[Patch] = &[
+    Patch {
+        file: "prepare_element.cuh",
+        find: ELEMENT_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 1; q < N - 1; ++q) {\n",
+            "        acc = add_round_nearest(acc, T::to_float(source(q)));",
+        ),
+    },
+    Patch {
+        file: "prepare_element.cuh",
+        find: VECTOR_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 1; q < N - 1; ++q) {\n",
+            "        acc.add(source(q));",
+        ),
+    },
+];
+
+/// Rounding dropped from bf16 and fp16 (fp32 has none).
+const TRUNCATE: &[Patch] = &[
+    Patch {
+        file: "prepare_element.cuh",
+        find: "return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;",
+        replace: "return bits >> 16;",
+    },
+    Patch {
+        file: "prepare_element.cuh",
+        find: "return float_to_fp16_bits(value);",
+        replace: "return float_to_fp16_bits(__uint_as_float(bits & 0xffffe000u));",
+    },
+];
+
+const DROP_TAIL: &[Patch] = &[Patch {
+    file: "prepare_layout.cuh",
+    find: "e < range.tail_end; e += workers.count) {",
+    replace: "e < range.tail_begin; e += workers.count) {",
+}];
+
+const NO_START_BARRIER: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot.cu",
+    find: "struct OneShotPull : StartBarrier {\n",
+    replace: concat!(
+        "struct OneShotPull {\n",
+        "    template <int N>\n",
+        "    __device__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {\n",
+        "        return block_begin(params, flags);\n",
+        "    }\n",
+    ),
+}];
+
+/// The lines are read once, not awaited.
+const NO_LINE_WAIT: &[Patch] = &[Patch {
+    file: "prepare_double_buffer.cuh",
+    find: "        return all;\n    });",
+    replace: "        return true;\n    });",
+}];
+
+const NO_STEP_WAIT: &[Patch] = &[Patch {
+    file: "prepare_double_buffer.cuh",
+    find: "spin_until(flags.deadline, [&] { return load_acquire_system(word) >= flag; })",
+    replace: "spin_until(flags.deadline, [&] { return true; })",
+}];
+
+/// The copy-engine start barrier does nothing at all.
+const NO_COPY_START: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot_copy_engine.cu",
+    find: "return block_begin(params, flags) && block_barrier<N>(params, flags, Set);",
+    replace: "return Set != kSetStart && block_begin(params, flags) && block_barrier<N>(params, flags, Set);",
+}];
+
+const DOUBLE_COUNT: &[Patch] = &[
+    Patch {
+        file: "prepare_element.cuh",
+        find: ELEMENT_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 0; q < N; ++q) {\n",
+            "        acc = add_round_nearest(acc, T::to_float(source(q)));",
+        ),
+    },
+    Patch {
+        file: "prepare_element.cuh",
+        find: VECTOR_RANK_LOOP,
+        replace: concat!(
+            "for (int q = 0; q < N; ++q) {\n",
+            "        acc.add(source(q));",
+        ),
+    },
+];
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 8] = [
+        Mutation::SkipPeer,
+        Mutation::Truncate,
+        Mutation::DropTail,
+        Mutation::NoStartBarrier,
+        Mutation::DoubleCount,
+        Mutation::NoLineWait,
+        Mutation::NoStepWait,
+        Mutation::NoCopyStart,
+    ];
+
+    /// Its name, as tests report it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::SkipPeer => "skip_peer",
+            Mutation::Truncate => "truncate",
+            Mutation::DropTail => "drop_tail",
+            Mutation::NoStartBarrier => "no_start_barrier",
+            Mutation::DoubleCount => "double_count",
+            Mutation::NoLineWait => "no_line_wait",
+            Mutation::NoStepWait => "no_step_wait",
+            Mutation::NoCopyStart => "no_copy_start",
+        }
+    }
+
+    /// Whether every run with random data shows it; a missing barrier or wait shows only when
+    /// a peer happens to be late.
+    pub fn is_deterministic(self) -> bool {
+        !matches!(
+            self,
+            Mutation::NoStartBarrier
+                | Mutation::NoLineWait
+                | Mutation::NoStepWait
+                | Mutation::NoCopyStart
+        )
+    }
+
+    /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
+    /// a shared header.
+    pub fn kernels(self) -> Vec<String> {
+        let (algorithm, dtypes): (Option<&str>, &[Dtype]) = match self {
+            Mutation::NoStartBarrier => (Some("all_reduce_one_shot_pull"), &Dtype::ALL),
+            Mutation::NoLineWait => (Some("all_reduce_one_shot_push_ll"), &Dtype::ALL),
+            Mutation::NoStepWait => (Some("all_reduce_one_shot_push_simple"), &Dtype::ALL),
+            Mutation::NoCopyStart => (Some("all_reduce_one_shot_copy_engine"), &Dtype::ALL),
+            Mutation::Truncate => (None, &[Dtype::Bf16, Dtype::Fp16]),
+            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (None, &Dtype::ALL),
+        };
+        let mut names: Vec<String> = dtypes
+            .iter()
+            .flat_map(|dtype| all_kernels(*dtype, 2))
+            .map(|spec| spec.name)
+            .filter(|name| {
+                algorithm.is_none_or(|algorithm| {
+                    name.strip_prefix(algorithm)
+                        .is_some_and(|rest| rest.matches('_').count() == 1)
+                })
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn patches(self) -> &'static [Patch] {
+        match self {
+            Mutation::SkipPeer => SKIP_PEER,
+            Mutation::Truncate => TRUNCATE,
+            Mutation::DropTail => DROP_TAIL,
+            Mutation::NoStartBarrier => NO_START_BARRIER,
+            Mutation::DoubleCount => DOUBLE_COUNT,
+            Mutation::NoLineWait => NO_LINE_WAIT,
+            Mutation::NoStepWait => NO_STEP_WAIT,
+            Mutation::NoCopyStart => NO_COPY_START,
+        }
+    }
+}
+
+impl std::fmt::Display for Mutation {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+/// The embedded text of a kernel source or header.
+fn embedded(file: &str) -> &'static str {
+    if let Some((_, text)) = headers().iter().find(|(name, _)| *name == file) {
+        return text;
+    }
+    all_kernels(Dtype::Bf16, 2)
+        .iter()
+        .find(|spec| spec.source == file)
+        .map_or_else(
+            || panic!("`{file}` is not a kernel source or header"),
+            source,
+        )
+}
+
+/// The files `mutation` changes, as (file name, patched text), sorted by name. Panics when a
+/// pattern is not found exactly once or a patch leaves a file unchanged.
+pub fn apply(mutation: Mutation) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = Vec::new();
+    for patch in mutation.patches() {
+        let index = files
+            .iter()
+            .position(|(file, _)| file == patch.file)
+            .unwrap_or_else(|| {
+                files.push((patch.file.to_owned(), embedded(patch.file).to_owned()));
+                files.len() - 1
+            });
+        let text = &mut files[index].1;
+        let found = text.matches(patch.find).count();
+        assert!(
+            found == 1,
+            "mutation {mutation}: kernels/{} should contain this text exactly once but has it \
+             {found} times; the kernel changed, so update tests/support/mutations.rs:\n{}",
+            patch.file,
+            patch.find
+        );
+        let patched = text.replacen(patch.find, patch.replace, 1);
+        assert_ne!(
+            &patched, text,
+            "mutation {mutation}: a patch of kernels/{} changes nothing",
+            patch.file
+        );
+        *text = patched;
+    }
+    for (file, text) in &files {
+        assert_ne!(
+            text,
+            embedded(file),
+            "mutation {mutation} leaves kernels/{file} as it was"
+        );
+    }
+    files.sort();
+    files
+}
+
+/// [`apply`] as sources to compile.
+pub fn overrides(mutation: Mutation) -> SourceOverrides {
+    let mut sources = SourceOverrides::new();
+    for (file, text) in apply(mutation) {
+        sources
+            .replace(&file, text)
+            .unwrap_or_else(|error| panic!("mutation {mutation}: {error}"));
+    }
+    sources
+}
+
+/// Writes a package of the ladder at `ladder_path` for `arch`, with its kernels compiled from
+/// `sources`, into `out` (which must not exist), as `prepare export` would: the ladder is
+/// validated and must target `arch`. Panics naming what failed.
+pub fn package_with_sources(
+    ladder_path: &Path,
+    arch: Arch,
+    out: &Path,
+    sources: &SourceOverrides,
+) -> PathBuf {
+    let name = ladder_path.display();
+    let bytes =
+        std::fs::read(ladder_path).unwrap_or_else(|error| panic!("cannot read {name}: {error}"));
+    let ladder = validate_ladder_bytes(&bytes)
+        .unwrap_or_else(|report| panic!("{name} is not a valid ladder:\n{report}"));
+    prepare::device::check_export_target(&ladder, arch)
+        .unwrap_or_else(|error| panic!("{name}: {error}"));
+    let nvrtc = Nvrtc::load().unwrap_or_else(|error| panic!("{error}"));
+    let compilation =
+        compile_kernels_with_sources(nvrtc, &kernels_for_ladder(&ladder), arch, sources, &Silent)
+            .unwrap_or_else(|error| panic!("compiling the kernels of {name} for {arch}: {error}"));
+    let text = String::from_utf8(bytes).expect("a valid ladder is UTF-8");
+    prepare::package::write_package(out, &text, &ladder, &compilation, arch, false)
+        .unwrap_or_else(|error| panic!("writing the package of {name}: {error}"));
+    out.to_path_buf()
+}
+
+/// Writes a package of the ladder at `ladder_path` for `arch` with `mutation` planted in its
+/// kernels into `out_dir`/<mutation name>, and returns that path.
+pub fn mutated_package(
+    mutation: Mutation,
+    ladder_path: &Path,
+    arch: Arch,
+    out_dir: &Path,
+) -> PathBuf {
+    package_with_sources(
+        ladder_path,
+        arch,
+        &out_dir.join(mutation.name()),
+        &overrides(mutation),
+    )
+}
