@@ -326,8 +326,8 @@ fn emulate_decode(
         return Ok(decode);
     }
     log(format!(
-        "decode emulation: {} layers x {} all-reduces of batch x {} bf16 in one graph",
-        shape.layers, shape.all_reduces_per_layer, shape.hidden
+        "decode emulation: {} layers x {} all-reduces of batch x {} {} in one graph",
+        shape.layers, shape.all_reduces_per_layer, shape.hidden, ladder.dtype
     ));
     log(format!(
         "{:>6} {:>9}  {:<22} {:>11} {:>11} {:>8}",
