@@ -147,17 +147,21 @@ struct OneShotPushLl : LaunchCounter {
                 }
             },
             [&](u64 e) {
-                const typename T::Bits sum = sum_elements_from<T, N>([&](int q) {
-                    if (static_cast<unsigned int>(q) == rank) {
-                        return e < elements ? load_element<T>(input, e) : typename T::Bits(0);
-                    }
+                // Every rank's element received (each line exactly once) before the sum.
+                typename T::Bits x[N];
+#pragma unroll
+                for (int q = 0; q < N; ++q) {
                     unsigned int data[2] = {0, 0};
-                    received = received && receive_lines<N, 1>(params, flags, tail_line + e,
-                                                               parity, q, flag, data);
-                    return static_cast<typename T::Bits>(data[0]);
-                });
+                    if (static_cast<unsigned int>(q) == rank) {
+                        data[0] = e < elements ? load_element<T>(input, e) : 0u;
+                    } else {
+                        received = received && receive_lines<N, 1>(params, flags, tail_line + e,
+                                                                   parity, q, flag, data);
+                    }
+                    x[q] = static_cast<typename T::Bits>(data[0]);
+                }
                 if (received && e < elements) {
-                    store_element<T>(output, e, sum);
+                    store_element<T>(output, e, sum_elements<T, N>(x));
                 }
             });
         launch_end(params, flags);

@@ -128,7 +128,7 @@ fn fault_during_timing(signal: Signal) {
         "--timeout",
         "5",
         "--rounds",
-        "100000",
+        "10000",
         "--package",
         package.to_str().unwrap(),
         "--cache-dir",
