@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use libloading::Library;
 
-use super::search::{self, bind};
+use super::search::{self, library_api};
 
 /// What to tell someone without NVRTC.
 const HOW_TO_GET: &str = "install it with `pip install nvidia-cuda-nvrtc==13.0.*` (into the \
@@ -233,26 +233,33 @@ fn builtins_beside(library: &Path) -> Option<PathBuf> {
 
 type ProgramHandle = *mut c_void;
 
-/// The NVRTC entry points used here, with the prototypes of nvrtc.h.
-struct Api {
-    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
-    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    get_num_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int,
-    get_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int,
-    create_program: unsafe extern "C" fn(
-        *mut ProgramHandle,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    destroy_program: unsafe extern "C" fn(*mut ProgramHandle) -> c_int,
-    compile_program: unsafe extern "C" fn(ProgramHandle, c_int, *const *const c_char) -> c_int,
-    get_program_log_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int,
-    get_program_log: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int,
-    get_cubin_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int,
-    get_cubin: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int,
+library_api! {
+    /// The NVRTC entry points used here, with the prototypes of nvrtc.h.
+    struct Api from Library {
+        version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int = "nvrtcVersion",
+        get_error_string: unsafe extern "C" fn(c_int) -> *const c_char = "nvrtcGetErrorString",
+        get_num_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int
+            = "nvrtcGetNumSupportedArchs",
+        get_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int = "nvrtcGetSupportedArchs",
+        create_program: unsafe extern "C" fn(
+            *mut ProgramHandle,
+            *const c_char,
+            *const c_char,
+            c_int,
+            *const *const c_char,
+            *const *const c_char,
+        ) -> c_int = "nvrtcCreateProgram",
+        destroy_program: unsafe extern "C" fn(*mut ProgramHandle) -> c_int = "nvrtcDestroyProgram",
+        compile_program: unsafe extern "C" fn(ProgramHandle, c_int, *const *const c_char) -> c_int
+            = "nvrtcCompileProgram",
+        get_program_log_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int
+            = "nvrtcGetProgramLogSize",
+        get_program_log: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int
+            = "nvrtcGetProgramLog",
+        get_cubin_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int
+            = "nvrtcGetCUBINSize",
+        get_cubin: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int = "nvrtcGetCUBIN",
+    }
 }
 
 impl Api {
@@ -346,19 +353,7 @@ impl Nvrtc {
             symbol,
             message,
         };
-        let api = Api {
-            version: bind!(library, "nvrtcVersion", missing),
-            get_error_string: bind!(library, "nvrtcGetErrorString", missing),
-            get_num_supported_archs: bind!(library, "nvrtcGetNumSupportedArchs", missing),
-            get_supported_archs: bind!(library, "nvrtcGetSupportedArchs", missing),
-            create_program: bind!(library, "nvrtcCreateProgram", missing),
-            destroy_program: bind!(library, "nvrtcDestroyProgram", missing),
-            compile_program: bind!(library, "nvrtcCompileProgram", missing),
-            get_program_log_size: bind!(library, "nvrtcGetProgramLogSize", missing),
-            get_program_log: bind!(library, "nvrtcGetProgramLog", missing),
-            get_cubin_size: bind!(library, "nvrtcGetCUBINSize", missing),
-            get_cubin: bind!(library, "nvrtcGetCUBIN", missing),
-        };
+        let api = Api::bind(&library, missing)?;
         let (mut major, mut minor) = (0, 0);
         // SAFETY: both pointers are to live c_ints, as nvrtcVersion requires.
         api.check("nvrtcVersion", unsafe {
