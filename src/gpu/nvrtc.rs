@@ -538,11 +538,7 @@ impl Drop for Program<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn touch(path: &Path) {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, b"").unwrap();
-    }
+    use crate::gpu::search::touch;
 
     #[test]
     fn finds_the_wheel_under_a_virtual_environment_newest_python_first() {
@@ -562,12 +558,11 @@ mod tests {
     #[test]
     fn finds_the_cuda_12_wheel_and_the_toolkit() {
         let root = tempfile::tempdir().unwrap();
-        let wheel = root
-            .path()
-            .join("local/lib/python3.11/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
-        touch(&wheel);
-        let toolkit = root.path().join("cuda/lib64/libnvrtc.so.13");
-        touch(&toolkit);
+        let wheel = touch(
+            root.path()
+                .join("local/lib/python3.11/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
+        );
+        let toolkit = touch(root.path().join("cuda/lib64/libnvrtc.so.13"));
         let search = NvrtcSearch {
             python_prefixes: vec![root.path().join("local")],
             toolkit_roots: vec![root.path().join("cuda")],
@@ -584,8 +579,7 @@ mod tests {
     #[test]
     fn explicit_directory_file_and_missing_path() {
         let root = tempfile::tempdir().unwrap();
-        let file = root.path().join("lib/libnvrtc.so.13");
-        touch(&file);
+        let file = touch(root.path().join("lib/libnvrtc.so.13"));
         let search = |explicit: PathBuf| NvrtcSearch {
             explicit: Some(explicit),
             loader_path: true,
@@ -631,7 +625,7 @@ mod tests {
             "libnvrtc-builtins.so.12.9",
             "libnvrtc-builtins.so.13.0",
         ] {
-            touch(&root.path().join(name));
+            touch(root.path().join(name));
         }
         assert_eq!(
             builtins_beside(&library),

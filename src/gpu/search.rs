@@ -161,6 +161,16 @@ pub(super) fn first_file_in(directory: &Path, names: &[&str]) -> Option<PathBuf>
         .find(|path| path.is_file())
 }
 
+/// Creates an empty file at `path`, with its directories, for the tests of the loaders'
+/// searches; returns the path.
+#[cfg(test)]
+pub(super) fn touch(path: impl AsRef<Path>) -> PathBuf {
+    let path = path.as_ref();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, b"").unwrap();
+    path.to_path_buf()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -409,6 +409,7 @@ pub(super) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::search::touch;
 
     /// A process with an optional NCCL loaded, the given Python prefixes, and a loader that
     /// opens only `loader_has`.
@@ -429,11 +430,6 @@ mod tests {
         fn loader_opens(&self, name: &str) -> bool {
             self.loader_has.contains(&name)
         }
-    }
-
-    fn touch(path: &Path) {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, b"").unwrap();
     }
 
     fn environment(pairs: &[(&str, &Path)]) -> impl Fn(&str) -> Option<OsString> {
@@ -459,10 +455,10 @@ mod tests {
     #[test]
     fn a_library_already_loaded_comes_before_everything_else() {
         let root = tempfile::tempdir().unwrap();
-        let wheel = root
-            .path()
-            .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        touch(&wheel);
+        touch(
+            root.path()
+                .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
+        );
         let probe = Fake {
             loaded: Some(PathBuf::from("/torch/lib/libnccl.so.2")),
             prefixes: vec![root.path().join("venv")],
@@ -478,12 +474,11 @@ mod tests {
     #[test]
     fn the_override_comes_before_wheels_and_a_wrong_one_is_an_error() {
         let root = tempfile::tempdir().unwrap();
-        let own = root.path().join("own/libnccl.so.2");
-        touch(&own);
-        let wheel = root
-            .path()
-            .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        touch(&wheel);
+        let own = touch(root.path().join("own/libnccl.so.2"));
+        let wheel = touch(
+            root.path()
+                .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
+        );
         let probe = Fake {
             prefixes: vec![root.path().join("venv")],
             loader_has: vec!["libnccl.so.2"],
@@ -560,10 +555,10 @@ mod tests {
     #[test]
     fn an_unversioned_name_in_a_wheel_directory_is_taken_too() {
         let root = tempfile::tempdir().unwrap();
-        let file = root
-            .path()
-            .join("venv/lib/python3.13/site-packages/nvidia/cu13/lib/libnccl.so");
-        touch(&file);
+        let file = touch(
+            root.path()
+                .join("venv/lib/python3.13/site-packages/nvidia/cu13/lib/libnccl.so"),
+        );
         let probe = Fake {
             prefixes: vec![root.path().join("venv")],
             ..Fake::default()
