@@ -525,7 +525,7 @@ impl BarReporter {
     }
 
     fn current(&self) -> Option<ProgressBar> {
-        super::lock(&self.bar).clone()
+        prepare::progress::lock(&self.bar).clone()
     }
 }
 
@@ -549,7 +549,7 @@ impl Reporter for BarReporter {
             // Each step can take seconds; the spinner and clock show it is still working.
             bar.enable_steady_tick(Duration::from_millis(100));
         }
-        let previous = super::lock(&self.bar).replace(bar);
+        let previous = prepare::progress::lock(&self.bar).replace(bar);
         if let Some(previous) = previous {
             previous.finish_and_clear();
         }
@@ -563,7 +563,7 @@ impl Reporter for BarReporter {
     }
 
     fn finish(&self) {
-        let bar = super::lock(&self.bar).take();
+        let bar = prepare::progress::lock(&self.bar).take();
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }

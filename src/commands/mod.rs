@@ -11,8 +11,6 @@ mod show;
 mod tune;
 mod validate;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use clap::{Parser, Subcommand};
 
 pub use failure::Failure;
@@ -54,10 +52,4 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Tune(args) => tune::run(&args),
         Command::Bench(args) => bench::run(&args),
     }
-}
-
-/// Locks a progress reporter's state, also after a thread panicked holding it: the state is
-/// only what to show, still fit to show.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

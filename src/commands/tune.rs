@@ -137,14 +137,14 @@ impl prepare::progress::Reporter for LineReporter {
         if self.leader {
             println!("{phase}: {total} steps");
         }
-        *super::lock(&self.started) = Some((phase.to_owned(), Instant::now()));
+        *prepare::progress::lock(&self.started) = Some((phase.to_owned(), Instant::now()));
     }
 
     fn advance(&self, _item: &str) {}
 
     #[allow(clippy::print_stdout)]
     fn finish(&self) {
-        let started = super::lock(&self.started).take();
+        let started = prepare::progress::lock(&self.started).take();
         if let (true, Some((phase, at))) = (self.leader, started) {
             println!("{phase}: done in {:.3} s", at.elapsed().as_secs_f64());
         }

@@ -1,36 +1,9 @@
 //! The scratch each kernel needs after the input region of the registered buffer, and where
 //! each kernel's region lies (kernels/prepare_layout.cuh, kernels/prepare_double_buffer.cuh).
 
-use super::{kernel_for, kernel_named, KernelSpec, ALIGNMENT_BYTES, BUFFER_ALIGNMENT_BYTES};
+use super::spec::{kernel_for, kernel_named, KernelSpec, Scratch};
+use crate::abi::{ALIGNMENT_BYTES, BUFFER_ALIGNMENT_BYTES};
 use crate::ladder::{Dtype, Ladder};
-
-/// How a kernel's scratch region is laid out (kernels/prepare_layout.cuh).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Scratch {
-    /// No scratch.
-    None,
-    /// One message-sized region.
-    Message,
-    /// One message-sized slot per rank.
-    MessageSlots,
-    /// One slice-sized slot per rank, then one message-sized region.
-    SliceSlotsThenMessage,
-    /// Double-buffered (kernels/prepare_double_buffer.cuh): two halves of one slot per rank of
-    /// 16-byte lines, two per vector and one per tail element; a region of its own.
-    DoubleBufferedLines,
-    /// Double-buffered: two halves of one message-sized slot per rank; a region of its own.
-    DoubleBufferedMessageSlots,
-}
-
-impl Scratch {
-    /// Whether the kernel has no barrier and so needs a region no other kernel touches.
-    fn is_double_buffered(self) -> bool {
-        matches!(
-            self,
-            Scratch::DoubleBufferedLines | Scratch::DoubleBufferedMessageSlots
-        )
-    }
-}
 
 fn round_up(value: u64, multiple: u64) -> u64 {
     value.div_ceil(multiple) * multiple
@@ -149,7 +122,7 @@ pub fn input_region_bytes(ladder: &Ladder) -> u64 {
 
 /// Bytes of the registered buffer each GPU needs for the ladder: the input region plus
 /// [`scratch_region_bytes`], rounded up to [`BUFFER_ALIGNMENT_BYTES`]. The signal flags
-/// ([`SIGNAL_BYTES`]) come on top.
+/// ([`SIGNAL_BYTES`](crate::abi::SIGNAL_BYTES)) come on top.
 pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
     round_up(
         input_region_bytes(ladder) + scratch_region_bytes(ladder),
@@ -184,7 +157,7 @@ fn custom_bucket_kernels(ladder: &Ladder) -> impl Iterator<Item = (u64, KernelSp
 mod tests {
     use super::*;
     use crate::kernels::all_kernels;
-    use crate::kernels::tests::{ladder, spec, EXAMPLE};
+    use crate::kernels::spec::tests::{ladder, spec, EXAMPLE};
 
     fn scratch(name: &str, world: u32, max_bytes: u64) -> u64 {
         scratch_bytes(&spec(name, world), max_bytes)

@@ -1,6 +1,6 @@
 //! The kernel sources and the headers they include, embedded in the binary for NVRTC.
 
-use super::KernelSpec;
+use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
 const SOURCES: [(&str, &str); 6] = [
@@ -80,7 +80,7 @@ pub fn headers() -> &'static [(&'static str, &'static str)] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::all_kernels;
+    use crate::kernels::spec::all_kernels;
     use crate::ladder::Dtype;
 
     #[test]
