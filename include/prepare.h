@@ -11,11 +11,7 @@
 #define PREPARE_UNIQUE_ID_BYTES 128
 
 // What every call returns; 0 is success. The message of a failure is [`prepare_last_error`].
-enum PrepareStatus
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : int32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
+typedef enum PrepareStatus {
   // Success.
   PREPARE_STATUS_OK = 0,
   // An argument is invalid: null, out of range, not of this GPU, a dtype no package holds,
@@ -31,54 +27,25 @@ enum PrepareStatus
   PREPARE_STATUS_RUNTIME_FAILURE = 4,
   // A bug in this library (a panic was caught at the boundary).
   PREPARE_STATUS_INTERNAL = 5,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum PrepareStatus PrepareStatus;
-#else
-typedef int32_t PrepareStatus;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
+} PrepareStatus;
 
 // Element types; a handle serves those its packages hold (one package per dtype).
-enum PrepareDtype
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : int32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
+typedef enum PrepareDtype {
   // bfloat16.
   PREPARE_DTYPE_BF16 = 0,
   // IEEE half precision.
   PREPARE_DTYPE_FP16 = 1,
   // IEEE single precision.
   PREPARE_DTYPE_FP32 = 2,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum PrepareDtype PrepareDtype;
-#else
-typedef int32_t PrepareDtype;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
+} PrepareDtype;
 
 // How start-up chooses each bucket's kernel.
-enum PrepareTuning
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : int32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
+typedef enum PrepareTuning {
   // Use the cache, or check and time the candidates on this machine.
   PREPARE_TUNING_RUNTIME = 0,
   // Each bucket's default; nothing is timed.
   PREPARE_TUNING_STATIC = 1,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum PrepareTuning PrepareTuning;
-#else
-typedef int32_t PrepareTuning;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
+} PrepareTuning;
 
 // A rank's serving handle (opaque). Use it from one thread at a time; every rank must call
 // the all-reduces in the same order.
@@ -117,14 +84,14 @@ const char *prepare_last_error(void);
 //
 // # Safety
 // `options` is null or writable.
-PrepareStatus prepare_options_init(struct PrepareOptions *options);
+enum PrepareStatus prepare_options_init(struct PrepareOptions *options);
 
 // Makes an NCCL unique id into `out` (128 bytes), for [`prepare_open_unique_id`]: call it on
 // one rank and send the bytes to every rank. Needs NCCL (not a GPU).
 //
 // # Safety
 // `out` is null or writable for 128 bytes.
-PrepareStatus prepare_unique_id(uint8_t *out);
+enum PrepareStatus prepare_unique_id(uint8_t *out);
 
 // Starts a handle from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 // MASTER_PORT; the GPU is LOCAL_RANK, or entry LOCAL_RANK of PREPARE_GPUS). The ranks meet
@@ -132,7 +99,8 @@ PrepareStatus prepare_unique_id(uint8_t *out);
 //
 // # Safety
 // `options` as documented on [`PrepareOptions`]; `out` is null or writable.
-PrepareStatus prepare_open_env(const struct PrepareOptions *options, struct PrepareHandle **out);
+enum PrepareStatus prepare_open_env(const struct PrepareOptions *options,
+                                    struct PrepareHandle **out);
 
 // Starts a handle from an NCCL unique id that one rank made ([`prepare_unique_id`]) and sent
 // to every rank: this process is `rank` of `world` and drives GPU `device`. Collective.
@@ -140,12 +108,12 @@ PrepareStatus prepare_open_env(const struct PrepareOptions *options, struct Prep
 // # Safety
 // `options` as documented on [`PrepareOptions`]; `unique_id` is null or 128 readable bytes;
 // `out` is null or writable.
-PrepareStatus prepare_open_unique_id(const struct PrepareOptions *options,
-                                     const uint8_t *unique_id,
-                                     uint32_t rank,
-                                     uint32_t world,
-                                     int32_t device,
-                                     struct PrepareHandle **out);
+enum PrepareStatus prepare_open_unique_id(const struct PrepareOptions *options,
+                                          const uint8_t *unique_id,
+                                          uint32_t rank,
+                                          uint32_t world,
+                                          int32_t device,
+                                          struct PrepareHandle **out);
 
 // Starts a handle by splitting the caller's own NCCL communicator (`ncclComm_t`) of `rank`
 // of `world` ranks on GPU `device`. The communicator must come from the same NCCL library
@@ -155,13 +123,13 @@ PrepareStatus prepare_open_unique_id(const struct PrepareOptions *options,
 //
 // # Safety
 // As above; `options` as documented on [`PrepareOptions`]; `out` is null or writable.
-PrepareStatus prepare_open_comm(const struct PrepareOptions *options,
-                                void *nccl_comm,
-                                uint32_t rank,
-                                uint32_t world,
-                                int32_t device,
-                                int32_t nonblocking,
-                                struct PrepareHandle **out);
+enum PrepareStatus prepare_open_comm(const struct PrepareOptions *options,
+                                     void *nccl_comm,
+                                     uint32_t rank,
+                                     uint32_t world,
+                                     int32_t device,
+                                     int32_t nonblocking,
+                                     struct PrepareHandle **out);
 
 // Enqueues the all-reduce (sum) of `count` elements of `dtype` from device memory `input`
 // into `output` (the same pointer for in place) on `stream` (a `cudaStream_t`; NULL for the
@@ -175,12 +143,12 @@ PrepareStatus prepare_open_comm(const struct PrepareOptions *options,
 // `handle` is a live handle; `input` and `output` are device memory of this rank's GPU of
 // `count` elements that stay allocated until the work has run (or while a graph holding it
 // is replayed); `stream` is a live stream of this GPU or NULL.
-PrepareStatus prepare_all_reduce(const struct PrepareHandle *handle,
-                                 const void *input,
-                                 void *output,
-                                 size_t count,
-                                 int32_t dtype,
-                                 void *stream);
+enum PrepareStatus prepare_all_reduce(const struct PrepareHandle *handle,
+                                      const void *input,
+                                      void *output,
+                                      size_t count,
+                                      int32_t dtype,
+                                      void *stream);
 
 // Writes where a message of `bytes` of `dtype` goes ("one_shot_push (bucket 2)", or NCCL
 // above the ladder) into `buffer` as a NUL-terminated string. `*needed` (when not NULL)
@@ -189,29 +157,31 @@ PrepareStatus prepare_all_reduce(const struct PrepareHandle *handle,
 // # Safety
 // `handle` is a live handle; `buffer` is null or writable for `capacity` bytes; `needed` is
 // null or writable.
-PrepareStatus prepare_route(const struct PrepareHandle *handle,
-                            int32_t dtype,
-                            uint64_t bytes,
-                            char *buffer,
-                            size_t capacity,
-                            size_t *needed);
+enum PrepareStatus prepare_route(const struct PrepareHandle *handle,
+                                 int32_t dtype,
+                                 uint64_t bytes,
+                                 char *buffer,
+                                 size_t capacity,
+                                 size_t *needed);
 
 // Writes the agreed choice for `dtype` (the choice file's JSON: per bucket its winner, every
 // candidate's figures or why it was excluded) into `buffer`, as [`prepare_route`] does.
 //
 // # Safety
 // As [`prepare_route`].
-PrepareStatus prepare_choice_json(const struct PrepareHandle *handle,
-                                  int32_t dtype,
-                                  char *buffer,
-                                  size_t capacity,
-                                  size_t *needed);
+enum PrepareStatus prepare_choice_json(const struct PrepareHandle *handle,
+                                       int32_t dtype,
+                                       char *buffer,
+                                       size_t capacity,
+                                       size_t *needed);
 
 // Sets `*served` to 1 when a package of the handle holds `dtype`, else 0.
 //
 // # Safety
 // `handle` is a live handle; `served` is null or writable.
-PrepareStatus prepare_serves(const struct PrepareHandle *handle, int32_t dtype, int32_t *served);
+enum PrepareStatus prepare_serves(const struct PrepareHandle *handle,
+                                  int32_t dtype,
+                                  int32_t *served);
 
 // The zero-copy region of the `dtype` package: this rank's peer-visible memory. A message
 // whose input starts at `*address` is all-reduced without any copy; the region holds one
@@ -220,10 +190,10 @@ PrepareStatus prepare_serves(const struct PrepareHandle *handle, int32_t dtype, 
 //
 // # Safety
 // `handle` is a live handle; `address` and `bytes` are null or writable.
-PrepareStatus prepare_zero_copy_region(const struct PrepareHandle *handle,
-                                       int32_t dtype,
-                                       void **address,
-                                       size_t *bytes);
+enum PrepareStatus prepare_zero_copy_region(const struct PrepareHandle *handle,
+                                            int32_t dtype,
+                                            void **address,
+                                            size_t *bytes);
 
 // Routes bucket `bucket` of the `dtype` package to candidate `profile` instead of its agreed
 // winner: the override tests and comparisons use to run one candidate. Every rank must force
@@ -232,10 +202,10 @@ PrepareStatus prepare_zero_copy_region(const struct PrepareHandle *handle,
 //
 // # Safety
 // `handle` is a live handle used by no other thread; `profile` is null or NUL-terminated.
-PrepareStatus prepare_force(struct PrepareHandle *handle,
-                            int32_t dtype,
-                            size_t bucket,
-                            const char *profile);
+enum PrepareStatus prepare_force(struct PrepareHandle *handle,
+                                 int32_t dtype,
+                                 size_t bucket,
+                                 const char *profile);
 
 // Reads every package's abort word now: [`PrepareStatus::PeerTimeout`], naming the peer,
 // when a kernel gave up waiting for one (the handle is then unusable; every rank must start
@@ -243,7 +213,7 @@ PrepareStatus prepare_force(struct PrepareHandle *handle,
 //
 // # Safety
 // `handle` is a live handle.
-PrepareStatus prepare_check(const struct PrepareHandle *handle);
+enum PrepareStatus prepare_check(const struct PrepareHandle *handle);
 
 // Destroys a handle: its kernels, peer memory and communicators (not a communicator the
 // caller handed over). NULL is accepted and does nothing. Work it enqueued must have run,
@@ -251,7 +221,7 @@ PrepareStatus prepare_check(const struct PrepareHandle *handle);
 //
 // # Safety
 // `handle` is null or a live handle, not used after this call.
-PrepareStatus prepare_close(struct PrepareHandle *handle);
+enum PrepareStatus prepare_close(struct PrepareHandle *handle);
 
 #ifdef __cplusplus
 }  // extern "C"

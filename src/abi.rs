@@ -91,6 +91,7 @@ impl AllReduceParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use std::mem::offset_of;
 
     #[test]
@@ -136,5 +137,106 @@ mod tests {
         );
         assert_eq!(half(offset_of!(AllReduceParams, rank)), params.rank);
         assert_eq!(half(offset_of!(AllReduceParams, world)), params.world);
+    }
+
+    /// `#define NAME VALUE` lines of the contract header, values as written.
+    fn header_defines() -> BTreeMap<String, String> {
+        include_str!("../kernels/prepare_abi.cuh")
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.strip_prefix("#define ")?.split_whitespace();
+                Some((
+                    words.next()?.to_owned(),
+                    words.collect::<Vec<_>>().join(" "),
+                ))
+            })
+            .collect()
+    }
+
+    fn define_value(defines: &BTreeMap<String, String>, name: &str) -> u64 {
+        let text = defines
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        let digits = text.trim_end_matches("ull");
+        if let Some(hex) = digits.strip_prefix("0x") {
+            u64::from_str_radix(hex, 16).unwrap()
+        } else {
+            digits.parse().unwrap()
+        }
+    }
+
+    #[test]
+    fn constants_match_the_contract_header() {
+        let defines = header_defines();
+        assert_eq!(
+            define_value(&defines, "PREPARE_MAX_RANKS"),
+            MAX_RANKS as u64
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_MAX_BLOCKS"),
+            MAX_BLOCKS as u64
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_SIGNAL_SETS"),
+            SIGNAL_SETS as u64
+        );
+        assert_eq!(define_value(&defines, "PREPARE_ABORT_FLAG"), ABORT_FLAG);
+        assert_eq!(
+            define_value(&defines, "PREPARE_ABORT_PEER_TIMEOUT"),
+            ABORT_PEER_TIMEOUT
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_ABORT_INVALID_LAUNCH"),
+            ABORT_INVALID_LAUNCH
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_ALIGNMENT_BYTES"),
+            ALIGNMENT_BYTES
+        );
+        assert_eq!(
+            defines["PREPARE_SIGNAL_WORDS"],
+            "(PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)"
+        );
+        assert_eq!(defines["PREPARE_STATE_WORDS"], "(3 + PREPARE_MAX_BLOCKS)");
+    }
+
+    #[test]
+    fn params_fields_match_the_contract_header_in_order() {
+        let header = include_str!("../kernels/prepare_abi.cuh");
+        let body = &header[header.find("struct AllReduceParams {").unwrap()..];
+        let body = &body[..body.find("};").unwrap()];
+        let fields: Vec<String> = body
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.starts_with("//") && line.ends_with(';'))
+            .map(|line| line.trim_end_matches(';').to_owned())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "unsigned char* buffers[PREPARE_MAX_RANKS]",
+                "unsigned long long* signals[PREPARE_MAX_RANKS]",
+                "unsigned long long* state",
+                "void* output",
+                "const unsigned char* input",
+                "unsigned long long elements",
+                "unsigned long long scratch_offset",
+                "unsigned long long timeout_ns",
+                "unsigned int rank",
+                "unsigned int world",
+            ]
+        );
+        // Those C fields on a 64-bit target: 8-byte pointers and u64, 4-byte u32, no padding.
+        assert_eq!(std::mem::size_of::<AllReduceParams>(), 184);
+        assert_eq!(std::mem::align_of::<AllReduceParams>(), 8);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, signals), 64);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, state), 128);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, output), 136);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, input), 144);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, elements), 152);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, scratch_offset), 160);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, timeout_ns), 168);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, rank), 176);
+        assert_eq!(std::mem::offset_of!(AllReduceParams, world), 180);
     }
 }

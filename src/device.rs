@@ -328,17 +328,6 @@ mod tests {
     use super::*;
     use crate::ladder::Algorithm;
 
-    fn bucket(blocks: u32, cluster_size: Option<u32>) -> Bucket {
-        Bucket {
-            max_bytes: 65536,
-            threads: 512,
-            blocks,
-            cluster_size,
-            candidates: vec!["nccl".to_owned()],
-            default: "nccl".to_owned(),
-        }
-    }
-
     fn profile(algorithm: Algorithm, blocks: Option<u32>) -> Profile {
         Profile {
             id: "p".to_owned(),
@@ -355,7 +344,7 @@ mod tests {
 
     #[test]
     fn clustered_buckets_need_every_cluster_resident() {
-        let clustered = bucket(64, Some(8));
+        let clustered = Bucket::nccl_only(64, Some(8));
         assert_eq!(check_residency(&clustered, Residency::Clusters(8)), Ok(()));
         assert_eq!(check_residency(&clustered, Residency::Clusters(62)), Ok(()));
         assert_eq!(
@@ -371,7 +360,7 @@ mod tests {
 
     #[test]
     fn ordinary_buckets_need_every_block_resident_with_the_profile_override() {
-        let ordinary = bucket(64, None);
+        let ordinary = Bucket::nccl_only(64, None);
         assert_eq!(check_residency(&ordinary, Residency::Blocks(64)), Ok(()));
         assert!(check_residency(&ordinary, Residency::Blocks(63)).is_err());
         assert!(check_residency(&ordinary, Residency::Clusters(64)).is_err());

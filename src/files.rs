@@ -25,38 +25,27 @@ pub struct Limit {
     pub what: &'static str,
 }
 
+impl Limit {
+    /// At most `bytes` of `what`.
+    pub const fn new(bytes: u64, what: &'static str) -> Limit {
+        Limit { bytes, what }
+    }
+}
+
 const MIB: u64 = 1 << 20;
 
 /// Ladders: the shipped ones are under 8 KiB.
-pub const LADDER: Limit = Limit {
-    bytes: MIB,
-    what: "a ladder",
-};
+pub const LADDER: Limit = Limit::new(MIB, "a ladder");
 /// Package manifests.
-pub const MANIFEST: Limit = Limit {
-    bytes: 16 * MIB,
-    what: "a manifest",
-};
+pub const MANIFEST: Limit = Limit::new(16 * MIB, "a manifest");
 /// Choice files.
-pub const CHOICE: Limit = Limit {
-    bytes: 16 * MIB,
-    what: "a choice",
-};
+pub const CHOICE: Limit = Limit::new(16 * MIB, "a choice");
 /// Cache entries (choices).
-pub const CACHE_ENTRY: Limit = Limit {
-    bytes: 16 * MIB,
-    what: "a cache entry",
-};
+pub const CACHE_ENTRY: Limit = Limit::new(16 * MIB, "a cache entry");
 /// Cubins in a package: the largest compiled kernel is a few hundred KiB.
-pub const CUBIN: Limit = Limit {
-    bytes: 64 * MIB,
-    what: "a cubin",
-};
+pub const CUBIN: Limit = Limit::new(64 * MIB, "a cubin");
 /// NCCL id files written by this tool: a header line and the 128-byte id.
-pub const ID_FILE: Limit = Limit {
-    bytes: 4096,
-    what: "an id file",
-};
+pub const ID_FILE: Limit = Limit::new(4096, "an id file");
 
 impl fmt::Display for Limit {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -261,24 +250,14 @@ mod tests {
         assert_eq!(LADDER.to_string(), "1 MiB");
         assert_eq!(MANIFEST.to_string(), "16 MiB");
         assert_eq!(ID_FILE.to_string(), "4 KiB");
-        assert_eq!(
-            Limit {
-                bytes: 100,
-                what: "x"
-            }
-            .to_string(),
-            "100 bytes"
-        );
+        assert_eq!(Limit::new(100, "x").to_string(), "100 bytes");
     }
 
     #[test]
     fn reads_a_regular_file_up_to_its_limit_and_no_further() {
         let scratch = tempfile::tempdir().unwrap();
         let path = scratch.path().join("file");
-        let limit = Limit {
-            bytes: 4,
-            what: "a test file",
-        };
+        let limit = Limit::new(4, "a test file");
         std::fs::write(&path, b"four").unwrap();
         assert_eq!(read_limited(&path, limit).unwrap(), b"four");
         std::fs::write(&path, b"fives").unwrap();

@@ -1,6 +1,8 @@
 //! Progress reporting: the library reports phases through a trait so that the binary can draw
 //! bars and tests can stay silent.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 /// Receives progress from long library operations.
 pub trait Reporter: Sync {
     /// A phase with `total` steps begins.
@@ -19,4 +21,10 @@ impl Reporter for Silent {
     fn start(&self, _phase: &str, _total: u64) {}
     fn advance(&self, _item: &str) {}
     fn finish(&self) {}
+}
+
+/// Locks a reporter's state (reporters are called from several threads), also after a thread
+/// panicked holding it: the state is only what to show, still fit to show.
+pub fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -239,61 +239,69 @@ fn machine(report: &BenchReport) -> String {
     format!("{} x {names}", report.world_size)
 }
 
+/// What a plot over message sizes shows: each row's value, the y axis around the values, and
+/// its words.
+struct SizePlot<Y> {
+    value: fn(&SizeRow) -> Option<f64>,
+    y_axis: fn((f64, f64)) -> Y,
+    /// What the title says is plotted ("median latency").
+    quantity: &'static str,
+    y_description: &'static str,
+    /// The failure when no contender has a value.
+    none: &'static str,
+}
+
 fn latency_svg(report: &BenchReport, contenders: &[Contender]) -> Result<String, Failure> {
+    let plot = SizePlot {
+        value: median,
+        y_axis: |values| log_axis(values, decade_ticks),
+        quantity: "median latency",
+        y_description: "median microseconds per all-reduce",
+        none: "no contender has a median at any size",
+    };
+    size_svg(report, contenders, &plot)
+}
+
+fn bus_bandwidth_svg(report: &BenchReport, contenders: &[Contender]) -> Result<String, Failure> {
+    let plot = SizePlot {
+        value: bus_gbps,
+        y_axis: |(_, hi)| linear_from_zero(hi),
+        quantity: "bus bandwidth",
+        y_description: "bus bandwidth, GB/s",
+        none: "no contender has a bus bandwidth at any size",
+    };
+    size_svg(report, contenders, &plot)
+}
+
+/// Every contender's line over message sizes on a log axis of bytes, the tuned choice ringed.
+fn size_svg<Y>(
+    report: &BenchReport,
+    contenders: &[Contender],
+    plot: &SizePlot<Y>,
+) -> Result<String, Failure>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
     let lines: Vec<Line> = contenders
         .iter()
-        .map(|contender| Line::of(contender, contender.points(median)))
+        .map(|contender| Line::of(contender, contender.points(plot.value)))
         .collect();
-    let choice = chosen_points(&report.sizes, median);
-    let (x, y) = bounds(lines.iter().flat_map(|line| &line.points))
-        .ok_or(Failure::Empty("no contender has a median at any size"))?;
-    let x_axis = log_bytes_axis(x);
-    let y_axis = log_axis(y);
+    let choice = chosen_points(&report.sizes, plot.value);
+    let (x, y) =
+        bounds(lines.iter().flat_map(|line| &line.points)).ok_or(Failure::Empty(plot.none))?;
+    let x_axis = log_axis(x, power_of_two_ticks);
+    let y_axis = (plot.y_axis)(y);
     let title = format!(
-        "{}: median latency per all-reduce, {}",
+        "{}: {} per all-reduce, {}",
         report.ladder,
+        plot.quantity,
         machine(report)
     );
     render(|root| {
         let mut chart = chart(root, &title)
             .build_cartesian_2d(x_axis, y_axis)
             .map_err(Failure::from)?;
-        mesh(
-            &mut chart,
-            "message size",
-            human_bytes,
-            "median microseconds per all-reduce",
-        )?;
-        draw_lines(&mut chart, &lines, &choice)?;
-        Ok(())
-    })
-}
-
-fn bus_bandwidth_svg(report: &BenchReport, contenders: &[Contender]) -> Result<String, Failure> {
-    let lines: Vec<Line> = contenders
-        .iter()
-        .map(|contender| Line::of(contender, contender.points(bus_gbps)))
-        .collect();
-    let choice = chosen_points(&report.sizes, bus_gbps);
-    let (x, y) = bounds(lines.iter().flat_map(|line| &line.points)).ok_or(Failure::Empty(
-        "no contender has a bus bandwidth at any size",
-    ))?;
-    let x_axis = log_bytes_axis(x);
-    let title = format!(
-        "{}: bus bandwidth per all-reduce, {}",
-        report.ladder,
-        machine(report)
-    );
-    render(|root| {
-        let mut chart = chart(root, &title)
-            .build_cartesian_2d(x_axis, linear_from_zero(y.1))
-            .map_err(Failure::from)?;
-        mesh(
-            &mut chart,
-            "message size",
-            human_bytes,
-            "bus bandwidth, GB/s",
-        )?;
+        mesh(&mut chart, "message size", human_bytes, plot.y_description)?;
         draw_lines(&mut chart, &lines, &choice)?;
         Ok(())
     })
@@ -510,6 +518,9 @@ fn linear_from_zero(hi: f64) -> RangedCoordf64 {
 
 type LogAxis = WithKeyPoints<LogCoord<f64>>;
 
+/// An axis's bold (labelled) and light ticks.
+type Ticks = (Vec<f64>, Vec<f64>);
+
 fn log_axis_with(range: (f64, f64), bold: Vec<f64>, light: Vec<f64>) -> LogAxis {
     (range.0..range.1)
         .log_scale()
@@ -517,16 +528,16 @@ fn log_axis_with(range: (f64, f64), bold: Vec<f64>, light: Vec<f64>) -> LogAxis 
         .with_light_points(light)
 }
 
-/// Bytes on a log axis, labelled at powers of two (every few when there are many).
-fn log_bytes_axis(bytes: (f64, f64)) -> LogAxis {
-    let range = padded_log(bytes);
-    let (bold, light) = power_of_two_ticks(range);
+/// A log axis around `values`, with the bold and light ticks `ticks` picks in its range.
+fn log_axis(values: (f64, f64), ticks: fn((f64, f64)) -> Ticks) -> LogAxis {
+    let range = padded_log(values);
+    let (bold, light) = ticks(range);
     log_axis_with(range, bold, light)
 }
 
-/// Powers of two in `lo..=hi`: at most [`MAX_LOG_LABELS`] labelled, aligned to a multiple
+/// Ticks for bytes: powers of two in `lo..=hi`: at most [`MAX_LOG_LABELS`] labelled, aligned to a multiple
 /// of the stride, and the rest as light lines.
-fn power_of_two_ticks((lo, hi): (f64, f64)) -> (Vec<f64>, Vec<f64>) {
+fn power_of_two_ticks((lo, hi): (f64, f64)) -> Ticks {
     let first = lo.log2().ceil() as i32;
     let last = hi.log2().floor() as i32;
     if last < first {
@@ -559,17 +570,9 @@ fn log_batch_axis(batches: (f64, f64), measured: &[f64]) -> LogAxis {
     log_axis_with(padded_log(batches), values(bold), values(light))
 }
 
-/// A log axis around `values`, labelled at 1, 2 and 5 times powers of ten with lines at
-/// every other digit.
-fn log_axis(values: (f64, f64)) -> LogAxis {
-    let range = padded_log(values);
-    let (bold, light) = decade_ticks(range);
-    log_axis_with(range, bold, light)
-}
-
 /// Ticks in `lo..=hi` at 1, 2 and 5 times powers of ten (every digit when that gives fewer
 /// than two), the other digits light.
-fn decade_ticks((lo, hi): (f64, f64)) -> (Vec<f64>, Vec<f64>) {
+fn decade_ticks((lo, hi): (f64, f64)) -> Ticks {
     let first = lo.log10().floor() as i32;
     let last = hi.log10().ceil() as i32;
     let every: Vec<(u8, f64)> = (first..=last)

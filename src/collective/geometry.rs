@@ -58,22 +58,16 @@ mod tests {
 
     #[test]
     fn bucket_geometry_follows_its_cluster_size_within_the_launch_contract() {
-        let bucket = |blocks, cluster_size| Bucket {
-            max_bytes: 65536,
-            threads: 512,
-            blocks,
-            cluster_size,
-            candidates: vec!["nccl".to_owned()],
-            default: "nccl".to_owned(),
-        };
-        let clustered = bucket_geometry(&bucket(64, Some(8))).unwrap();
+        let clustered = bucket_geometry(&Bucket::nccl_only(64, Some(8))).unwrap();
         assert_eq!(clustered.cluster_size(), Some(8));
         assert_eq!(
-            bucket_geometry(&bucket(64, None)).unwrap().cluster_size(),
+            bucket_geometry(&Bucket::nccl_only(64, None))
+                .unwrap()
+                .cluster_size(),
             None
         );
         assert_eq!(
-            bucket_geometry(&bucket(1025, None))
+            bucket_geometry(&Bucket::nccl_only(1025, None))
                 .unwrap_err()
                 .to_string(),
             "invalid launch geometry: 1025 blocks; the launch contract allows 1 to 1024"

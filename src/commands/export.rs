@@ -525,10 +525,7 @@ impl BarReporter {
     }
 
     fn current(&self) -> Option<ProgressBar> {
-        self.bar
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        prepare::progress::lock(&self.bar).clone()
     }
 }
 
@@ -552,11 +549,7 @@ impl Reporter for BarReporter {
             // Each step can take seconds; the spinner and clock show it is still working.
             bar.enable_steady_tick(Duration::from_millis(100));
         }
-        let previous = self
-            .bar
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .replace(bar);
+        let previous = prepare::progress::lock(&self.bar).replace(bar);
         if let Some(previous) = previous {
             previous.finish_and_clear();
         }
@@ -570,11 +563,7 @@ impl Reporter for BarReporter {
     }
 
     fn finish(&self) {
-        let bar = self
-            .bar
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let bar = prepare::progress::lock(&self.bar).take();
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }

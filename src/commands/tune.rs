@@ -137,22 +137,14 @@ impl prepare::progress::Reporter for LineReporter {
         if self.leader {
             println!("{phase}: {total} steps");
         }
-        *self
-            .started
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((phase.to_owned(), Instant::now()));
+        *prepare::progress::lock(&self.started) = Some((phase.to_owned(), Instant::now()));
     }
 
     fn advance(&self, _item: &str) {}
 
     #[allow(clippy::print_stdout)]
     fn finish(&self) {
-        let started = self
-            .started
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let started = prepare::progress::lock(&self.started).take();
         if let (true, Some((phase, at))) = (self.leader, started) {
             println!("{phase}: done in {:.3} s", at.elapsed().as_secs_f64());
         }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use libloading::Library;
 
-use super::search::{self, bind};
+use super::search::{self, library_api};
 
 /// What to tell someone without NVRTC.
 const HOW_TO_GET: &str = "install it with `pip install nvidia-cuda-nvrtc==13.0.*` (into the \
@@ -233,26 +233,33 @@ fn builtins_beside(library: &Path) -> Option<PathBuf> {
 
 type ProgramHandle = *mut c_void;
 
-/// The NVRTC entry points used here, with the prototypes of nvrtc.h.
-struct Api {
-    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
-    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    get_num_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int,
-    get_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int,
-    create_program: unsafe extern "C" fn(
-        *mut ProgramHandle,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    destroy_program: unsafe extern "C" fn(*mut ProgramHandle) -> c_int,
-    compile_program: unsafe extern "C" fn(ProgramHandle, c_int, *const *const c_char) -> c_int,
-    get_program_log_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int,
-    get_program_log: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int,
-    get_cubin_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int,
-    get_cubin: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int,
+library_api! {
+    /// The NVRTC entry points used here, with the prototypes of nvrtc.h.
+    struct Api from Library {
+        version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int = "nvrtcVersion",
+        get_error_string: unsafe extern "C" fn(c_int) -> *const c_char = "nvrtcGetErrorString",
+        get_num_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int
+            = "nvrtcGetNumSupportedArchs",
+        get_supported_archs: unsafe extern "C" fn(*mut c_int) -> c_int = "nvrtcGetSupportedArchs",
+        create_program: unsafe extern "C" fn(
+            *mut ProgramHandle,
+            *const c_char,
+            *const c_char,
+            c_int,
+            *const *const c_char,
+            *const *const c_char,
+        ) -> c_int = "nvrtcCreateProgram",
+        destroy_program: unsafe extern "C" fn(*mut ProgramHandle) -> c_int = "nvrtcDestroyProgram",
+        compile_program: unsafe extern "C" fn(ProgramHandle, c_int, *const *const c_char) -> c_int
+            = "nvrtcCompileProgram",
+        get_program_log_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int
+            = "nvrtcGetProgramLogSize",
+        get_program_log: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int
+            = "nvrtcGetProgramLog",
+        get_cubin_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> c_int
+            = "nvrtcGetCUBINSize",
+        get_cubin: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> c_int = "nvrtcGetCUBIN",
+    }
 }
 
 impl Api {
@@ -346,19 +353,7 @@ impl Nvrtc {
             symbol,
             message,
         };
-        let api = Api {
-            version: bind!(library, "nvrtcVersion", missing),
-            get_error_string: bind!(library, "nvrtcGetErrorString", missing),
-            get_num_supported_archs: bind!(library, "nvrtcGetNumSupportedArchs", missing),
-            get_supported_archs: bind!(library, "nvrtcGetSupportedArchs", missing),
-            create_program: bind!(library, "nvrtcCreateProgram", missing),
-            destroy_program: bind!(library, "nvrtcDestroyProgram", missing),
-            compile_program: bind!(library, "nvrtcCompileProgram", missing),
-            get_program_log_size: bind!(library, "nvrtcGetProgramLogSize", missing),
-            get_program_log: bind!(library, "nvrtcGetProgramLog", missing),
-            get_cubin_size: bind!(library, "nvrtcGetCUBINSize", missing),
-            get_cubin: bind!(library, "nvrtcGetCUBIN", missing),
-        };
+        let api = Api::bind(&library, missing)?;
         let (mut major, mut minor) = (0, 0);
         // SAFETY: both pointers are to live c_ints, as nvrtcVersion requires.
         api.check("nvrtcVersion", unsafe {
@@ -543,11 +538,7 @@ impl Drop for Program<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn touch(path: &Path) {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, b"").unwrap();
-    }
+    use crate::gpu::search::touch;
 
     #[test]
     fn finds_the_wheel_under_a_virtual_environment_newest_python_first() {
@@ -567,12 +558,11 @@ mod tests {
     #[test]
     fn finds_the_cuda_12_wheel_and_the_toolkit() {
         let root = tempfile::tempdir().unwrap();
-        let wheel = root
-            .path()
-            .join("local/lib/python3.11/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
-        touch(&wheel);
-        let toolkit = root.path().join("cuda/lib64/libnvrtc.so.13");
-        touch(&toolkit);
+        let wheel = touch(
+            root.path()
+                .join("local/lib/python3.11/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
+        );
+        let toolkit = touch(root.path().join("cuda/lib64/libnvrtc.so.13"));
         let search = NvrtcSearch {
             python_prefixes: vec![root.path().join("local")],
             toolkit_roots: vec![root.path().join("cuda")],
@@ -589,8 +579,7 @@ mod tests {
     #[test]
     fn explicit_directory_file_and_missing_path() {
         let root = tempfile::tempdir().unwrap();
-        let file = root.path().join("lib/libnvrtc.so.13");
-        touch(&file);
+        let file = touch(root.path().join("lib/libnvrtc.so.13"));
         let search = |explicit: PathBuf| NvrtcSearch {
             explicit: Some(explicit),
             loader_path: true,
@@ -636,7 +625,7 @@ mod tests {
             "libnvrtc-builtins.so.12.9",
             "libnvrtc-builtins.so.13.0",
         ] {
-            touch(&root.path().join(name));
+            touch(root.path().join(name));
         }
         assert_eq!(
             builtins_beside(&library),

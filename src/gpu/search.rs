@@ -1,23 +1,49 @@
 //! Where Python environments keep NVIDIA's pip wheels, for the NVRTC and NCCL loaders: both open
 //! their library by absolute path from a wheel rather than rely on the loader path, which a pip
-//! install never changes. Also how both bind the entry points of the library they opened.
+//! install never changes. Also how both declare and bind the entry points of the library they
+//! opened.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// Binds `$library`'s entry point `$symbol` to the function-pointer type of the field it
-/// initialises, or returns the error `$missing(symbol, message)` makes of the loader's refusal.
-macro_rules! bind {
-    ($library:expr, $symbol:literal, $missing:expr) => {{
-        // SAFETY: the field this initialises has the prototype the library's header declares for
-        // the symbol (with cudarc's layouts of its types), and the pointer is used only while
-        // its owner keeps the library loaded.
-        let symbol = unsafe { $library.get(concat!($symbol, "\0").as_bytes()) }
-            .map_err(|error: libloading::Error| $missing($symbol, error.to_string()))?;
-        *symbol
-    }};
+/// Declares a library's entry points once each: the struct `$api` of function pointers, each
+/// field with its prototype and the symbol it binds, and `$api::bind(library, missing)`, which
+/// binds every field from the `$library` opened or returns the error `missing(symbol, message)`
+/// makes of the loader's refusal.
+macro_rules! library_api {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $api:ident from $library:ty {
+            $($field_vis:vis $field:ident: $prototype:ty = $symbol:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $api {
+            $($field_vis $field: $prototype,)*
+        }
+
+        impl $api {
+            fn bind<E>(
+                library: &$library,
+                missing: impl Fn(&'static str, String) -> E,
+            ) -> Result<Self, E> {
+                Ok($api {
+                    $($field: {
+                        // SAFETY: the field this initialises has the prototype the library's
+                        // header declares for the symbol (with cudarc's layouts of its types),
+                        // and the pointer is used only while its owner keeps the library loaded.
+                        let symbol = unsafe { library.get(concat!($symbol, "\0").as_bytes()) }
+                            .map_err(|error: libloading::Error| {
+                                missing($symbol, error.to_string())
+                            })?;
+                        *symbol
+                    },)*
+                })
+            }
+        }
+    };
 }
-pub(super) use bind;
+pub(super) use library_api;
 
 /// The value of an environment variable as a path, when set and not empty.
 pub(super) fn variable_path(
@@ -133,6 +159,16 @@ pub(super) fn first_file_in(directory: &Path, names: &[&str]) -> Option<PathBuf>
         .iter()
         .map(|name| directory.join(name))
         .find(|path| path.is_file())
+}
+
+/// Creates an empty file at `path`, with its directories, for the tests of the loaders'
+/// searches; returns the path.
+#[cfg(test)]
+pub(super) fn touch(path: impl AsRef<Path>) -> PathBuf {
+    let path = path.as_ref();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, b"").unwrap();
+    path.to_path_buf()
 }
 
 #[cfg(test)]

@@ -370,6 +370,22 @@ impl Bucket {
     }
 }
 
+#[cfg(test)]
+impl Bucket {
+    /// A 64 KiB bucket of 512-thread blocks whose only candidate is NCCL, for the tests of
+    /// launch geometry.
+    pub(crate) fn nccl_only(blocks: u32, cluster_size: Option<u32>) -> Bucket {
+        Bucket {
+            max_bytes: 65536,
+            threads: 512,
+            blocks,
+            cluster_size,
+            candidates: vec!["nccl".to_owned()],
+            default: "nccl".to_owned(),
+        }
+    }
+}
+
 impl Ladder {
     /// The profile with this id.
     pub fn profile(&self, id: &str) -> Option<&Profile> {

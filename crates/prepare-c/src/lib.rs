@@ -7,31 +7,30 @@
 //!
 //! `include/prepare.h` is generated from this file by cbindgen; a test fails when it is stale.
 
-use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString, OsStr};
+mod boundary;
+
+use std::ffi::{c_char, c_void, OsStr};
 use std::os::unix::ffi::OsStrExt as _;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use prepare::gpu::abort::{Abort, AbortReason};
 use prepare::gpu::driver::DeviceMemory as _;
 use prepare::gpu::nccl::Communicator;
 use prepare::ladder::Dtype;
 use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
-use prepare::runtime::RuntimeError;
 use prepare::runtime::{RankSetup, Rendezvous};
-use prepare::select::SelectError;
 use prepare::select::SelectOptions;
-use prepare::serve::{environment_defaults, gpu_for_rank, Handle, ServeError};
+use prepare::serve::{environment_defaults, gpu_for_rank, Handle};
 use prepare::tune::choice::Tuning;
+
+use boundary::{c_str, chain, copy_out, dtype, guard, reference, write, Failure, LAST_ERROR};
 
 /// Bytes in an NCCL unique id ([`prepare_unique_id`], [`prepare_open_unique_id`]).
 pub const PREPARE_UNIQUE_ID_BYTES: usize = 128;
 
 /// What every call returns; 0 is success. The message of a failure is [`prepare_last_error`].
-#[repr(i32)]
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrepareStatus {
     /// Success.
@@ -52,8 +51,8 @@ pub enum PrepareStatus {
 }
 
 /// Element types; a handle serves those its packages hold (one package per dtype).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+#[derive(Debug)]
 pub enum PrepareDtype {
     /// bfloat16.
     Bf16 = 0,
@@ -64,8 +63,8 @@ pub enum PrepareDtype {
 }
 
 /// How start-up chooses each bucket's kernel.
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+#[derive(Debug)]
 pub enum PrepareTuning {
     /// Use the cache, or check and time the candidates on this machine.
     Runtime = 0,
@@ -97,205 +96,6 @@ pub struct PrepareOptions {
 #[derive(Debug)]
 pub struct PrepareHandle {
     handle: Handle,
-}
-
-/// A failure on its way to the caller: a status and its message.
-#[derive(Debug)]
-struct Failure {
-    status: PrepareStatus,
-    message: String,
-}
-
-impl Failure {
-    fn invalid(message: impl Into<String>) -> Failure {
-        Failure {
-            status: PrepareStatus::InvalidArgument,
-            message: message.into(),
-        }
-    }
-}
-
-impl From<ServeError> for Failure {
-    fn from(error: ServeError) -> Failure {
-        Failure {
-            status: status(&error),
-            message: chain(&error),
-        }
-    }
-}
-
-/// The status a serving error is returned as.
-fn status(error: &ServeError) -> PrepareStatus {
-    match error {
-        ServeError::NoPackage { .. }
-        | ServeError::DtypeNotServed { .. }
-        | ServeError::BadArgument { .. }
-        | ServeError::CannotForce { .. }
-        | ServeError::MessageTooLarge { .. } => PrepareStatus::InvalidArgument,
-        ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
-            PrepareStatus::PackageRefused
-        }
-        ServeError::PeerTimeout { .. } => PrepareStatus::PeerTimeout,
-        ServeError::Runtime(error) | ServeError::Select(SelectError::Runtime(error)) => {
-            runtime_status(error)
-        }
-        ServeError::Select(_) | ServeError::Aborted { .. } => PrepareStatus::RuntimeFailure,
-    }
-}
-
-fn runtime_status(error: &RuntimeError) -> PrepareStatus {
-    match error {
-        RuntimeError::Timeout { .. }
-        | RuntimeError::Aborted {
-            abort:
-                Abort {
-                    reason: AbortReason::PeerTimeout,
-                    ..
-                },
-            ..
-        } => PrepareStatus::PeerTimeout,
-        RuntimeError::WrongArchitecture { .. } => PrepareStatus::PackageRefused,
-        _ => PrepareStatus::RuntimeFailure,
-    }
-}
-
-/// An error and its sources, joined with ": ".
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
-}
-
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-}
-
-fn set_last_error(message: &str) {
-    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|last| *last.borrow_mut() = text);
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        text
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text
-    } else {
-        "a panic without a message"
-    }
-}
-
-/// Runs a call's body: its failure or a caught panic becomes a status and the last error.
-fn guard(body: impl FnOnce() -> Result<(), Failure>) -> PrepareStatus {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => PrepareStatus::Ok,
-        Ok(Err(failure)) => {
-            set_last_error(&failure.message);
-            failure.status
-        }
-        Err(payload) => {
-            set_last_error(&format!(
-                "internal error in prepare (please report it): {}",
-                panic_message(payload.as_ref())
-            ));
-            PrepareStatus::Internal
-        }
-    }
-}
-
-/// The one place C dtype codes become the library's dtypes.
-fn dtype(code: i32) -> Result<Dtype, Failure> {
-    const DTYPES: [(i32, Dtype); 3] = [
-        (PrepareDtype::Bf16 as i32, Dtype::Bf16),
-        (PrepareDtype::Fp16 as i32, Dtype::Fp16),
-        (PrepareDtype::Fp32 as i32, Dtype::Fp32),
-    ];
-    DTYPES
-        .iter()
-        .find(|(known, _)| *known == code)
-        .map(|(_, dtype)| *dtype)
-        .ok_or_else(|| {
-            Failure::invalid(format!(
-                "dtype {code} is not a PrepareDtype (0 bf16, 1 fp16, 2 fp32)"
-            ))
-        })
-}
-
-/// A non-null pointer's target, or InvalidArgument naming the argument.
-///
-/// # Safety
-/// `pointer` is null or points to a live `T` for `'a`.
-unsafe fn reference<'a, T>(pointer: *const T, what: &str) -> Result<&'a T, Failure> {
-    // SAFETY: the caller promises a null or live pointer; null is refused by `as_ref`.
-    unsafe { pointer.as_ref() }.ok_or_else(|| Failure::invalid(format!("{what} is NULL")))
-}
-
-/// A C string's bytes, or InvalidArgument naming the argument.
-///
-/// # Safety
-/// `text` is null or a NUL-terminated string live for `'a`.
-unsafe fn c_str<'a>(text: *const c_char, what: &str) -> Result<&'a CStr, Failure> {
-    if text.is_null() {
-        return Err(Failure::invalid(format!("{what} is NULL")));
-    }
-    // SAFETY: not null (checked above) and NUL-terminated by the caller's promise.
-    Ok(unsafe { CStr::from_ptr(text) })
-}
-
-/// Writes `value` through `out`, or InvalidArgument naming it when null.
-///
-/// # Safety
-/// `out` is null or valid for a write of `T`.
-unsafe fn write<T>(out: *mut T, value: T, what: &str) -> Result<(), Failure> {
-    if out.is_null() {
-        return Err(Failure::invalid(format!("{what} is NULL")));
-    }
-    // SAFETY: not null (checked above) and writable by the caller's promise.
-    unsafe { out.write(value) };
-    Ok(())
-}
-
-/// Copies `text` with its NUL into `buffer` when it fits; always reports the size needed.
-///
-/// # Safety
-/// `buffer` is null or valid for `capacity` bytes; `needed` is null or writable.
-unsafe fn copy_out(
-    text: &str,
-    buffer: *mut c_char,
-    capacity: usize,
-    needed: *mut usize,
-) -> Result<(), Failure> {
-    let size = text.len() + 1;
-    if !needed.is_null() {
-        // SAFETY: not null, and writable by the caller's promise.
-        unsafe { needed.write(size) };
-    }
-    if buffer.is_null() {
-        if needed.is_null() {
-            return Err(Failure::invalid("buffer and needed are both NULL"));
-        }
-        return Ok(());
-    }
-    if capacity < size {
-        return Err(Failure::invalid(format!(
-            "the buffer holds {capacity} bytes, {size} are needed (with the NUL)"
-        )));
-    }
-    // SAFETY: `buffer` holds at least `size` bytes (checked above) and does not overlap the
-    // Rust string.
-    unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), text.len());
-        buffer.add(text.len()).write(0);
-    }
-    Ok(())
 }
 
 /// What the options say, checked.
@@ -388,11 +188,6 @@ fn check_world(rank: u32, world: u32) -> Result<(), Failure> {
     Ok(())
 }
 
-fn gpu(device: i32) -> Result<usize, Failure> {
-    usize::try_from(device)
-        .map_err(|_| Failure::invalid(format!("device {device} is not a GPU ordinal")))
-}
-
 fn host() -> String {
     prepare::agree::host_identity(|name| std::env::var(name).ok())
 }
@@ -419,6 +214,40 @@ unsafe fn hand_out(handle: Handle, out: *mut *mut PrepareHandle) -> Result<(), F
 unsafe fn handle<'a>(handle: *const PrepareHandle) -> Result<&'a Handle, Failure> {
     // SAFETY: the caller's promise.
     Ok(&unsafe { reference(handle, "handle") }?.handle)
+}
+
+/// The handle behind a caller's pointer and the element type of a dtype code, both checked.
+///
+/// # Safety
+/// As [`handle`].
+unsafe fn handle_and_dtype<'a>(
+    handle: *const PrepareHandle,
+    code: i32,
+) -> Result<(&'a Handle, Dtype), Failure> {
+    // SAFETY: the caller's promise.
+    Ok((unsafe { self::handle(handle) }?, dtype(code)?))
+}
+
+/// Runs a call that answers with text: writes what `text` says of the handle and dtype into
+/// `buffer` ([`copy_out`]).
+///
+/// # Safety
+/// `handle` as [`handle`]; `buffer`, `capacity` and `needed` as [`copy_out`].
+unsafe fn text_out(
+    handle: *const PrepareHandle,
+    dtype: i32,
+    text: impl FnOnce(&Handle, Dtype) -> Result<String, Failure>,
+    buffer: *mut c_char,
+    capacity: usize,
+    needed: *mut usize,
+) -> PrepareStatus {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
+        let text = text(handle, dtype)?;
+        // SAFETY: the caller's promise.
+        unsafe { copy_out(&text, buffer, capacity, needed) }
+    })
 }
 
 /// The library's version, a static NUL-terminated string ("0.1.0").
@@ -479,6 +308,16 @@ struct Place {
     rank: u32,
     world: u32,
     gpu: usize,
+}
+
+impl Place {
+    /// `rank` of `world` ranks on GPU `device`, checked (InvalidArgument).
+    fn checked(rank: u32, world: u32, device: i32) -> Result<Place, Failure> {
+        check_world(rank, world)?;
+        let gpu = usize::try_from(device)
+            .map_err(|_| Failure::invalid(format!("device {device} is not a GPU ordinal")))?;
+        Ok(Place { rank, world, gpu })
+    }
 }
 
 /// Starts the handle of one rank, splitting from `parent` when given (its rendezvous is then
@@ -561,17 +400,13 @@ pub unsafe extern "C" fn prepare_open_unique_id(
     out: *mut *mut PrepareHandle,
 ) -> PrepareStatus {
     guard(|| {
-        if unique_id.is_null() {
-            return Err(Failure::invalid("unique_id is NULL"));
-        }
-        let mut id = Box::new([0_u8; PREPARE_UNIQUE_ID_BYTES]);
-        // SAFETY: not null, and 128 readable bytes by the caller's promise.
-        unsafe { std::ptr::copy_nonoverlapping(unique_id, id.as_mut_ptr(), id.len()) };
-        check_world(rank, world)?;
-        let gpu = gpu(device)?;
+        let id = unique_id.cast::<[u8; PREPARE_UNIQUE_ID_BYTES]>();
+        // SAFETY: null, or 128 readable bytes by the caller's promise (a byte array has no
+        // alignment to meet).
+        let id = Box::new(*unsafe { reference(id, "unique_id") }?);
+        let place = Place::checked(rank, world, device)?;
         // SAFETY: the caller's promise.
         let start = unsafe { start(options) }?;
-        let place = Place { rank, world, gpu };
         // SAFETY: the caller's promise.
         unsafe { open(&start, place, Rendezvous::UniqueId(id), None, out) }
     })
@@ -599,14 +434,12 @@ pub unsafe extern "C" fn prepare_open_comm(
         if nccl_comm.is_null() {
             return Err(Failure::invalid("nccl_comm is NULL"));
         }
-        check_world(rank, world)?;
-        let gpu = gpu(device)?;
+        let place = Place::checked(rank, world, device)?;
         // SAFETY: the caller's promise.
         let start = unsafe { start(options) }?;
         // SAFETY: the caller promises a live communicator of this process for this rank and
         // world, kept alive and unused by other threads, as Communicator::adopt requires.
         let parent = unsafe { Communicator::adopt(nccl_comm, rank, world, nonblocking != 0) };
-        let place = Place { rank, world, gpu };
         // SAFETY: the caller's promise.
         unsafe { open(&start, place, Rendezvous::CommId, Some(parent), out) }
     })
@@ -635,8 +468,7 @@ pub unsafe extern "C" fn prepare_all_reduce(
 ) -> PrepareStatus {
     guard(|| {
         // SAFETY: the caller's promise.
-        let handle = unsafe { self::handle(handle) }?;
-        let dtype = self::dtype(dtype)?;
+        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
         if count > 0 && input.is_null() {
             return Err(Failure::invalid("input is NULL"));
         }
@@ -666,13 +498,9 @@ pub unsafe extern "C" fn prepare_route(
     capacity: usize,
     needed: *mut usize,
 ) -> PrepareStatus {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let handle = unsafe { self::handle(handle) }?;
-        let route = handle.route(self::dtype(dtype)?, bytes)?.to_string();
-        // SAFETY: the caller's promise.
-        unsafe { copy_out(&route, buffer, capacity, needed) }
-    })
+    let route = |handle: &Handle, dtype| Ok(handle.route(dtype, bytes)?.to_string());
+    // SAFETY: the caller's promise.
+    unsafe { text_out(handle, dtype, route, buffer, capacity, needed) }
 }
 
 /// Writes the agreed choice for `dtype` (the choice file's JSON: per bucket its winner, every
@@ -688,15 +516,12 @@ pub unsafe extern "C" fn prepare_choice_json(
     capacity: usize,
     needed: *mut usize,
 ) -> PrepareStatus {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let handle = unsafe { self::handle(handle) }?;
-        let choice = handle.choice(self::dtype(dtype)?)?;
-        let json = String::from_utf8(choice.to_bytes())
-            .map_err(|_| Failure::invalid("the choice is not UTF-8"))?;
-        // SAFETY: the caller's promise.
-        unsafe { copy_out(&json, buffer, capacity, needed) }
-    })
+    let json = |handle: &Handle, dtype| {
+        String::from_utf8(handle.choice(dtype)?.to_bytes())
+            .map_err(|_| Failure::invalid("the choice is not UTF-8"))
+    };
+    // SAFETY: the caller's promise.
+    unsafe { text_out(handle, dtype, json, buffer, capacity, needed) }
 }
 
 /// Sets `*served` to 1 when a package of the handle holds `dtype`, else 0.
@@ -711,8 +536,7 @@ pub unsafe extern "C" fn prepare_serves(
 ) -> PrepareStatus {
     guard(|| {
         // SAFETY: the caller's promise.
-        let handle = unsafe { self::handle(handle) }?;
-        let dtype = self::dtype(dtype)?;
+        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
         let served_now = handle.dtypes().any(|held| held == dtype);
         // SAFETY: the caller's promise.
         unsafe { write(served, i32::from(served_now), "served") }
@@ -735,8 +559,8 @@ pub unsafe extern "C" fn prepare_zero_copy_region(
 ) -> PrepareStatus {
     guard(|| {
         // SAFETY: the caller's promise.
-        let handle = unsafe { self::handle(handle) }?;
-        let region = handle.zero_copy_region(self::dtype(dtype)?)?;
+        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
+        let region = handle.zero_copy_region(dtype)?;
         let (start, length) =
             region.map_or((0, 0), |region| (region.address(), region.len_bytes()));
         if address.is_null() || bytes.is_null() {
@@ -808,56 +632,4 @@ pub unsafe extern "C" fn prepare_close(handle: *mut PrepareHandle) -> PrepareSta
         }
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn last_error() -> String {
-        // SAFETY: prepare_last_error returns a NUL-terminated string owned by this thread.
-        unsafe { CStr::from_ptr(prepare_last_error()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-
-    #[test]
-    fn a_panic_becomes_internal_with_its_message() {
-        let status = guard(|| panic!("boom"));
-        assert_eq!(status, PrepareStatus::Internal);
-        assert!(last_error().contains("boom"), "{}", last_error());
-    }
-
-    #[test]
-    fn dtypes_map_in_one_place() {
-        assert_eq!(dtype(0).unwrap(), Dtype::Bf16);
-        assert_eq!(dtype(1).unwrap(), Dtype::Fp16);
-        assert_eq!(dtype(2).unwrap(), Dtype::Fp32);
-        let failure = dtype(7).unwrap_err();
-        assert_eq!(failure.status, PrepareStatus::InvalidArgument);
-        assert!(failure.message.contains("dtype 7"));
-    }
-
-    #[test]
-    fn copy_out_reports_the_size_and_refuses_a_short_buffer() {
-        let mut needed = 0;
-        // SAFETY: a null buffer and a live `needed`.
-        let asked = unsafe { copy_out("abc", std::ptr::null_mut(), 0, &raw mut needed) };
-        assert!(asked.is_ok());
-        assert_eq!(needed, 4);
-        let mut short = [0 as c_char; 3];
-        // SAFETY: a live buffer of 3 bytes.
-        let failure = unsafe { copy_out("abc", short.as_mut_ptr(), short.len(), &raw mut needed) }
-            .unwrap_err();
-        assert!(
-            failure.message.contains("4 are needed"),
-            "{}",
-            failure.message
-        );
-        let mut room = [1 as c_char; 4];
-        // SAFETY: a live buffer of 4 bytes.
-        unsafe { copy_out("abc", room.as_mut_ptr(), room.len(), std::ptr::null_mut()) }.unwrap();
-        // SAFETY: copy_out wrote a NUL-terminated string.
-        assert_eq!(unsafe { CStr::from_ptr(room.as_ptr()) }.to_bytes(), b"abc");
-    }
 }

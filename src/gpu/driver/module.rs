@@ -334,32 +334,32 @@ impl Function {
     }
 }
 
-/// An ordinary kernel: no cluster instructions, so it may launch with or without cluster
-/// dimensions.
-#[derive(Debug)]
-pub struct Kernel {
-    function: Function,
+/// Declares kernel types that differ only in how they may launch, each a [`Function`] it
+/// dereferences to.
+macro_rules! kernel_types {
+    ($($(#[$doc:meta])* $kernel:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $kernel {
+            function: Function,
+        }
+
+        impl Deref for $kernel {
+            type Target = Function;
+            fn deref(&self) -> &Function {
+                &self.function
+            }
+        }
+    )*};
 }
 
-impl Deref for Kernel {
-    type Target = Function;
-    fn deref(&self) -> &Function {
-        &self.function
-    }
-}
-
-/// A kernel with cluster instructions: it launches only with a
-/// [`ClusterGeometry`](super::ClusterGeometry).
-#[derive(Debug)]
-pub struct ClusterKernel {
-    function: Function,
-}
-
-impl Deref for ClusterKernel {
-    type Target = Function;
-    fn deref(&self) -> &Function {
-        &self.function
-    }
+kernel_types! {
+    /// An ordinary kernel: no cluster instructions, so it may launch with or without cluster
+    /// dimensions.
+    Kernel;
+    /// A kernel with cluster instructions: it launches only with a
+    /// [`ClusterGeometry`](super::ClusterGeometry).
+    ClusterKernel;
 }
 
 /// A kernel whose kind is known at run time (from `KernelSpec::cluster`).

@@ -104,6 +104,25 @@ impl Stream {
         Ok(memory.address() + range.start as u64)
     }
 
+    /// A copy between `bytes` at byte `offset` of `memory` and host memory, waited for: checks
+    /// the range, makes the context current, queues `copy` (the driver's `function`) with the
+    /// range's device address, and synchronises the stream.
+    fn host_copy(
+        &self,
+        memory: &impl DeviceMemory,
+        operation: &'static str,
+        offset: usize,
+        bytes: usize,
+        function: &'static str,
+        copy: impl FnOnce(u64) -> sys::CUresult,
+    ) -> Result<(), DriverError> {
+        let range = offset..offset.saturating_add(bytes);
+        let address = Self::checked_range(memory, operation, &range)?;
+        self.bind()?;
+        check(copy(address), function, Some(self.ordinal))?;
+        self.synchronize()
+    }
+
     /// Copies `data` into `memory` at byte `offset` and waits for the copy.
     pub fn write<T: DeviceCopy>(
         &self,
@@ -112,16 +131,19 @@ impl Stream {
         data: &[T],
     ) -> Result<(), DriverError> {
         let bytes = std::mem::size_of_val(data);
-        let range = offset..offset.saturating_add(bytes);
-        let address = Self::checked_range(memory, "write", &range)?;
-        self.bind()?;
-        // SAFETY: the destination range lies inside the allocation (checked above); the source
-        // is `bytes` readable bytes borrowed until the stream is synchronised below, so the
-        // copy never reads it after this function returns.
-        let result =
-            unsafe { sys::cuMemcpyHtoDAsync_v2(address, data.as_ptr().cast(), bytes, self.raw) };
-        check(result, "cuMemcpyHtoDAsync", Some(self.ordinal))?;
-        self.synchronize()
+        self.host_copy(
+            memory,
+            "write",
+            offset,
+            bytes,
+            "cuMemcpyHtoDAsync",
+            |address| {
+                // SAFETY: the destination range lies inside the allocation (host_copy checked it);
+                // the source is `bytes` readable bytes borrowed until host_copy has synchronised
+                // the stream, so the copy never reads it after this function returns.
+                unsafe { sys::cuMemcpyHtoDAsync_v2(address, data.as_ptr().cast(), bytes, self.raw) }
+            },
+        )
     }
 
     /// Queues a copy of the 64-bit word at byte `offset` of `memory` into word `index` of
@@ -165,16 +187,21 @@ impl Stream {
         out: &mut [T],
     ) -> Result<(), DriverError> {
         let bytes = std::mem::size_of_val(out);
-        let range = offset..offset.saturating_add(bytes);
-        let address = Self::checked_range(memory, "read", &range)?;
-        self.bind()?;
-        // SAFETY: the source range lies inside the allocation (checked above); `out` is
-        // `bytes` writable bytes, exclusively borrowed until the stream is synchronised below,
-        // and every bit pattern is a valid T (DeviceCopy).
-        let result =
-            unsafe { sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), address, bytes, self.raw) };
-        check(result, "cuMemcpyDtoHAsync", Some(self.ordinal))?;
-        self.synchronize()
+        self.host_copy(
+            memory,
+            "read",
+            offset,
+            bytes,
+            "cuMemcpyDtoHAsync",
+            |address| {
+                // SAFETY: the source range lies inside the allocation (host_copy checked it); `out`
+                // is `bytes` writable bytes, exclusively borrowed until host_copy has synchronised
+                // the stream, and every bit pattern is a valid T (DeviceCopy).
+                unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), address, bytes, self.raw)
+                }
+            },
+        )
     }
 
     /// Copies `bytes` from `source` at byte `source_offset` to `destination` at

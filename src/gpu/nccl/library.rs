@@ -18,7 +18,7 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use nix::libc;
 
 use super::error::{NcclError, MIN_VERSION, OVERRIDE_VARIABLE};
-use crate::gpu::search::{self, bind};
+use crate::gpu::search::{self, library_api};
 
 /// Library file names, preferred first.
 const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
@@ -228,46 +228,51 @@ impl Probe for Process {
     }
 }
 
-/// The NCCL entry points the communicator code calls, with nccl.h's prototypes. Results are
-/// plain ints, so a code newer than cudarc's `ncclResult_t` cannot be an invalid enum value.
-pub(super) struct Api {
-    pub get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
-    pub get_unique_id: unsafe extern "C" fn(*mut sys::ncclUniqueId) -> c_int,
-    pub comm_init_rank_config: unsafe extern "C" fn(
-        *mut sys::ncclComm_t,
-        c_int,
-        sys::ncclUniqueId,
-        c_int,
-        *mut sys::ncclConfig_t,
-    ) -> c_int,
-    pub comm_split: unsafe extern "C" fn(
-        sys::ncclComm_t,
-        c_int,
-        c_int,
-        *mut sys::ncclComm_t,
-        *mut sys::ncclConfig_t,
-    ) -> c_int,
-    pub comm_abort: unsafe extern "C" fn(sys::ncclComm_t) -> c_int,
-    pub comm_get_async_error: unsafe extern "C" fn(sys::ncclComm_t, *mut c_int) -> c_int,
-    pub get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    pub get_last_error: unsafe extern "C" fn(sys::ncclComm_t) -> *const c_char,
-    pub all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        sys::ncclDataType_t,
-        sys::ncclRedOp_t,
-        sys::ncclComm_t,
-        sys::cudaStream_t,
-    ) -> c_int,
-    pub all_gather: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        sys::ncclDataType_t,
-        sys::ncclComm_t,
-        sys::cudaStream_t,
-    ) -> c_int,
+library_api! {
+    /// The NCCL entry points the communicator code calls, with nccl.h's prototypes. Results are
+    /// plain ints, so a code newer than cudarc's `ncclResult_t` cannot be an invalid enum value.
+    pub(super) struct Api from Library {
+        pub get_version: unsafe extern "C" fn(*mut c_int) -> c_int = "ncclGetVersion",
+        pub get_unique_id: unsafe extern "C" fn(*mut sys::ncclUniqueId) -> c_int
+            = "ncclGetUniqueId",
+        pub comm_init_rank_config: unsafe extern "C" fn(
+            *mut sys::ncclComm_t,
+            c_int,
+            sys::ncclUniqueId,
+            c_int,
+            *mut sys::ncclConfig_t,
+        ) -> c_int = "ncclCommInitRankConfig",
+        pub comm_split: unsafe extern "C" fn(
+            sys::ncclComm_t,
+            c_int,
+            c_int,
+            *mut sys::ncclComm_t,
+            *mut sys::ncclConfig_t,
+        ) -> c_int = "ncclCommSplit",
+        pub comm_abort: unsafe extern "C" fn(sys::ncclComm_t) -> c_int = "ncclCommAbort",
+        pub comm_get_async_error: unsafe extern "C" fn(sys::ncclComm_t, *mut c_int) -> c_int
+            = "ncclCommGetAsyncError",
+        pub get_error_string: unsafe extern "C" fn(c_int) -> *const c_char = "ncclGetErrorString",
+        pub get_last_error: unsafe extern "C" fn(sys::ncclComm_t) -> *const c_char
+            = "ncclGetLastError",
+        pub all_reduce: unsafe extern "C" fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            sys::ncclDataType_t,
+            sys::ncclRedOp_t,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> c_int = "ncclAllReduce",
+        pub all_gather: unsafe extern "C" fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            sys::ncclDataType_t,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> c_int = "ncclAllGather",
+    }
 }
 
 /// The loaded library: kept for the life of the process.
@@ -302,18 +307,7 @@ fn open(location: &Location) -> Result<Nccl, NcclError> {
         symbol,
         message,
     };
-    let api = Api {
-        get_version: bind!(library, "ncclGetVersion", missing),
-        get_unique_id: bind!(library, "ncclGetUniqueId", missing),
-        comm_init_rank_config: bind!(library, "ncclCommInitRankConfig", missing),
-        comm_split: bind!(library, "ncclCommSplit", missing),
-        comm_abort: bind!(library, "ncclCommAbort", missing),
-        comm_get_async_error: bind!(library, "ncclCommGetAsyncError", missing),
-        get_error_string: bind!(library, "ncclGetErrorString", missing),
-        get_last_error: bind!(library, "ncclGetLastError", missing),
-        all_reduce: bind!(library, "ncclAllReduce", missing),
-        all_gather: bind!(library, "ncclAllGather", missing),
-    };
+    let api = Api::bind(&library, missing)?;
     let mut code: c_int = 0;
     // SAFETY: ncclGetVersion writes one int through a pointer to a live local.
     let result = unsafe { (api.get_version)(&raw mut code) };
@@ -415,6 +409,7 @@ pub(super) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::search::touch;
 
     /// A process with an optional NCCL loaded, the given Python prefixes, and a loader that
     /// opens only `loader_has`.
@@ -435,11 +430,6 @@ mod tests {
         fn loader_opens(&self, name: &str) -> bool {
             self.loader_has.contains(&name)
         }
-    }
-
-    fn touch(path: &Path) {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, b"").unwrap();
     }
 
     fn environment(pairs: &[(&str, &Path)]) -> impl Fn(&str) -> Option<OsString> {
@@ -465,10 +455,10 @@ mod tests {
     #[test]
     fn a_library_already_loaded_comes_before_everything_else() {
         let root = tempfile::tempdir().unwrap();
-        let wheel = root
-            .path()
-            .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        touch(&wheel);
+        touch(
+            root.path()
+                .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
+        );
         let probe = Fake {
             loaded: Some(PathBuf::from("/torch/lib/libnccl.so.2")),
             prefixes: vec![root.path().join("venv")],
@@ -484,12 +474,11 @@ mod tests {
     #[test]
     fn the_override_comes_before_wheels_and_a_wrong_one_is_an_error() {
         let root = tempfile::tempdir().unwrap();
-        let own = root.path().join("own/libnccl.so.2");
-        touch(&own);
-        let wheel = root
-            .path()
-            .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        touch(&wheel);
+        let own = touch(root.path().join("own/libnccl.so.2"));
+        let wheel = touch(
+            root.path()
+                .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
+        );
         let probe = Fake {
             prefixes: vec![root.path().join("venv")],
             loader_has: vec!["libnccl.so.2"],
@@ -566,10 +555,10 @@ mod tests {
     #[test]
     fn an_unversioned_name_in_a_wheel_directory_is_taken_too() {
         let root = tempfile::tempdir().unwrap();
-        let file = root
-            .path()
-            .join("venv/lib/python3.13/site-packages/nvidia/cu13/lib/libnccl.so");
-        touch(&file);
+        let file = touch(
+            root.path()
+                .join("venv/lib/python3.13/site-packages/nvidia/cu13/lib/libnccl.so"),
+        );
         let probe = Fake {
             prefixes: vec![root.path().join("venv")],
             ..Fake::default()

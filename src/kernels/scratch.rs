@@ -1,0 +1,418 @@
+//! The scratch each kernel needs after the input region of the registered buffer, and where
+//! each kernel's region lies (kernels/prepare_layout.cuh, kernels/prepare_double_buffer.cuh).
+
+use super::spec::{kernel_for, kernel_named, KernelSpec, Scratch};
+use crate::abi::{ALIGNMENT_BYTES, BUFFER_ALIGNMENT_BYTES};
+use crate::ladder::{Dtype, Ladder};
+
+fn round_up(value: u64, multiple: u64) -> u64 {
+    value.div_ceil(multiple) * multiple
+}
+
+/// Bytes of a message-sized scratch region (kernels/prepare_layout.cuh `message_bytes`).
+fn message_bytes(elements: u64, dtype: Dtype) -> u64 {
+    round_up(elements * dtype.size_bytes(), ALIGNMENT_BYTES)
+}
+
+/// The chunk in which the two halves of a double-buffered region interleave
+/// (kernels/prepare_double_buffer.cuh).
+pub const DOUBLE_BUFFER_CHUNK_BYTES: u64 = 8192;
+
+/// Bytes of a double-buffered region for slots of `slot_bytes`: both halves of every rank's
+/// slot, each cut into whole chunks.
+fn double_buffered_bytes(slot_bytes: u64, world: u64) -> u64 {
+    2 * world * round_up(slot_bytes, DOUBLE_BUFFER_CHUNK_BYTES)
+}
+
+/// Lines to reserve for every message up to `elements` in the flags-in-data kernel. A message
+/// takes two lines per whole vector and one per tail element (one if empty), which does not
+/// grow with the message (for bf16, 15 elements take 9 lines, 16 take 4); one vector fewer and
+/// the longest tail is the most any smaller message takes.
+fn line_capacity(elements: u64, dtype: Dtype) -> u64 {
+    2 * (elements / dtype.per_vector()) + dtype.per_vector() - 1
+}
+
+/// Bytes of one rank's slot of a slice, tail included (`slot_bytes`).
+fn slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
+    ((elements / dtype.per_vector()).div_ceil(world) + 1) * ALIGNMENT_BYTES
+}
+
+/// Scratch bytes a kernel needs for messages up to `max_bytes` at its world size; it grows with
+/// the message, so the largest message sizes the region.
+pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
+    let dtype = spec.dtype;
+    let elements = max_bytes.div_ceil(dtype.size_bytes());
+    let world = u64::from(spec.world);
+    match kernel_named(spec).scratch {
+        Scratch::None => 0,
+        Scratch::Message => message_bytes(elements, dtype),
+        Scratch::MessageSlots => world * message_bytes(elements, dtype),
+        Scratch::SliceSlotsThenMessage => {
+            world * slice_slot_bytes(elements, dtype, world) + message_bytes(elements, dtype)
+        }
+        Scratch::DoubleBufferedLines => {
+            double_buffered_bytes(line_capacity(elements, dtype) * ALIGNMENT_BYTES, world)
+        }
+        Scratch::DoubleBufferedMessageSlots => {
+            double_buffered_bytes(message_bytes(elements, dtype), world)
+        }
+    }
+}
+
+/// Whether a kernel has no barrier and so a scratch region of its own (a peer may still be in
+/// its previous launch, of any kernel, when this one writes).
+pub fn is_double_buffered(spec: &KernelSpec) -> bool {
+    kernel_named(spec).scratch.is_double_buffered()
+}
+
+/// Where the kernels' scratch lies after the input region: the region the barrier kernels
+/// share, then one region per double-buffered kernel, in name order.
+fn scratch_regions(ladder: &Ladder) -> (u64, Vec<(String, u64)>) {
+    let mut shared = 0;
+    let mut own: Vec<(String, u64)> = Vec::new();
+    for (max_bytes, spec) in custom_bucket_kernels(ladder) {
+        // Every size is a multiple of 16 bytes; a double-buffered region, of its chunk.
+        let bytes = scratch_bytes(&spec, max_bytes);
+        if is_double_buffered(&spec) {
+            match own.iter_mut().find(|(name, _)| *name == spec.name) {
+                Some((_, largest)) => *largest = (*largest).max(bytes),
+                None => own.push((spec.name, bytes)),
+            }
+        } else {
+            shared = shared.max(bytes);
+        }
+    }
+    own.sort();
+    (shared, own)
+}
+
+/// Bytes of scratch the ladder's custom candidates need after the input region: the shared
+/// region plus every double-buffered kernel's own.
+pub fn scratch_region_bytes(ladder: &Ladder) -> u64 {
+    let (shared, own) = scratch_regions(ladder);
+    shared + own.iter().map(|(_, bytes)| bytes).sum::<u64>()
+}
+
+/// Where `spec`'s scratch starts, in bytes after the end of the input region: 0 for the
+/// barrier kernels, which share one region; after it, each double-buffered kernel's own.
+pub fn scratch_offset_after_input(ladder: &Ladder, spec: &KernelSpec) -> u64 {
+    let (shared, own) = scratch_regions(ladder);
+    if !is_double_buffered(spec) {
+        return 0;
+    }
+    let mut offset = shared;
+    for (name, bytes) in &own {
+        if *name == spec.name {
+            return offset;
+        }
+        offset += bytes;
+    }
+    panic!("{} is not a kernel of ladder {}", spec.name, ladder.name)
+}
+
+/// The largest message any custom candidate of the ladder takes, rounded up to
+/// [`BUFFER_ALIGNMENT_BYTES`]: the input region, so also every launch's `scratch_offset`.
+/// Zero when only NCCL is ever a candidate.
+pub fn input_region_bytes(ladder: &Ladder) -> u64 {
+    custom_bucket_kernels(ladder)
+        .map(|(max_bytes, _)| round_up(max_bytes, BUFFER_ALIGNMENT_BYTES))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Bytes of the registered buffer each GPU needs for the ladder: the input region plus
+/// [`scratch_region_bytes`], rounded up to [`BUFFER_ALIGNMENT_BYTES`]. The signal flags
+/// ([`SIGNAL_BYTES`](crate::abi::SIGNAL_BYTES)) come on top.
+pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
+    round_up(
+        input_region_bytes(ladder) + scratch_region_bytes(ladder),
+        BUFFER_ALIGNMENT_BYTES,
+    )
+}
+
+/// Bytes of one peer's slot in the copy-engine candidates' private scratch: the largest message
+/// of the buckets that have such a candidate, rounded up to [`ALIGNMENT_BYTES`]; `None` when
+/// the ladder has none. Each GPU allocates `world_size - 1` slots, not peer-mapped.
+pub fn copy_engine_slot_bytes(ladder: &Ladder) -> Option<u64> {
+    custom_bucket_kernels(ladder)
+        .filter(|(_, spec)| spec.copy_engine_barriers().is_some())
+        .map(|(max_bytes, _)| round_up(max_bytes, ALIGNMENT_BYTES))
+        .max()
+}
+
+/// Every (bucket `max_bytes`, kernel) pair where a bucket has a custom candidate.
+fn custom_bucket_kernels(ladder: &Ladder) -> impl Iterator<Item = (u64, KernelSpec)> + '_ {
+    ladder.buckets.iter().flat_map(move |bucket| {
+        bucket.candidates.iter().filter_map(move |id| {
+            let profile = ladder.profile(id)?;
+            Some((
+                bucket.max_bytes,
+                kernel_for(profile, ladder.dtype, ladder.world_size)?,
+            ))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::all_kernels;
+    use crate::kernels::spec::tests::{ladder, spec, EXAMPLE};
+
+    fn scratch(name: &str, world: u32, max_bytes: u64) -> u64 {
+        scratch_bytes(&spec(name, world), max_bytes)
+    }
+
+    #[test]
+    fn scratch_follows_each_layout() {
+        // 16 KiB at 4 ranks: 8192 elements, 1024 vectors, 256 per slice.
+        assert_eq!(scratch("all_reduce_one_shot_pull_bf16", 4, 16384), 0);
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_bf16", 4, 16384),
+            4 * 16384
+        );
+        assert_eq!(scratch("all_reduce_full_phased_bf16", 4, 16384), 4 * 16384);
+        assert_eq!(scratch("all_reduce_rsag_pull_bf16", 4, 16384), 16384);
+        assert_eq!(
+            scratch("all_reduce_rsag_push_bf16", 4, 16384),
+            4 * 257 * 16 + 16384
+        );
+        assert_eq!(
+            scratch("all_reduce_rsag_phased_bf16", 4, 16384),
+            4 * 257 * 16 + 16384
+        );
+        // 96 bytes at 3 ranks: 48 elements, 6 vectors, 2 per slice; slots of 3 vectors.
+        assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 3 * 48 + 96);
+        // A message that is not whole vectors still gets whole-vector regions.
+        assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 2 * 32);
+        // fp32: 96 bytes are 24 elements, 6 vectors of 4, as for bf16; 16 KiB at 4 ranks the
+        // same bytes; fp16 lays out exactly as bf16.
+        assert_eq!(scratch("all_reduce_rsag_push_fp32", 3, 96), 3 * 48 + 96);
+        assert_eq!(
+            scratch("all_reduce_rsag_phased_fp32", 4, 16384),
+            4 * 257 * 16 + 16384
+        );
+        assert_eq!(scratch("all_reduce_one_shot_push_fp32", 2, 20), 2 * 32);
+        for name in ["rsag_push", "one_shot_push_ll", "one_shot_push_simple"] {
+            assert_eq!(
+                scratch(&format!("all_reduce_{name}_fp16"), 5, 1000),
+                scratch(&format!("all_reduce_{name}_bf16"), 5, 1000)
+            );
+        }
+    }
+
+    /// Lines the flags-in-data kernel uses for a message (all_reduce_one_shot_double_buffered.cu).
+    fn line_count(elements: u64) -> u64 {
+        lines_of(elements, Dtype::Bf16)
+    }
+
+    /// Lines a message of `elements` takes in the flags-in-data kernel.
+    fn lines_of(elements: u64, dtype: Dtype) -> u64 {
+        let per = dtype.per_vector();
+        (2 * (elements / per) + elements % per).max(1)
+    }
+
+    #[test]
+    fn double_buffered_scratch_holds_both_halves_in_whole_chunks() {
+        // 16 KiB at 4 ranks: 1024 vectors, room for 2048 + 7 lines of 16 bytes: 5 chunks.
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_ll_bf16", 4, 16384),
+            2 * 4 * 5 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_simple_bf16", 4, 16384),
+            2 * 4 * 16384
+        );
+        // 9 elements: one vector (2 lines) and one tail line; any slot takes a whole chunk.
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_ll_bf16", 2, 18),
+            2 * 2 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_simple_bf16", 3, 18),
+            2 * 3 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        // An empty message still has its one line.
+        assert_eq!(line_count(0), 1);
+        assert_eq!(line_count(8), 2);
+        assert_eq!(line_count(15), 9);
+    }
+
+    #[test]
+    fn lines_reserved_for_a_bucket_hold_every_smaller_message() {
+        // The largest message of a bucket need not take the most lines: near a chunk boundary
+        // (4096 elements fill two chunks exactly) a few elements less take more.
+        for dtype in Dtype::ALL {
+            for largest in (0..40_000u64).chain((1..64).map(|k| (k << 20) / 2)) {
+                for elements in largest.saturating_sub(16)..=largest {
+                    assert!(
+                        lines_of(elements, dtype) <= line_capacity(largest, dtype),
+                        "{dtype}: {elements} of at most {largest}"
+                    );
+                }
+            }
+        }
+        assert!(line_count(524_285) > line_count(524_288));
+    }
+
+    /// Two buckets where barrier and double-buffered kernels meet.
+    const MIXED: &str = r#"{
+        "format_version": 1, "name": "mixed", "collective": "all_reduce", "dtype": "bf16",
+        "world_size": 2, "targets": ["sm_90"],
+        "profiles": [
+            { "id": "push", "algorithm": "one_shot", "transfer": "push" },
+            { "id": "ll", "algorithm": "one_shot", "transfer": "push", "protocol": "ll" },
+            { "id": "simple", "algorithm": "one_shot", "transfer": "push", "protocol": "simple" },
+            { "id": "barrier", "algorithm": "one_shot", "transfer": "push", "protocol": "barrier" },
+            { "id": "nccl", "algorithm": "nccl" }
+        ],
+        "buckets": [
+            { "max_bytes": 16384, "threads": 256, "blocks": 4,
+              "candidates": ["push", "ll", "simple", "nccl"], "default": "ll" },
+            { "max_bytes": 65536, "threads": 256, "blocks": 4,
+              "candidates": ["barrier", "simple", "nccl"], "default": "simple" }
+        ]
+    }"#;
+
+    #[test]
+    fn each_double_buffered_kernel_has_a_region_of_its_own_after_the_shared_one() {
+        let mixed = ladder(MIXED);
+        let push = spec("all_reduce_one_shot_push_bf16", 2);
+        let ll = spec("all_reduce_one_shot_push_ll_bf16", 2);
+        let simple = spec("all_reduce_one_shot_push_simple_bf16", 2);
+        assert!(!is_double_buffered(&push));
+        assert!(is_double_buffered(&ll) && is_double_buffered(&simple));
+        // `protocol: barrier` is the ordinary push kernel.
+        let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16, 2).unwrap();
+        assert_eq!(barrier, push);
+        // Shared: one-shot push at 64 KiB, 2 slots. Then ll (16 KiB: room for 2048 + 7 lines,
+        // 5 chunks a slot) and simple (64 KiB).
+        let shared = 2 * 65536;
+        let ll_region = 2 * 2 * 5 * DOUBLE_BUFFER_CHUNK_BYTES;
+        let simple_region = 2 * 2 * 65536;
+        assert_eq!(scratch_offset_after_input(&mixed, &push), 0);
+        assert_eq!(scratch_offset_after_input(&mixed, &ll), shared);
+        assert_eq!(
+            scratch_offset_after_input(&mixed, &simple),
+            shared + ll_region
+        );
+        assert_eq!(
+            scratch_region_bytes(&mixed),
+            shared + ll_region + simple_region
+        );
+        assert_eq!(
+            peer_buffer_bytes(&mixed),
+            65536 + shared + ll_region + simple_region
+        );
+    }
+
+    #[test]
+    fn peer_buffer_is_sized_by_the_largest_bucket_with_custom_candidates() {
+        let example = ladder(EXAMPLE);
+        // The NCCL-only 1 MiB bucket does not count; the 96 KiB one does.
+        assert_eq!(input_region_bytes(&example), 98304);
+        // Largest scratch: one_shot_push (or full_phased) at 96 KiB, 4 slots.
+        assert_eq!(peer_buffer_bytes(&example), 98304 + 4 * 98304);
+        let mut nccl_only = example.clone();
+        for bucket in &mut nccl_only.buckets {
+            bucket.candidates = vec!["nccl".to_owned()];
+        }
+        assert_eq!(input_region_bytes(&nccl_only), 0);
+        assert_eq!(peer_buffer_bytes(&nccl_only), 0);
+    }
+
+    #[test]
+    fn copy_engine_scratch_is_sized_by_its_largest_bucket_only() {
+        let mut example = ladder(EXAMPLE);
+        assert_eq!(copy_engine_slot_bytes(&example), None);
+        example.profiles.push(
+            serde_json::from_value(serde_json::json!({
+                "id": "copy", "algorithm": "one_shot", "transfer": "copy_engine"
+            }))
+            .unwrap(),
+        );
+        example.buckets[0].candidates.push("copy".to_owned());
+        // Only the 16 KiB bucket has it; the 1 MiB bucket does not count.
+        assert_eq!(copy_engine_slot_bytes(&example), Some(16384));
+        example.buckets[2].candidates.push("copy".to_owned());
+        assert_eq!(copy_engine_slot_bytes(&example), Some(1 << 20));
+        let spec = kernel_for(example.profile("copy").unwrap(), Dtype::Bf16, 4).unwrap();
+        assert_eq!(
+            spec.copy_engine_barriers(),
+            Some([
+                "all_reduce_one_shot_copy_engine_start_bf16".to_owned(),
+                "all_reduce_one_shot_copy_engine_end_bf16".to_owned()
+            ])
+        );
+        // No registered scratch, and the barriers belong to no other kernel.
+        assert_eq!(scratch_bytes(&spec, 1 << 20), 0);
+        assert!(all_kernels(Dtype::Bf16, 4)
+            .iter()
+            .filter(|other| **other != spec)
+            .all(|other| other.copy_engine_barriers().is_none()));
+    }
+
+    /// `slice_of` of kernels/prepare_layout.cuh for `per` elements a vector, element ranges:
+    /// (vectors, tail).
+    fn slice_of(slice: u64, elements: u64, world: u64, per: u64) -> ((u64, u64), (u64, u64)) {
+        let vectors = elements / per;
+        let per_slice = vectors.div_ceil(world);
+        let last = slice == world - 1;
+        let begin = (slice * per_slice).min(vectors);
+        let end = if last {
+            vectors
+        } else {
+            ((slice + 1) * per_slice).min(vectors)
+        };
+        let tail = if last {
+            (vectors * per, elements)
+        } else {
+            (0, 0)
+        };
+        ((begin, end), tail)
+    }
+
+    proptest::proptest! {
+        /// The slices cover every element once, in order, and each fits a slot of
+        /// `slice_slot_bytes`, so the scratch `scratch_bytes` reports holds what the kernels
+        /// write for any message up to the bucket's size.
+        #[test]
+        fn slices_partition_the_message_and_fit_their_slots(
+            elements in 0u64..5000,
+            world in 2u64..=8,
+            smaller in 0u64..5000,
+            dtype in proptest::sample::select(Dtype::ALL.to_vec()),
+        ) {
+            let per = dtype.per_vector();
+            let size = dtype.size_bytes();
+            let mut next = 0;
+            for slice in 0..world {
+                let ((begin, end), (tail_begin, tail_end)) = slice_of(slice, elements, world, per);
+                proptest::prop_assert!(begin <= end);
+                if begin < end {
+                    proptest::prop_assert_eq!(begin * per, next);
+                    next = end * per;
+                }
+                if tail_begin < tail_end {
+                    proptest::prop_assert_eq!(tail_begin, next);
+                    next = tail_end;
+                }
+                // The highest byte written into a slot: the last tail element, or the last vector.
+                let used = if tail_begin < tail_end {
+                    (tail_end - begin * per) * size
+                } else {
+                    (end - begin) * 16
+                };
+                proptest::prop_assert!(used <= slice_slot_bytes(elements, dtype, world));
+            }
+            proptest::prop_assert_eq!(next, elements);
+            // Scratch grows with the message, so the bucket's largest message sizes it.
+            let smaller = smaller.min(elements);
+            for spec in all_kernels(dtype, world as u32) {
+                proptest::prop_assert!(
+                    scratch_bytes(&spec, smaller * size) <= scratch_bytes(&spec, elements * size)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The kernel table: which kernel runs each profile, its source and entry symbol, how it lays
+//! out its scratch and how it reads this rank's message.
+
+use crate::ladder::{Algorithm, Dtype, Ladder, Profile, Protocol, Schedule, Transfer};
+
+/// A custom kernel as a package compiles it: one entry symbol in one source file, instantiated
+/// for one element type and world size.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelSpec {
+    /// The kernel's name, also its entry symbol: the algorithm's name and the dtype
+    /// (`all_reduce_rsag_phased_bf16`).
+    pub name: String,
+    /// The source file under `kernels/`.
+    pub source: &'static str,
+    /// Whether it uses cluster instructions and must launch with cluster dimensions.
+    pub cluster: bool,
+    /// The element type it sums.
+    pub dtype: Dtype,
+    /// The world size it is compiled for (2..=8); a launch at another is refused.
+    pub world: u32,
+}
+
+impl KernelSpec {
+    /// The preprocessor definitions that instantiate the kernel templates for this kernel's
+    /// element type and world size (`kernels/prepare_entry.cuh`).
+    pub fn defines(&self) -> Vec<String> {
+        vec![
+            format!("-DPREPARE_ELEMENT={}", self.dtype.element_type()),
+            format!("-DPREPARE_DTYPE={}", self.dtype.name()),
+            format!("-DPREPARE_WORLD={}", self.world),
+        ]
+    }
+
+    /// The start and end barrier entries of a kernel whose peer traffic the host enqueues as
+    /// copies (`transfer: copy_engine`), in the same source; `None` for every other kernel.
+    pub fn copy_engine_barriers(&self) -> Option<[String; 2]> {
+        kernel_of(self)
+            .and_then(|kernel| kernel.barriers)
+            .map(|barriers| barriers.map(|name| format!("{name}_{}", self.dtype.name())))
+    }
+}
+
+/// How a kernel's scratch region is laid out (kernels/prepare_layout.cuh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scratch {
+    /// No scratch.
+    None,
+    /// One message-sized region.
+    Message,
+    /// One message-sized slot per rank.
+    MessageSlots,
+    /// One slice-sized slot per rank, then one message-sized region.
+    SliceSlotsThenMessage,
+    /// Double-buffered (kernels/prepare_double_buffer.cuh): two halves of one slot per rank of
+    /// 16-byte lines, two per vector and one per tail element; a region of its own.
+    DoubleBufferedLines,
+    /// Double-buffered: two halves of one message-sized slot per rank; a region of its own.
+    DoubleBufferedMessageSlots,
+}
+
+impl Scratch {
+    /// Whether the kernel has no barrier and so needs a region no other kernel touches.
+    pub(super) fn is_double_buffered(self) -> bool {
+        matches!(
+            self,
+            Scratch::DoubleBufferedLines | Scratch::DoubleBufferedMessageSlots
+        )
+    }
+}
+
+/// Everything this module knows about one kernel.
+#[derive(Debug)]
+pub(super) struct Kernel {
+    /// The algorithm's name; the entry symbol adds the dtype.
+    name: &'static str,
+    source: &'static str,
+    cluster: bool,
+    pub(super) scratch: Scratch,
+    /// The start and end barrier entries in the same source (without the dtype), for a kernel
+    /// whose peer traffic the host enqueues as copies between them.
+    barriers: Option<[&'static str; 2]>,
+    input: InputAccess,
+}
+
+/// How a kernel reads this rank's message, which decides what the serving handle does with a
+/// caller's tensor (kernels/prepare_abi.cuh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputAccess {
+    /// Only this rank reads it, through `AllReduceParams::input`, and every output element is
+    /// written by the thread that read it, after reading it: any local memory will do, and the
+    /// output may be the input.
+    Local,
+    /// Peers read it from this rank's registered buffer, from byte 0, so it must be copied there
+    /// first unless it is there already. `output_may_alias`: whether the output may be that
+    /// input region (false when peers may still read an element after this rank summed it).
+    Peers {
+        /// Whether the output may be the registered input region itself.
+        output_may_alias: bool,
+    },
+}
+
+/// Every kernel, sorted by name.
+const KERNELS: [Kernel; 9] = [
+    Kernel {
+        name: "all_reduce_full_phased",
+        source: "all_reduce_full_phased.cu",
+        cluster: true,
+        scratch: Scratch::MessageSlots,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_copy_engine",
+        source: "all_reduce_one_shot_copy_engine.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: Some([
+            "all_reduce_one_shot_copy_engine_start",
+            "all_reduce_one_shot_copy_engine_end",
+        ]),
+        input: InputAccess::Peers {
+            output_may_alias: false,
+        },
+    },
+    Kernel {
+        name: "all_reduce_one_shot_pull",
+        source: "all_reduce_one_shot.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: None,
+        input: InputAccess::Peers {
+            output_may_alias: false,
+        },
+    },
+    Kernel {
+        name: "all_reduce_one_shot_push",
+        source: "all_reduce_one_shot.cu",
+        cluster: false,
+        scratch: Scratch::MessageSlots,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_push_ll",
+        source: "all_reduce_one_shot_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedLines,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_reduce_one_shot_push_simple",
+        source: "all_reduce_one_shot_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedMessageSlots,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_reduce_rsag_phased",
+        source: "all_reduce_rsag_phased.cu",
+        cluster: true,
+        scratch: Scratch::SliceSlotsThenMessage,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_reduce_rsag_pull",
+        source: "all_reduce_rsag.cu",
+        cluster: false,
+        scratch: Scratch::Message,
+        barriers: None,
+        input: InputAccess::Peers {
+            output_may_alias: true,
+        },
+    },
+    Kernel {
+        name: "all_reduce_rsag_push",
+        source: "all_reduce_rsag.cu",
+        cluster: false,
+        scratch: Scratch::SliceSlotsThenMessage,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+];
+
+impl Kernel {
+    fn spec(&self, dtype: Dtype, world: u32) -> KernelSpec {
+        KernelSpec {
+            name: format!("{}_{}", self.name, dtype.name()),
+            source: self.source,
+            cluster: self.cluster,
+            dtype,
+            world,
+        }
+    }
+}
+
+/// The table entry of a kernel; `None` for a spec that is not a kernel of this crate.
+fn kernel_of(spec: &KernelSpec) -> Option<&'static Kernel> {
+    KERNELS.iter().find(|kernel| {
+        spec.name.strip_suffix(spec.dtype.name()) == Some(&format!("{}_", kernel.name))
+    })
+}
+
+pub(super) fn kernel_named(spec: &KernelSpec) -> &'static Kernel {
+    kernel_of(spec).unwrap_or_else(|| panic!("`{}` is not a kernel of this crate", spec.name))
+}
+
+/// The kernel that runs a profile in a package of `dtype` at `world` ranks, or `None` for NCCL
+/// profiles (and for combinations that validation refuses, such as a phased one-shot or an
+/// unphased full all-reduce).
+pub fn kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelSpec> {
+    let name = match (profile.algorithm, profile.schedule) {
+        (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
+            (Transfer::Pull, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_pull",
+            (Transfer::Push, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_push",
+            (Transfer::Push, Some(Protocol::Ll)) => "all_reduce_one_shot_push_ll",
+            (Transfer::Push, Some(Protocol::Simple)) => "all_reduce_one_shot_push_simple",
+            (Transfer::CopyEngine, None | Some(Protocol::Barrier)) => {
+                "all_reduce_one_shot_copy_engine"
+            }
+            // Validation refuses a double-buffered pull or copy-engine transfer.
+            (Transfer::Pull | Transfer::CopyEngine, Some(Protocol::Ll | Protocol::Simple)) => {
+                return None
+            }
+        },
+        (Algorithm::Rsag, None) => match profile.transfer_or_default() {
+            Transfer::Pull => "all_reduce_rsag_pull",
+            Transfer::Push => "all_reduce_rsag_push",
+            // Validation refuses it: only the one-shot has a copy-engine form.
+            Transfer::CopyEngine => return None,
+        },
+        // The phased kernels always write to their peers; `transfer` does not apply.
+        (Algorithm::Rsag, Some(Schedule::Phased)) => "all_reduce_rsag_phased",
+        (Algorithm::Full, Some(Schedule::Phased)) => "all_reduce_full_phased",
+        (Algorithm::OneShot | Algorithm::Full | Algorithm::Nccl, _) => return None,
+    };
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == name)
+        .map(|kernel| kernel.spec(dtype, world))
+}
+
+/// How a kernel reads this rank's message; `None` for a name that is not a kernel of this crate.
+pub fn input_access(spec: &KernelSpec) -> Option<InputAccess> {
+    kernel_of(spec).map(|kernel| kernel.input)
+}
+
+/// Every custom kernel this crate has, for one element type and world size, sorted by name.
+pub fn all_kernels(dtype: Dtype, world: u32) -> Vec<KernelSpec> {
+    KERNELS
+        .iter()
+        .map(|kernel| kernel.spec(dtype, world))
+        .collect()
+}
+
+/// The distinct kernels a ladder's profiles need, sorted by name.
+pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
+    let mut kernels: Vec<KernelSpec> = ladder
+        .profiles
+        .iter()
+        .filter_map(|profile| kernel_for(profile, ladder.dtype, ladder.world_size))
+        .collect();
+    kernels.sort();
+    kernels.dedup();
+    kernels
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use std::fmt::Write as _;
+
+    pub(in crate::kernels) fn ladder(json: &str) -> Ladder {
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// A world-4 ladder like the second example of docs/ladders.md, with every kind of profile.
+    pub(in crate::kernels) const EXAMPLE: &str = r#"{
+        "format_version": 1, "name": "gb202_pcie_tp4_clustered_full", "collective": "all_reduce",
+        "dtype": "bf16", "world_size": 4, "targets": ["sm_120", "sm_121"],
+        "profiles": [
+            { "id": "one_shot_push", "algorithm": "one_shot", "transfer": "push" },
+            { "id": "rsag_pull", "algorithm": "rsag", "transfer": "pull" },
+            { "id": "rsag_phased", "algorithm": "rsag", "schedule": "phased", "active_clusters": 1 },
+            { "id": "full_phased", "algorithm": "full", "schedule": "phased", "active_clusters": 1 },
+            { "id": "one_shot_push_again", "algorithm": "one_shot", "transfer": "push", "blocks": 8 },
+            { "id": "nccl", "algorithm": "nccl" },
+            { "id": "nccl_4cta", "algorithm": "nccl", "max_ctas": 4 }
+        ],
+        "buckets": [
+            { "max_bytes": 16384, "threads": 256, "blocks": 16,
+              "candidates": ["one_shot_push", "nccl"], "default": "one_shot_push" },
+            { "max_bytes": 98304, "threads": 512, "blocks": 64, "cluster_size": 8,
+              "candidates": ["one_shot_push", "rsag_phased", "full_phased", "nccl"], "default": "rsag_phased" },
+            { "max_bytes": 1048576, "threads": 512, "blocks": 64,
+              "candidates": ["nccl", "nccl_4cta"], "default": "nccl" }
+        ]
+    }"#;
+
+    /// The kernel of that entry name (its dtype from the suffix) at `world` ranks.
+    pub(in crate::kernels) fn spec(name: &str, world: u32) -> KernelSpec {
+        Dtype::ALL
+            .into_iter()
+            .flat_map(|dtype| all_kernels(dtype, world))
+            .find(|spec| spec.name == name)
+            .unwrap_or_else(|| panic!("no kernel {name}"))
+    }
+
+    #[test]
+    fn every_profile_shape_maps_to_its_kernel_or_none() {
+        let mut table = String::new();
+        for algorithm in ["one_shot", "rsag", "full", "nccl"] {
+            for transfer in [None, Some("pull"), Some("push"), Some("copy_engine")] {
+                for schedule in [None, Some("phased")] {
+                    let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
+                    if let Some(transfer) = transfer {
+                        profile["transfer"] = transfer.into();
+                    }
+                    if let Some(schedule) = schedule {
+                        profile["schedule"] = schedule.into();
+                    }
+                    let kernel =
+                        kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Bf16, 2);
+                    writeln!(
+                        table,
+                        "{algorithm} transfer={} schedule={} -> {}",
+                        transfer.unwrap_or("-"),
+                        schedule.unwrap_or("-"),
+                        kernel.map_or("none".to_owned(), |spec| format!(
+                            "{} ({}{})",
+                            spec.name,
+                            spec.source,
+                            if spec.cluster { ", cluster" } else { "" }
+                        ))
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        insta::assert_snapshot!(table);
+    }
+
+    #[test]
+    fn a_ladder_needs_its_distinct_kernels_sorted() {
+        let names: Vec<String> = kernels_for_ladder(&ladder(EXAMPLE))
+            .into_iter()
+            .map(|spec| spec.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "all_reduce_full_phased_bf16",
+                "all_reduce_one_shot_push_bf16",
+                "all_reduce_rsag_phased_bf16",
+                "all_reduce_rsag_pull_bf16",
+            ]
+        );
+        for dtype in Dtype::ALL {
+            let kernels = all_kernels(dtype, 3);
+            assert_eq!(kernels.len(), KERNELS.len());
+            assert!(kernels.windows(2).all(|pair| pair[0] < pair[1]));
+            assert!(kernels
+                .iter()
+                .all(|spec| spec.name.ends_with(dtype.name()) && spec.world == 3));
+        }
+    }
+}
