@@ -210,11 +210,11 @@ pub fn random_elements(dtype: Dtype, seed: u64, len: usize) -> Vec<u8> {
 /// One random element of `dtype` from 64 random bits (see [`random_bf16`]).
 fn random_value(dtype: Dtype, draw: u64) -> u32 {
     match dtype {
-        Dtype::Bf16 => u32::from(random_bf16_value(draw)),
-        Dtype::Fp16 => u32::from(random_fp16_value(draw)),
+        Dtype::Bf16 => u32::from(random_half_value(draw, &BF16_DRAW)),
+        Dtype::Fp16 => u32::from(random_half_value(draw, &FP16_DRAW)),
         // A bf16 draw with 16 more random mantissa bits; zeros and infinities keep theirs clear.
         Dtype::Fp32 => {
-            let high = u32::from(random_bf16_value(draw));
+            let high = u32::from(random_half_value(draw, &BF16_DRAW));
             let low = if matches!(high & 0x7FFF, 0 | 0x7F80) {
                 0
             } else {
@@ -225,44 +225,57 @@ fn random_value(dtype: Dtype, draw: u64) -> u32 {
     }
 }
 
-fn random_bf16_value(draw: u64) -> u16 {
-    let sign = ((draw >> 8) & 1) as u16 * 0x8000;
-    let mantissa = ((draw >> 16) & 0x7F) as u16;
-    let exponent_draw = (draw >> 24) as u16;
-    let magnitude = match draw & 0xFF {
-        // NaN with a nonzero mantissa.
-        0 => 0x7F80 | mantissa.max(1),
-        1 => 0x7F80,
-        2..=9 => 0,
-        // Subnormal: exponent field 0, nonzero mantissa.
-        10..=25 => mantissa.max(1),
-        // The smallest normals, whose differences are subnormal.
-        26..=33 => ((1 + exponent_draw % 8) << 7) | mantissa,
-        // Exponent fields 0xF0..=0xFE: up to the largest finite bf16.
-        34..=49 => ((0xF0 + exponent_draw % 15) << 7) | mantissa,
-        // Exponent fields 112..=142.
-        _ => ((112 + exponent_draw % 31) << 7) | mantissa,
-    };
-    sign | magnitude
+/// How a random 16-bit float is drawn: its mantissa width, where its exponent's random bits
+/// lie in the draw, and the exponent fields of its classes.
+struct HalfDraw {
+    /// Mantissa bits: 7 for bf16, 10 for fp16.
+    mantissa_bits: u32,
+    /// The first bit of the draw the exponent is taken from.
+    exponent_shift: u32,
+    /// The smallest normals, whose differences are subnormal: exponent fields 1 to this.
+    smallest: u16,
+    /// Near the largest finite value, whose sums overflow: this many fields from the first.
+    largest: (u16, u16),
+    /// Ordinary magnitudes: this many fields from the first.
+    ordinary: (u16, u16),
 }
 
-fn random_fp16_value(draw: u64) -> u16 {
+/// bf16: exponent fields 0xF0 to 0xFE up to the largest finite bf16, ordinary ones 112 to 142.
+const BF16_DRAW: HalfDraw = HalfDraw {
+    mantissa_bits: 7,
+    exponent_shift: 24,
+    smallest: 8,
+    largest: (0xF0, 15),
+    ordinary: (112, 31),
+};
+
+/// fp16: exponent fields 27 to 30 up to the largest finite fp16 (65504), ordinary ones 5 to 25
+/// (2^-10 to 2^10).
+const FP16_DRAW: HalfDraw = HalfDraw {
+    mantissa_bits: 10,
+    exponent_shift: 32,
+    smallest: 4,
+    largest: (27, 4),
+    ordinary: (5, 21),
+};
+
+fn random_half_value(draw: u64, format: &HalfDraw) -> u16 {
+    let bits = format.mantissa_bits;
     let sign = ((draw >> 8) & 1) as u16 * 0x8000;
-    let mantissa = ((draw >> 16) & 0x3FF) as u16;
-    let exponent_draw = (draw >> 32) as u16;
+    let mantissa = ((draw >> 16) & ((1 << bits) - 1)) as u16;
+    let exponent_draw = (draw >> format.exponent_shift) as u16;
+    let infinity = (0x7FFF >> bits) << bits;
+    let normal = |(first, count): (u16, u16)| ((first + exponent_draw % count) << bits) | mantissa;
     let magnitude = match draw & 0xFF {
         // NaN with a nonzero mantissa.
-        0 => 0x7C00 | mantissa.max(1),
-        1 => 0x7C00,
+        0 => infinity | mantissa.max(1),
+        1 => infinity,
         2..=9 => 0,
         // Subnormal: exponent field 0, nonzero mantissa.
         10..=25 => mantissa.max(1),
-        // The smallest normals, whose differences are subnormal.
-        26..=33 => ((1 + exponent_draw % 4) << 10) | mantissa,
-        // Exponent fields 27..=30: up to the largest finite fp16 (65504), whose sums overflow.
-        34..=49 => ((27 + exponent_draw % 4) << 10) | mantissa,
-        // Exponent fields 5..=25: 2^-10 to 2^10.
-        _ => ((5 + exponent_draw % 21) << 10) | mantissa,
+        26..=33 => normal((1, format.smallest)),
+        34..=49 => normal(format.largest),
+        _ => normal(format.ordinary),
     };
     sign | magnitude
 }
