@@ -240,24 +240,31 @@ struct HalfDraw {
     ordinary: (u16, u16),
 }
 
+impl HalfDraw {
+    /// The fields in their order above.
+    const fn new(
+        mantissa_bits: u32,
+        exponent_shift: u32,
+        smallest: u16,
+        largest: (u16, u16),
+        ordinary: (u16, u16),
+    ) -> HalfDraw {
+        HalfDraw {
+            mantissa_bits,
+            exponent_shift,
+            smallest,
+            largest,
+            ordinary,
+        }
+    }
+}
+
 /// bf16: exponent fields 0xF0 to 0xFE up to the largest finite bf16, ordinary ones 112 to 142.
-const BF16_DRAW: HalfDraw = HalfDraw {
-    mantissa_bits: 7,
-    exponent_shift: 24,
-    smallest: 8,
-    largest: (0xF0, 15),
-    ordinary: (112, 31),
-};
+const BF16_DRAW: HalfDraw = HalfDraw::new(7, 24, 8, (0xF0, 15), (112, 31));
 
 /// fp16: exponent fields 27 to 30 up to the largest finite fp16 (65504), ordinary ones 5 to 25
 /// (2^-10 to 2^10).
-const FP16_DRAW: HalfDraw = HalfDraw {
-    mantissa_bits: 10,
-    exponent_shift: 32,
-    smallest: 4,
-    largest: (27, 4),
-    ordinary: (5, 21),
-};
+const FP16_DRAW: HalfDraw = HalfDraw::new(10, 32, 4, (27, 4), (5, 21));
 
 fn random_half_value(draw: u64, format: &HalfDraw) -> u16 {
     let bits = format.mantissa_bits;
