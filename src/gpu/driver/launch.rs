@@ -255,16 +255,14 @@ impl Stream {
             });
         }
         self.bind()?;
+        // The overlap attribute first, the cluster's second: each only where it applies.
         let mut attributes = [
             overlap_attribute(),
             cluster_attribute(geometry.cluster_size.unwrap_or(1)),
         ];
-        let count = if geometry.cluster_size.is_some() {
-            2
-        } else {
-            1
-        };
-        let config = launch_config(&geometry, self.raw, &mut attributes[..count]);
+        let first = usize::from(!function.overlaps_previous);
+        let end = 1 + usize::from(geometry.cluster_size.is_some());
+        let config = launch_config(&geometry, self.raw, &mut attributes[first..end]);
         let mut arguments = [params.as_ptr().cast_mut().cast::<c_void>()];
         // SAFETY: the function was checked at lookup to take exactly one parameter of
         // `parameter_bytes`, and `params` holds that many bytes (checked above), so the driver

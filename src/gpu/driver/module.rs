@@ -187,13 +187,20 @@ impl Module {
             sys::cuModuleGetFunction(&raw mut function, self.handle.module, name.as_ptr())
         };
         check(result, "cuModuleGetFunction", Some(device.ordinal))?;
-        let function = Function {
+        let mut function = Function {
             raw: function,
             entry: entry.to_owned(),
             parameter_bytes,
             module: Arc::clone(&self.handle),
+            overlaps_previous: false,
         };
         function.check_parameters()?;
+        // Programmatic dependent launch exists from sm_90 on; the kernels wait for the previous
+        // kernel there (`griddepcontrol.wait`), and older code is launched without it.
+        function.overlaps_previous = function.attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+            "cuFuncGetAttribute(BINARY_VERSION)",
+        )? >= 90;
         Ok(function)
     }
 
@@ -251,6 +258,8 @@ pub struct Function {
     pub(super) entry: String,
     pub(super) parameter_bytes: usize,
     pub(super) module: Arc<ModuleHandle>,
+    /// Whether it is launched allowing programmatic dependent launch (code for sm_90 and up).
+    pub(super) overlaps_previous: bool,
 }
 
 // SAFETY: a CUfunction is a driver handle valid in any thread while its module is loaded
