@@ -10,6 +10,7 @@ mod cli_tune;
 mod cli_validate;
 mod compile_missing_library;
 mod decision;
+mod decision_properties;
 mod launch;
 mod nccl_library;
 mod package;
