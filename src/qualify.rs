@@ -14,10 +14,10 @@
 //! Collective: every rank runs the same launches in the same order, whatever it finds, and the
 //! outcome is agreed, so every rank returns the same outcomes.
 
-use crate::collective::{agree_drops, Collectives, EntryId};
-use crate::device::DropReason;
 use rayon::prelude::*;
 
+use crate::collective::{agree_drops, Collectives, EntryId};
+use crate::device::DropReason;
 use crate::gpu::driver::{DeviceBuffer, DeviceMemory as _, Graph, PinnedBytes, Stream};
 use crate::ladder::Dtype;
 use crate::package::{BucketQualification, CandidateQualification, Outcome};
