@@ -163,27 +163,10 @@ impl SplitMix64 {
 /// (whose sums overflow), infinities and NaNs mixed in, so a comparison with
 /// [`reference_sum_bf16`] exercises signed zeros, no flush to zero, rounding, overflow and NaN.
 pub fn random_bf16(seed: u64, len: usize) -> Vec<u16> {
-    random_bits(seed, len, Dtype::Bf16)
-        .into_iter()
-        .map(|bits| bits as u16)
+    random_elements(Dtype::Bf16, seed, len)
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
         .collect()
-}
-
-/// `len` random elements of `dtype` from `seed`, as bits, with the corners [`random_bf16`]
-/// describes, scaled to the type.
-fn random_bits(seed: u64, len: usize, dtype: Dtype) -> Vec<u32> {
-    let mut values = vec![0_u32; len];
-    // Each piece has its own stream of the seed, so the values do not depend on the threads.
-    values
-        .par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(chunk, out)| {
-            let mut generator = chunk_generator(seed, chunk);
-            for value in out {
-                *value = random_value(dtype, generator.next());
-            }
-        });
-    values
 }
 
 /// The generator of piece `chunk` of the stream `seed`.
@@ -195,6 +178,7 @@ fn chunk_generator(seed: u64, chunk: usize) -> SplitMix64 {
 pub fn random_elements(dtype: Dtype, seed: u64, len: usize) -> Vec<u8> {
     let size = dtype.size_bytes() as usize;
     let mut bytes = vec![0_u8; len * size];
+    // Each piece has its own stream of the seed, so the values do not depend on the threads.
     bytes
         .par_chunks_mut(CHUNK * size)
         .enumerate()
@@ -207,7 +191,8 @@ pub fn random_elements(dtype: Dtype, seed: u64, len: usize) -> Vec<u8> {
     bytes
 }
 
-/// One random element of `dtype` from 64 random bits (see [`random_bf16`]).
+/// One random element of `dtype` from 64 random bits, with the corners [`random_bf16`]
+/// describes, scaled to the type.
 fn random_value(dtype: Dtype, draw: u64) -> u32 {
     match dtype {
         Dtype::Bf16 => u32::from(random_half_value(draw, &BF16_DRAW)),
