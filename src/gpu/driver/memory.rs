@@ -265,63 +265,6 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Pinned host memory of 64-bit words the device copies into asynchronously, so the host can
-/// look at a device word without waiting for any stream; freed on drop.
-#[derive(Debug)]
-pub struct HostWords {
-    pub(super) words: *mut u64,
-    pub(super) count: usize,
-    device: Device,
-}
-
-// SAFETY: the words are plain host memory owned by this value; reads are volatile and the
-// device writes them only through copies this value's owner enqueues.
-#[allow(unsafe_code)]
-unsafe impl Send for HostWords {}
-
-// SAFETY: as above: shared references only read.
-#[allow(unsafe_code)]
-unsafe impl Sync for HostWords {}
-
-impl Device {
-    /// `count` zeroed words of pinned host memory.
-    pub fn host_words(&self, count: usize) -> Result<HostWords, DriverError> {
-        self.bind()?;
-        let mut words: *mut c_void = std::ptr::null_mut();
-        let bytes = count.max(1) * 8;
-        // SAFETY: the context is current; the pointer is a live local written by the call.
-        let result = unsafe { sys::cuMemAllocHost_v2(&raw mut words, bytes) };
-        check(result, "cuMemAllocHost", Some(self.ordinal))?;
-        // SAFETY: the allocation holds `bytes` writable bytes, 8-byte aligned (page aligned).
-        unsafe { std::ptr::write_bytes(words.cast::<u8>(), 0, bytes) };
-        Ok(HostWords {
-            words: words.cast(),
-            count: count.max(1),
-            device: self.clone(),
-        })
-    }
-}
-
-impl HostWords {
-    /// Word `index` as last written (by a finished copy, or zero).
-    pub fn get(&self, index: usize) -> u64 {
-        assert!(index < self.count, "word {index} of {}", self.count);
-        // SAFETY: in bounds (asserted); the memory lives as long as self; a volatile read
-        // because the device writes it behind the compiler's back.
-        unsafe { std::ptr::read_volatile(self.words.add(index)) }
-    }
-}
-
-impl Drop for HostWords {
-    fn drop(&mut self) {
-        self.device.release_after_work(|| {
-            // SAFETY: the context is idle, so no copy still writes the words; the pointer is
-            // this allocation's and is freed exactly once.
-            let _ = unsafe { sys::cuMemFreeHost(self.words.cast()) };
-        });
-    }
-}
-
 /// Pinned (page-locked) host bytes: copies between them and the device run at the link's
 /// speed, several times faster than from pageable memory. Zeroed when made; freed on drop.
 #[derive(Debug)]
@@ -372,6 +315,49 @@ impl Drop for PinnedBytes {
             // allocation's and is freed exactly once.
             let _ = unsafe { sys::cuMemFreeHost(self.bytes.cast()) };
         });
+    }
+}
+
+/// Pinned host memory of 64-bit words the device copies into asynchronously, so the host can
+/// look at a device word without waiting for any stream; freed on drop.
+#[derive(Debug)]
+pub struct HostWords {
+    memory: PinnedBytes,
+    pub(super) count: usize,
+}
+
+// SAFETY: the words are plain host memory owned by this value; reads are volatile and the
+// device writes them only through copies this value's owner enqueues.
+#[allow(unsafe_code)]
+unsafe impl Send for HostWords {}
+
+// SAFETY: as above: shared references only read.
+#[allow(unsafe_code)]
+unsafe impl Sync for HostWords {}
+
+impl Device {
+    /// `count` zeroed words of pinned host memory.
+    pub fn host_words(&self, count: usize) -> Result<HostWords, DriverError> {
+        let count = count.max(1);
+        Ok(HostWords {
+            memory: self.pinned_bytes(count * 8)?,
+            count,
+        })
+    }
+}
+
+impl HostWords {
+    /// Where the words start (page aligned, so 8-byte aligned).
+    pub(super) fn words(&self) -> *mut u64 {
+        self.memory.bytes.cast()
+    }
+
+    /// Word `index` as last written (by a finished copy, or zero).
+    pub fn get(&self, index: usize) -> u64 {
+        assert!(index < self.count, "word {index} of {}", self.count);
+        // SAFETY: in bounds (asserted); the memory lives as long as self; a volatile read
+        // because the device writes it behind the compiler's back.
+        unsafe { std::ptr::read_volatile(self.words().add(index)) }
     }
 }
 

@@ -163,7 +163,7 @@ impl Stream {
         // is one word of pinned host memory that outlives the copy (its drop waits for the
         // context's work).
         let result = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(words.words.add(index).cast(), address, 8, self.raw)
+            sys::cuMemcpyDtoHAsync_v2(words.words().add(index).cast(), address, 8, self.raw)
         };
         check(result, "cuMemcpyDtoHAsync", Some(self.ordinal))
     }
