@@ -110,14 +110,24 @@ pub fn reference_sum(dtype: Dtype, inputs: &[&[u8]]) -> Vec<u8> {
             let start = chunk * CHUNK;
             for offset in 0..out.len() / size {
                 let index = start + offset;
-                let mut sum = to_f32(dtype, element(dtype, first, index));
-                for input in rest {
-                    sum += to_f32(dtype, element(dtype, input, index));
-                }
+                let sum = sum_in_rank_order(
+                    inputs
+                        .iter()
+                        .map(|input| to_f32(dtype, element(dtype, input, index))),
+                );
                 put_element(dtype, out, offset, from_f32(dtype, sum));
             }
         });
     sums
+}
+
+/// The fp32 sum of one element's values in rank order, starting from rank 0's value (not from
+/// 0.0, so -0 survives): `acc = x[0]; acc += x[1]; ...`.
+fn sum_in_rank_order(mut values: impl Iterator<Item = f32>) -> f32 {
+    let first = values
+        .next()
+        .expect("the reference sum needs at least one rank");
+    values.fold(first, |sum, value| sum + value)
 }
 
 /// [`reference_sum`] of bf16 inputs given as bits.
@@ -320,15 +330,15 @@ pub fn rank_dataset(dtype: Dtype, seed: u64, world: usize, rank: usize, len: usi
                 .map(|&stream| chunk_generator(stream, chunk))
                 .collect();
             for offset in 0..input.len() / size {
-                let mut sum = 0.0_f32;
-                for (peer, generator) in generators.iter_mut().enumerate() {
-                    let bits = random_value(dtype, generator.next());
-                    if peer == rank {
-                        put_element(dtype, input, offset, bits);
-                    }
-                    let value = to_f32(dtype, bits);
-                    sum = if peer == 0 { value } else { sum + value };
-                }
+                let sum = sum_in_rank_order(generators.iter_mut().enumerate().map(
+                    |(peer, generator)| {
+                        let bits = random_value(dtype, generator.next());
+                        if peer == rank {
+                            put_element(dtype, input, offset, bits);
+                        }
+                        to_f32(dtype, bits)
+                    },
+                ));
                 put_element(dtype, reference, offset, from_f32(dtype, sum));
             }
         });
