@@ -4,12 +4,12 @@
 // Entry (takes AllReduceParams by value; `<dtype>` is the package's):
 //   all_reduce_full_phased_<dtype>  cluster 0 does all the work; every other cluster returns
 //       at once and joins no flag protocol. In phase k (1..world-1) rank r writes its whole
-//       input into slot r of rank (r+k) mod world's scratch and nothing to anyone else, so a
+//       input into its peer slot of rank (r+k) mod world's scratch and nothing to anyone else, so a
 //       link or PCIe root complex never carries all-to-all writes; then every rank sums its
 //       input and the slots in rank order, so all write the same bytes. Between phases the
 //       cluster synchronises and CTA 0 alone raises and waits for one flag pair
 //       (prepare_cluster.cuh).
-//       Scratch: world slots of round_up(elements * sizeof(T), 16) bytes.
+//       Scratch: world - 1 peer slots of round_up(elements * sizeof(T), 16) bytes.
 //       Barriers: start (set 0, all peers), one flag per phase (set 1).
 // Requirements: launched with cluster dimensions (the ladders use 64 blocks of 512 threads in
 // clusters of 8), which the launch layer guarantees for this kernel; the world size it was
@@ -30,11 +30,12 @@ struct FullPhased {
         const u64 slot = message_bytes<T>(params.elements);
 
         for (int k = 1; k < N; ++k) {
-            copy_owned<T>(params.input,
+            // Rank + k keeps this rank's input in its peer slot N - 1 - k.
+            copy_owned<T>(params.input, 0,
                           params.buffers[(params.rank + k) % N] + params.scratch_offset +
-                              params.rank * slot,
+                              (N - 1 - k) * slot,
                           0, message, place.workers);
-            // Phase k: this rank's input is in rank + k's slot, rank - k's in this rank's.
+            // Phase k: this rank's input is at rank + k, rank - k's in this rank's slot.
             if (!ring_exchange<N>(params, flags, outcome, place, kSetData, k)) {
                 return;
             }

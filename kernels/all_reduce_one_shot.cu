@@ -3,10 +3,10 @@
 // Entries (each takes AllReduceParams by value; `<dtype>` is the package's):
 //   all_reduce_one_shot_pull_<dtype>  reads every rank's input region and sums.
 //       Scratch: none. Barriers: start (set 0), end (set 3).
-//   all_reduce_one_shot_push_<dtype>  writes its input into slot `rank` of every peer's
+//   all_reduce_one_shot_push_<dtype>  writes its input into its peer slot of every peer's
 //       scratch, then sums its own input with the slots it received.
-//       Scratch: world slots of round_up(elements * sizeof(T), 16) bytes. Barriers: start (0),
-//       data (1).
+//       Scratch: world - 1 peer slots of round_up(elements * sizeof(T), 16) bytes. Barriers:
+//       start (0), data (1).
 // Requirements: the world size it was compiled for; any element count; 1..1024 blocks of a
 // multiple of 32 threads, all resident at once; no cluster instructions, so a launch with
 // cluster dimensions is fine; the pointers and scratch_offset 16-byte aligned. Pull reads every
@@ -45,8 +45,7 @@ struct OneShotPush : StartBarrier {
         const Range message = whole_message<T>(params.elements);
         const Workers workers = grid_workers();
         // Peers in the order rank+1, rank+2, ... so ranks start on different peers.
-        scatter_owned<T, N>(params, params.input, params.scratch_offset + rank * slot, message,
-                            workers);
+        scatter_owned<T, N>(params, params.input, params.scratch_offset, slot, message, workers);
         // Data: this block's elements are in every peer's slot, and what the peers'
         // same-numbered blocks sent is in this rank's. No peer reads this rank's input, and
         // peers write its slots again only after the next launch's start barrier, so no end

@@ -1,6 +1,6 @@
 // all_reduce_one_shot_double_buffered.cu: one-shot push all-reduce with no barrier.
 //
-// Both kernels write this rank's input into slot `rank` of every peer's scratch and wait only
+// Both kernels write this rank's input into its peer slot of every peer's scratch and wait only
 // for what the peers write into this rank's slots; there is no start or end barrier
 // (prepare_double_buffer.cuh says why that is safe). Every rank sums its own input and the
 // slots in rank order, so all write the same bytes.
@@ -12,13 +12,13 @@
 //       block takes an equal share of the vectors (the last also the tail), so even a small
 //       message spreads over every block. A message of E elements takes 2 * (E / P) + E % P
 //       lines (one if empty), so a region for messages up to E is sized for
-//       2 * (E / P) + P - 1: 2 * world * round_up(16 * that, 8 KiB) bytes.
+//       2 * (E / P) + P - 1: 2 * (world - 1) * round_up(16 * that, 8 KiB) bytes.
 //   all_reduce_one_shot_push_simple_<dtype>  data then a flag: block b moves its share of the
 //       message in steps of 4 vectors per thread; after each step one thread per peer raises
 //       that peer's step flag for (this rank, block b) to (launch << 24) | step + 1 with
 //       st.release.sys, and the peer's block b waits until the flag reaches that value. A block
 //       sends step s, then sums step s - 1, so its local sums overlap its transfers. Scratch:
-//       2 * world * round_up(round_up(elements * sizeof(T), 16), 8 KiB).
+//       2 * (world - 1) * round_up(round_up(elements * sizeof(T), 16), 8 KiB).
 // Requirements: the world size it was compiled for; any element count; 1..1024 blocks of a
 // multiple of 32 threads, all resident at once; no cluster instructions, so a launch with
 // cluster dimensions is fine; the pointers and scratch_offset 16-byte aligned; the scratch
@@ -104,7 +104,7 @@ struct OneShotPushLl : LaunchCounter {
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
                     send_vector_lines<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                         v, parity, rank, x, flag);
+                                         v, parity, N - 1 - k, x, flag);
                 }
             },
             [&](u64 e) {
@@ -112,7 +112,7 @@ struct OneShotPushLl : LaunchCounter {
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
                     send_word_line<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                      tail_line + e, parity, rank, value, flag);
+                                      tail_line + e, parity, N - 1 - k, value, flag);
                 }
             });
         bool received = true;
@@ -168,14 +168,15 @@ struct OneShotPushLl : LaunchCounter {
     }
 };
 
-// Where byte `byte` of rank `slot`'s slot, in the half of parity `parity`, lies in `region`.
+// Where byte `byte` of peer slot `slot`, in the half of parity `parity`, lies in `region`.
 template <int N>
 __device__ __forceinline__ unsigned char* slot_byte(unsigned char* region, u64 byte, u64 parity,
                                                     unsigned int slot) {
     return region + double_buffer_offset<N>(byte, parity, slot);
 }
 
-// Sends step `step` of this block's share: this rank's vectors into slot `rank` of every peer,
+// Sends step `step` of this block's share: this rank's vectors into its peer slot of every peer
+// (rank + k keeps it in slot N - 1 - k),
 // and the tail with the last block's last step; then raises the step's flags.
 template <typename T, int N>
 __device__ __forceinline__ void send_step(const AllReduceParams& params, const SimpleShare& share,
@@ -198,7 +199,7 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
         for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
             const u64 v = first + u * blockDim.x + threadIdx.x;
             if (v < share.end) {
-                store_vector(slot_byte<N>(region, v * 16, parity, rank), 0, x[u]);
+                store_vector(slot_byte<N>(region, v * 16, parity, N - 1 - k), 0, x[u]);
             }
         }
     }
@@ -211,7 +212,7 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
                 for (int k = 1; k < N; ++k) {
                     unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
                     store_element<T>(
-                        slot_byte<N>(region, e * sizeof(typename T::Bits), parity, rank), 0,
+                        slot_byte<N>(region, e * sizeof(typename T::Bits), parity, N - 1 - k), 0,
                         value);
                 }
             });
@@ -235,7 +236,8 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
             store_vector(output, v, sum_vectors_from<T, N>([&](int q) {
                              return static_cast<unsigned int>(q) == rank
                                         ? load_vector(input, v)
-                                        : load_vector(slot_byte<N>(own_region, v * 16, parity, q),
+                                        : load_vector(slot_byte<N>(own_region, v * 16, parity,
+                                                                   peer_slot<N>(q, rank)),
                                                       0);
                          }));
         }
@@ -251,7 +253,7 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
                                ? load_element<T>(input, e)
                                : load_element<T>(
                                      slot_byte<N>(own_region, e * sizeof(typename T::Bits),
-                                                  parity, q),
+                                                  parity, peer_slot<N>(q, rank)),
                                      0);
                 }
                 store_element<T>(output, e, sum_elements<T, N>(x));

@@ -13,11 +13,12 @@
 //   - Their own regions. Each such kernel has a scratch region no other kernel touches (the
 //     host places them after the shared scratch, prepare_abi.cuh), so a barrier kernel's launch
 //     that a peer is still running is never overwritten either.
-// The halves interleave in chunks, so a parity's bytes are the same whatever the message size:
-// slot byte i of rank q's slot, parity p, lives at
-//   ((i / CHUNK * 2 + p) * world + q) * CHUNK + i % CHUNK
-// and a region for slots of S bytes takes 2 * world * round_up(S, CHUNK) bytes, mirrored by
-// `prepare::kernels::scratch_bytes`.
+// A rank keeps one slot per peer (peer_slot in prepare_layout.cuh: slot d - 1 holds what rank
+// (rank + d) % world wrote), none for itself. The halves interleave in chunks, so a parity's
+// bytes are the same whatever the message size: byte i of peer slot s, parity p, lives at
+//   ((i / CHUNK * 2 + p) * (world - 1) + s) * CHUNK + i % CHUNK
+// and a region for slots of S bytes takes 2 * (world - 1) * round_up(S, CHUNK) bytes, mirrored
+// by `prepare::kernels::scratch_bytes`.
 //
 // The counter is state[PREPARE_STATE_LAUNCH_WORD]: every block reads it when it starts, and the
 // last block to finish (counted in state[PREPARE_STATE_DONE_WORD]) stores the next value, so
@@ -26,6 +27,7 @@
 
 #include "prepare_abi.cuh"
 #include "prepare_element.cuh"
+#include "prepare_layout.cuh"
 #include "prepare_sync.cuh"
 
 #define PREPARE_DOUBLE_BUFFER_CHUNK_BYTES 8192
@@ -60,12 +62,12 @@ __device__ __forceinline__ void launch_end(const AllReduceParams& params, const 
     }
 }
 
-// Where byte `slot_byte` of rank `slot`'s slot, in the half of parity `parity`, lives in a
+// Where byte `slot_byte` of peer slot `slot`, in the half of parity `parity`, lives in a
 // double-buffered region.
 template <int N>
 __device__ __forceinline__ u64 double_buffer_offset(u64 slot_byte, u64 parity, unsigned int slot) {
     const u64 chunk = slot_byte / PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
-    return ((chunk * 2 + parity) * N + slot) * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES +
+    return ((chunk * 2 + parity) * (N - 1) + slot) * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES +
            slot_byte % PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
 }
 
@@ -92,7 +94,7 @@ __device__ __forceinline__ bool line_arrived(const unsigned int (&words)[4], uns
     return words[1] == flag && words[3] == flag;
 }
 
-// Sends a vector as lines 2v and 2v + 1 of slot `slot` in a peer's region.
+// Sends a vector as lines 2v and 2v + 1 of peer slot `slot` in a peer's region.
 template <int N>
 __device__ __forceinline__ void send_vector_lines(unsigned char* region, u64 v, u64 parity,
                                                   unsigned int slot, const Vec16& x,
@@ -103,7 +105,7 @@ __device__ __forceinline__ void send_vector_lines(unsigned char* region, u64 v, 
     store_line_volatile(line_address<N>(region, 2 * v + 1, parity, slot), high);
 }
 
-// Sends one 32-bit word (a tail element) as line `line` of slot `slot` in a peer's region.
+// Sends one 32-bit word (a tail element) as line `line` of peer slot `slot` in a peer's region.
 template <int N>
 __device__ __forceinline__ void send_word_line(unsigned char* region, u64 line, u64 parity,
                                                unsigned int slot, unsigned int value,
@@ -112,10 +114,10 @@ __device__ __forceinline__ void send_word_line(unsigned char* region, u64 line, 
     store_line_volatile(line_address<N>(region, line, parity, slot), words);
 }
 
-// Waits for `count` (1 or 2) consecutive lines from `first` of `source`'s slot in this rank's
-// region to carry `flag`, loaded together so they cost one round trip; then takes their data
-// words (two per line) into `data` and zeroes them. A line still missing is the only one loaded
-// again. False (abort recorded) when the deadline passed first.
+// Waits for `count` (1 or 2) consecutive lines from `first` of `source`'s peer slot in this
+// rank's region to carry `flag`, loaded together so they cost one round trip; then takes their
+// data words (two per line) into `data` and zeroes them. A line still missing is the only one
+// loaded again. False (abort recorded) when the deadline passed first.
 template <int N, int Count>
 __device__ __forceinline__ bool receive_lines(const AllReduceParams& params, BlockFlags& flags,
                                               u64 first, u64 parity, unsigned int source,
@@ -126,7 +128,8 @@ __device__ __forceinline__ bool receive_lines(const AllReduceParams& params, Blo
     unsigned int words[Count][4] = {};
 #pragma unroll
     for (int i = 0; i < Count; ++i) {
-        addresses[i] = line_address<N>(region, first + i, parity, source);
+        addresses[i] =
+            line_address<N>(region, first + i, parity, peer_slot<N>(source, params.rank));
     }
     const bool arrived = spin_until(flags.deadline, [&] {
         bool all = true;

@@ -13,10 +13,12 @@
 // scratch_bytes`:
 //   message_bytes(E)  = round_up(E * sizeof(T), 16)
 //   slot_bytes(E, N)  = (P + 1) * 16            a slice with its tail, any slice fits
-//   one_shot push, full phased:  N slots of message_bytes, slot q written by rank q
-//   rsag pull:                   message_bytes, this rank's reduced slice at its own position
-//   rsag push, rsag phased:      N slots of slot_bytes (slot q: rank q's piece of this rank's
+//   one_shot push, full phased:  N - 1 peer slots of message_bytes
+//   rsag pull:                   slot_bytes, this rank's reduced slice from its start
+//   rsag push, rsag phased:      N - 1 peer slots of slot_bytes (a peer's piece of this rank's
 //                                slice), then message_bytes of gathered slices at their positions
+// A rank keeps no slot for itself (it reads its own message where it is): the peer slots of a
+// rank are ordered by distance, slot d - 1 holding what rank (rank + d) % N wrote (peer_slot).
 #pragma once
 
 #include "prepare_abi.cuh"
@@ -73,6 +75,12 @@ __device__ __forceinline__ Range slice_of(unsigned int slice, u64 elements) {
     return {begin, end, last ? vectors * T::kPerVector : 0, last ? elements : 0};
 }
 
+// The slot that rank `from` writes among the N - 1 peer slots of rank `to` (from != to).
+template <int N>
+__device__ __forceinline__ unsigned int peer_slot(unsigned int from, unsigned int to) {
+    return (from + N - to) % N - 1;
+}
+
 template <typename T>
 __device__ __forceinline__ u64 message_bytes(u64 elements) {
     return (elements * sizeof(typename T::Bits) + 15) / 16 * 16;
@@ -100,53 +108,64 @@ __device__ __forceinline__ void for_each_owned(const Range& range, const Workers
     }
 }
 
-// Copies the part of `range` this thread owns from `source` (indexed like the message) to
-// `destination`, where the range's vector `first_vector` is the first.
+// Copies the part of `range` this thread owns from `source`, where vector `source_first` is the
+// first, to `destination`, where vector `destination_first` is the first (0 for a buffer
+// indexed like the message).
 template <typename T>
-__device__ __forceinline__ void copy_owned(const unsigned char* source, unsigned char* destination,
-                                           u64 first_vector, const Range& range,
-                                           const Workers& workers) {
+__device__ __forceinline__ void copy_owned(const unsigned char* source, u64 source_first,
+                                           unsigned char* destination, u64 destination_first,
+                                           const Range& range, const Workers& workers) {
     for_each_owned(
         range, workers,
-        [&](u64 v) { store_vector(destination, v - first_vector, load_vector(source, v)); },
+        [&](u64 v) {
+            store_vector(destination, v - destination_first,
+                         load_vector(source, v - source_first));
+        },
         [&](u64 e) {
-            store_element<T>(destination, e - first_vector * T::kPerVector,
-                             load_element<T>(source, e));
+            store_element<T>(destination, e - destination_first * T::kPerVector,
+                             load_element<T>(source, e - source_first * T::kPerVector));
         });
 }
 
-// The RSAG scatter to one owner: the owner's slice of this rank's input goes to slot `rank` of
-// the owner's scratch (slots of `slot` bytes), at its offset inside the slice.
+// The RSAG scatter to one owner: the owner's slice of this rank's input goes to this rank's
+// peer slot in the owner's scratch (slots of `slot` bytes), at its offset inside the slice.
 template <typename T, int N>
 __device__ __forceinline__ void copy_slice_to_owner(const AllReduceParams& params,
                                                     unsigned int owner, u64 slot,
                                                     const Workers& workers) {
     const Range slice = slice_of<T, N>(owner, params.elements);
-    copy_owned<T>(params.input, params.buffers[owner] + params.scratch_offset + params.rank * slot,
+    copy_owned<T>(params.input, 0,
+                  params.buffers[owner] + params.scratch_offset +
+                      peer_slot<N>(params.rank, owner) * slot,
                   slice.begin_vector, slice, workers);
 }
 
-// Copies the part of `range` this thread owns from `source` to every peer's buffer at `offset`
-// (both indexed like the message), peers in the order rank+1, rank+2, ..., each vector or
-// element read once.
+// Copies the part of `range` this thread owns from `source` (indexed like the message) to every
+// peer's buffer, at `offset` plus this rank's peer slot there times `slot` (0: the same offset
+// at every peer), indexed like the message; peers in the order rank+1, rank+2, ..., each vector
+// or element read once.
 template <typename T, int N>
 __device__ __forceinline__ void scatter_owned(const AllReduceParams& params,
-                                              const unsigned char* source, u64 offset,
+                                              const unsigned char* source, u64 offset, u64 slot,
                                               const Range& range, const Workers& workers) {
+    // Rank + k keeps this rank's data in its peer slot N - 1 - k.
+    const auto destination = [&](int k) {
+        return params.buffers[(params.rank + k) % N] + offset + (N - 1 - k) * slot;
+    };
     for_each_owned(
         range, workers,
         [&](u64 v) {
             const Vec16 value = load_vector(source, v);
 #pragma unroll
             for (int k = 1; k < N; ++k) {
-                store_vector(params.buffers[(params.rank + k) % N] + offset, v, value);
+                store_vector(destination(k), v, value);
             }
         },
         [&](u64 e) {
             const typename T::Bits value = load_element<T>(source, e);
 #pragma unroll
             for (int k = 1; k < N; ++k) {
-                store_element<T>(params.buffers[(params.rank + k) % N] + offset, e, value);
+                store_element<T>(destination(k), e, value);
             }
         });
 }
@@ -205,14 +224,17 @@ __device__ __forceinline__ void sum_whole_message(unsigned char* const* buffers,
                     grid_workers());
 }
 
-// Rank q's contribution, for q in rank order: this rank's own (`own`), or slot q of `slots`.
+// Rank q's contribution, for q in rank order: this rank's own (`own`), or rank q's peer slot of
+// `slots`.
 template <int N>
 __device__ __forceinline__ void rank_sources(unsigned int rank, const unsigned char* own,
                                              const unsigned char* slots, u64 slot,
                                              const unsigned char* (&sources)[N]) {
 #pragma unroll
     for (int q = 0; q < N; ++q) {
-        sources[q] = static_cast<unsigned int>(q) == rank ? own : slots + q * slot;
+        sources[q] = static_cast<unsigned int>(q) == rank
+                         ? own
+                         : slots + peer_slot<N>(static_cast<unsigned int>(q), rank) * slot;
     }
 }
 

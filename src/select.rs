@@ -115,6 +115,11 @@ pub struct Selection {
     pub choice_file: Option<PathBuf>,
     /// Where the time went.
     pub times: SelectTimes,
+    /// Device memory that loading the package took on this rank's GPU, bytes: free memory
+    /// (cuMemGetInfo) before loading minus after, so the peer buffer, the private buffers and
+    /// the kernels. Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
+    /// 0 when the caller loaded the candidates itself.
+    pub load_memory_bytes: u64,
 }
 
 /// The fingerprint of everything the choice depends on, on this machine.
@@ -373,6 +378,7 @@ pub fn select(
         cache_entry,
         choice_file,
         times,
+        load_memory_bytes: 0,
     })
 }
 

@@ -281,10 +281,20 @@ impl Handle {
         let mut served = Vec::with_capacity(packages.len());
         for package in packages {
             let started = std::time::Instant::now();
+            let free_memory = || {
+                runtime
+                    .device()
+                    .memory_info()
+                    .map(|(free, _)| free as u64)
+                    .map_err(RuntimeError::driver(rank))
+            };
+            let free_before = free_memory()?;
             let mut collectives = Collectives::new(&runtime, package).map_err(SelectError::from)?;
             let load = started.elapsed();
+            let load_memory_bytes = free_before.saturating_sub(free_memory()?);
             let mut selection = select(&runtime, &mut collectives, package, options, reporter)?;
             selection.times.load = load;
+            selection.load_memory_bytes = load_memory_bytes;
             let routes = selection
                 .choice
                 .buckets

@@ -151,6 +151,8 @@ impl prepare::progress::Reporter for LineReporter {
     }
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
 #[allow(clippy::print_stdout)]
 fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
     let package =
@@ -187,6 +189,12 @@ fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
                 times.timing.as_secs_f64()
             );
         }
+        println!(
+            "device memory taken by loading on rank 0: {:.1} MiB (free memory before and after; \
+             the peer buffer is {:.1} MiB)",
+            selection.load_memory_bytes as f64 / MIB,
+            prepare::kernels::peer_buffer_bytes(package.ladder()) as f64 / MIB
+        );
         let mut custom = 0;
         for bucket in &choice.buckets {
             let winner = &bucket.decision.winner;

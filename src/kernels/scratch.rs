@@ -18,10 +18,10 @@ fn message_bytes(elements: u64, dtype: Dtype) -> u64 {
 /// (kernels/prepare_double_buffer.cuh).
 pub const DOUBLE_BUFFER_CHUNK_BYTES: u64 = 8192;
 
-/// Bytes of a double-buffered region for slots of `slot_bytes`: both halves of every rank's
-/// slot, each cut into whole chunks.
-fn double_buffered_bytes(slot_bytes: u64, world: u64) -> u64 {
-    2 * world * round_up(slot_bytes, DOUBLE_BUFFER_CHUNK_BYTES)
+/// Bytes of a double-buffered region for slots of `slot_bytes`: both halves of every peer's
+/// slot (a rank keeps none for itself), each cut into whole chunks.
+fn double_buffered_bytes(slot_bytes: u64, peers: u64) -> u64 {
+    2 * peers * round_up(slot_bytes, DOUBLE_BUFFER_CHUNK_BYTES)
 }
 
 /// Lines to reserve for every message up to `elements` in the flags-in-data kernel. A message
@@ -43,18 +43,19 @@ pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
     let dtype = spec.dtype;
     let elements = max_bytes.div_ceil(dtype.size_bytes());
     let world = u64::from(spec.world);
+    let peers = world - 1;
     match kernel_named(spec).scratch {
         Scratch::None => 0,
-        Scratch::Message => message_bytes(elements, dtype),
-        Scratch::MessageSlots => world * message_bytes(elements, dtype),
-        Scratch::SliceSlotsThenMessage => {
-            world * slice_slot_bytes(elements, dtype, world) + message_bytes(elements, dtype)
+        Scratch::Slice => slice_slot_bytes(elements, dtype, world),
+        Scratch::PeerMessageSlots => peers * message_bytes(elements, dtype),
+        Scratch::PeerSliceSlotsThenMessage => {
+            peers * slice_slot_bytes(elements, dtype, world) + message_bytes(elements, dtype)
         }
         Scratch::DoubleBufferedLines => {
-            double_buffered_bytes(line_capacity(elements, dtype) * ALIGNMENT_BYTES, world)
+            double_buffered_bytes(line_capacity(elements, dtype) * ALIGNMENT_BYTES, peers)
         }
         Scratch::DoubleBufferedMessageSlots => {
-            double_buffered_bytes(message_bytes(elements, dtype), world)
+            double_buffered_bytes(message_bytes(elements, dtype), peers)
         }
     }
 }
@@ -165,34 +166,36 @@ mod tests {
 
     #[test]
     fn scratch_follows_each_layout() {
-        // 16 KiB at 4 ranks: 8192 elements, 1024 vectors, 256 per slice.
+        // 16 KiB at 4 ranks: 8192 elements, 1024 vectors, 256 per slice; slots are one per
+        // peer, three.
         assert_eq!(scratch("all_reduce_one_shot_pull_bf16", 4, 16384), 0);
         assert_eq!(
             scratch("all_reduce_one_shot_push_bf16", 4, 16384),
-            4 * 16384
+            3 * 16384
         );
-        assert_eq!(scratch("all_reduce_full_phased_bf16", 4, 16384), 4 * 16384);
-        assert_eq!(scratch("all_reduce_rsag_pull_bf16", 4, 16384), 16384);
+        assert_eq!(scratch("all_reduce_full_phased_bf16", 4, 16384), 3 * 16384);
+        // The reduced slice alone, in a slot of 257 vectors.
+        assert_eq!(scratch("all_reduce_rsag_pull_bf16", 4, 16384), 257 * 16);
         assert_eq!(
             scratch("all_reduce_rsag_push_bf16", 4, 16384),
-            4 * 257 * 16 + 16384
+            3 * 257 * 16 + 16384
         );
         assert_eq!(
             scratch("all_reduce_rsag_phased_bf16", 4, 16384),
-            4 * 257 * 16 + 16384
+            3 * 257 * 16 + 16384
         );
         // 96 bytes at 3 ranks: 48 elements, 6 vectors, 2 per slice; slots of 3 vectors.
-        assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 3 * 48 + 96);
+        assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 2 * 48 + 96);
         // A message that is not whole vectors still gets whole-vector regions.
-        assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 2 * 32);
+        assert_eq!(scratch("all_reduce_one_shot_push_bf16", 2, 18), 32);
         // fp32: 96 bytes are 24 elements, 6 vectors of 4, as for bf16; 16 KiB at 4 ranks the
         // same bytes; fp16 lays out exactly as bf16.
-        assert_eq!(scratch("all_reduce_rsag_push_fp32", 3, 96), 3 * 48 + 96);
+        assert_eq!(scratch("all_reduce_rsag_push_fp32", 3, 96), 2 * 48 + 96);
         assert_eq!(
             scratch("all_reduce_rsag_phased_fp32", 4, 16384),
-            4 * 257 * 16 + 16384
+            3 * 257 * 16 + 16384
         );
-        assert_eq!(scratch("all_reduce_one_shot_push_fp32", 2, 20), 2 * 32);
+        assert_eq!(scratch("all_reduce_one_shot_push_fp32", 2, 20), 32);
         for name in ["rsag_push", "one_shot_push_ll", "one_shot_push_simple"] {
             assert_eq!(
                 scratch(&format!("all_reduce_{name}_fp16"), 5, 1000),
@@ -214,23 +217,24 @@ mod tests {
 
     #[test]
     fn double_buffered_scratch_holds_both_halves_in_whole_chunks() {
-        // 16 KiB at 4 ranks: 1024 vectors, room for 2048 + 7 lines of 16 bytes: 5 chunks.
+        // 16 KiB at 4 ranks: 1024 vectors, room for 2048 + 7 lines of 16 bytes: 5 chunks, in
+        // each half of each of the three peer slots.
         assert_eq!(
             scratch("all_reduce_one_shot_push_ll_bf16", 4, 16384),
-            2 * 4 * 5 * DOUBLE_BUFFER_CHUNK_BYTES
+            2 * 3 * 5 * DOUBLE_BUFFER_CHUNK_BYTES
         );
         assert_eq!(
             scratch("all_reduce_one_shot_push_simple_bf16", 4, 16384),
-            2 * 4 * 16384
+            2 * 3 * 16384
         );
         // 9 elements: one vector (2 lines) and one tail line; any slot takes a whole chunk.
         assert_eq!(
             scratch("all_reduce_one_shot_push_ll_bf16", 2, 18),
-            2 * 2 * DOUBLE_BUFFER_CHUNK_BYTES
+            2 * DOUBLE_BUFFER_CHUNK_BYTES
         );
         assert_eq!(
             scratch("all_reduce_one_shot_push_simple_bf16", 3, 18),
-            2 * 3 * DOUBLE_BUFFER_CHUNK_BYTES
+            2 * 2 * DOUBLE_BUFFER_CHUNK_BYTES
         );
         // An empty message still has its one line.
         assert_eq!(line_count(0), 1);
@@ -285,11 +289,11 @@ mod tests {
         // `protocol: barrier` is the ordinary push kernel.
         let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16, 2).unwrap();
         assert_eq!(barrier, push);
-        // Shared: one-shot push at 64 KiB, 2 slots. Then ll (16 KiB: room for 2048 + 7 lines,
-        // 5 chunks a slot) and simple (64 KiB).
-        let shared = 2 * 65536;
-        let ll_region = 2 * 2 * 5 * DOUBLE_BUFFER_CHUNK_BYTES;
-        let simple_region = 2 * 2 * 65536;
+        // Shared: one-shot push at 64 KiB, one peer slot. Then ll (16 KiB: room for 2048 + 7
+        // lines, 5 chunks a slot) and simple (64 KiB), two halves of one peer slot each.
+        let shared = 65536;
+        let ll_region = 2 * 5 * DOUBLE_BUFFER_CHUNK_BYTES;
+        let simple_region = 2 * 65536;
         assert_eq!(scratch_offset_after_input(&mixed, &push), 0);
         assert_eq!(scratch_offset_after_input(&mixed, &ll), shared);
         assert_eq!(
@@ -311,8 +315,8 @@ mod tests {
         let example = ladder(EXAMPLE);
         // The NCCL-only 1 MiB bucket does not count; the 96 KiB one does.
         assert_eq!(input_region_bytes(&example), 98304);
-        // Largest scratch: one_shot_push (or full_phased) at 96 KiB, 4 slots.
-        assert_eq!(peer_buffer_bytes(&example), 98304 + 4 * 98304);
+        // Largest scratch: one_shot_push (or full_phased) at 96 KiB, 3 peer slots.
+        assert_eq!(peer_buffer_bytes(&example), 98304 + 3 * 98304);
         let mut nccl_only = example.clone();
         for bucket in &mut nccl_only.buckets {
             bucket.candidates = vec!["nccl".to_owned()];

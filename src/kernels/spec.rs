@@ -40,21 +40,22 @@ impl KernelSpec {
     }
 }
 
-/// How a kernel's scratch region is laid out (kernels/prepare_layout.cuh).
+/// How a kernel's scratch region is laid out (kernels/prepare_layout.cuh). A rank keeps no
+/// slot for itself: it reads its own message where it is, so slots are one per peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Scratch {
     /// No scratch.
     None,
-    /// One message-sized region.
-    Message,
-    /// One message-sized slot per rank.
-    MessageSlots,
-    /// One slice-sized slot per rank, then one message-sized region.
-    SliceSlotsThenMessage,
-    /// Double-buffered (kernels/prepare_double_buffer.cuh): two halves of one slot per rank of
+    /// One slice-sized slot (this rank's reduced slice).
+    Slice,
+    /// One message-sized slot per peer.
+    PeerMessageSlots,
+    /// One slice-sized slot per peer, then one message-sized region.
+    PeerSliceSlotsThenMessage,
+    /// Double-buffered (kernels/prepare_double_buffer.cuh): two halves of one slot per peer of
     /// 16-byte lines, two per vector and one per tail element; a region of its own.
     DoubleBufferedLines,
-    /// Double-buffered: two halves of one message-sized slot per rank; a region of its own.
+    /// Double-buffered: two halves of one message-sized slot per peer; a region of its own.
     DoubleBufferedMessageSlots,
 }
 
@@ -105,7 +106,7 @@ const KERNELS: [Kernel; 9] = [
         name: "all_reduce_full_phased",
         source: "all_reduce_full_phased.cu",
         cluster: true,
-        scratch: Scratch::MessageSlots,
+        scratch: Scratch::PeerMessageSlots,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -136,7 +137,7 @@ const KERNELS: [Kernel; 9] = [
         name: "all_reduce_one_shot_push",
         source: "all_reduce_one_shot.cu",
         cluster: false,
-        scratch: Scratch::MessageSlots,
+        scratch: Scratch::PeerMessageSlots,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -160,7 +161,7 @@ const KERNELS: [Kernel; 9] = [
         name: "all_reduce_rsag_phased",
         source: "all_reduce_rsag_phased.cu",
         cluster: true,
-        scratch: Scratch::SliceSlotsThenMessage,
+        scratch: Scratch::PeerSliceSlotsThenMessage,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -168,7 +169,7 @@ const KERNELS: [Kernel; 9] = [
         name: "all_reduce_rsag_pull",
         source: "all_reduce_rsag.cu",
         cluster: false,
-        scratch: Scratch::Message,
+        scratch: Scratch::Slice,
         barriers: None,
         input: InputAccess::Peers {
             output_may_alias: true,
@@ -178,7 +179,7 @@ const KERNELS: [Kernel; 9] = [
         name: "all_reduce_rsag_push",
         source: "all_reduce_rsag.cu",
         cluster: false,
-        scratch: Scratch::SliceSlotsThenMessage,
+        scratch: Scratch::PeerSliceSlotsThenMessage,
         barriers: None,
         input: InputAccess::Local,
     },

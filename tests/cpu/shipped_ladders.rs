@@ -305,3 +305,25 @@ fn every_launch_is_resident_on_the_devices_it_fits() {
         }
     }
 }
+
+/// Peer memory per GPU: the registered buffer of every shipped catalog is at most four times its
+/// largest message (`prepare show` reports the same figure).
+#[test]
+fn every_catalog_needs_at_most_four_times_its_largest_message_of_peer_memory() {
+    for name in GB202.iter().chain(H200.iter()) {
+        let ladder = ladder(name);
+        let largest = ladder
+            .buckets
+            .iter()
+            .map(|bucket| bucket.max_bytes)
+            .max()
+            .unwrap();
+        let peer = prepare::kernels::peer_buffer_bytes(&ladder);
+        assert!(
+            peer <= 4 * largest,
+            "{name}: {} MiB of peer memory for a largest message of {} MiB",
+            peer / MIB,
+            largest / MIB
+        );
+    }
+}

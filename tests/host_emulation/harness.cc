@@ -43,9 +43,9 @@ using u64 = unsigned long long;
 
 enum class Scratch {
     None,
-    Message,
-    MessageSlots,
-    SliceSlotsThenMessage,
+    Slice,
+    PeerMessageSlots,
+    PeerSliceSlotsThenMessage,
     // Double-buffered: a region of its own, after the shared one.
     DoubleBufferedLines,
     DoubleBufferedMessageSlots,
@@ -126,16 +126,16 @@ const Kernel kKernels[] = {
      entries<prepare::CopyEngineBarrier<prepare::kSetStart>>(),
      entries<prepare::CopyEngineBarrier<prepare::kSetEnd>>()},
     {"one_shot_pull", entries<prepare::OneShotPull>(), Scratch::None, false, false},
-    {"one_shot_push", entries<prepare::OneShotPush>(), Scratch::MessageSlots, false, true},
+    {"one_shot_push", entries<prepare::OneShotPush>(), Scratch::PeerMessageSlots, false, true},
     {"one_shot_push_ll", entries<prepare::OneShotPushLl>(), Scratch::DoubleBufferedLines, false,
      true},
     {"one_shot_push_simple", entries<prepare::OneShotPushSimple>(),
      Scratch::DoubleBufferedMessageSlots, false, true},
-    {"rsag_pull", entries<prepare::RsagPull>(), Scratch::Message, false, false},
-    {"rsag_push", entries<prepare::RsagPush>(), Scratch::SliceSlotsThenMessage, false, true},
-    {"rsag_phased", entries<prepare::RsagPhased, true>(), Scratch::SliceSlotsThenMessage, true,
+    {"rsag_pull", entries<prepare::RsagPull>(), Scratch::Slice, false, false},
+    {"rsag_push", entries<prepare::RsagPush>(), Scratch::PeerSliceSlotsThenMessage, false, true},
+    {"rsag_phased", entries<prepare::RsagPhased, true>(), Scratch::PeerSliceSlotsThenMessage, true,
      true},
-    {"full_phased", entries<prepare::FullPhased, true>(), Scratch::MessageSlots, true, true},
+    {"full_phased", entries<prepare::FullPhased, true>(), Scratch::PeerMessageSlots, true, true},
 };
 
 u64 round_up(u64 value, u64 multiple) {
@@ -151,11 +151,12 @@ u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
     const u64 chunk = PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
     switch (scratch) {
         case Scratch::None: return 0;
-        case Scratch::Message: return message;
-        case Scratch::MessageSlots: return world * message;
-        case Scratch::SliceSlotsThenMessage: return world * slot + message;
-        case Scratch::DoubleBufferedLines: return 2 * world * round_up(lines * 16, chunk);
-        case Scratch::DoubleBufferedMessageSlots: return 2 * world * round_up(message, chunk);
+        case Scratch::Slice: return slot;
+        case Scratch::PeerMessageSlots: return (world - 1) * message;
+        case Scratch::PeerSliceSlotsThenMessage: return (world - 1) * slot + message;
+        case Scratch::DoubleBufferedLines: return 2 * (world - 1) * round_up(lines * 16, chunk);
+        case Scratch::DoubleBufferedMessageSlots:
+            return 2 * (world - 1) * round_up(message, chunk);
     }
     return 0;
 }
