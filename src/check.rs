@@ -4,13 +4,13 @@
 //! exact bytes. An optional soak repeats collectives so that faults (a peer killed or stopped) can be seen to
 //! end every other rank within the timeout.
 
-use crate::collective::Collectives;
+use crate::collective::{Collectives, Operands};
 use crate::device::DropReason;
-use crate::gpu::driver::DeviceBuffer;
+use crate::gpu::driver::{CallerMemory, DeviceBuffer};
 use crate::gpu::nccl::Communicator;
 use crate::package::{Outcome, Package};
 use crate::qualify::{qualify, shared_seed, QualifyOptions, SequenceReport, POISON};
-use crate::reference::{random_inputs, reference_sum_bf16};
+use crate::reference::{random_inputs, random_rank_inputs, reference_sum, reference_sum_bf16};
 use crate::runtime::{Runtime, RuntimeError};
 
 /// Elements of the NCCL check: 512 KiB and an odd tail.
@@ -183,6 +183,77 @@ pub enum SoakCollective {
     Custom,
 }
 
+/// A message above the ladder in pieces ([`Collectives::enqueue_chunked`]) through every custom
+/// candidate of the largest bucket that qualified, out of place and in place, each compared
+/// with the reference sum on fresh random data: twice the bucket's largest message and three
+/// elements, so the last piece is short.
+fn check_pieces(
+    runtime: &Runtime,
+    collectives: &Collectives,
+    package: &Package,
+    seed: u64,
+    log: &dyn Fn(String),
+) -> Result<(), CheckError> {
+    let rank = runtime.rank();
+    let driver = move |source| CheckError::Runtime(RuntimeError::Driver { rank, source });
+    let ladder = package.ladder();
+    let Some(last) = ladder.buckets.len().checked_sub(1) else {
+        return Ok(());
+    };
+    let live: Vec<_> = collectives
+        .bucket_entries(last)
+        .filter(|(_, entry)| !entry.nccl && entry.dropped.is_none())
+        .map(|(id, _)| id)
+        .collect();
+    if live.is_empty() {
+        return Ok(());
+    }
+    let dtype = ladder.dtype;
+    let elements = 2 * collectives.piece_elements() + 3;
+    let bytes = elements * dtype.size_bytes() as usize;
+    let inputs = random_rank_inputs(dtype, seed, runtime.world() as usize, elements);
+    let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let expected = reference_sum(dtype, &views);
+    let input = runtime.device().allocate(bytes).map_err(driver)?;
+    let output = runtime.device().allocate(bytes).map_err(driver)?;
+    let stream = runtime.stream();
+    let mut result = vec![0_u8; bytes];
+    for id in live {
+        let entry = &collectives.entries()[id];
+        for in_place in [false, true] {
+            stream
+                .write(&input, 0, &inputs[rank as usize])
+                .map_err(driver)?;
+            let target = if in_place { &input } else { &output };
+            let operands = Operands {
+                input: CallerMemory::whole(&input),
+                output: CallerMemory::whole(target),
+            };
+            let step = format!("{} in pieces", entry.profile);
+            collectives.run_bounded(runtime, stream, id, &step, || {
+                collectives.enqueue_chunked(runtime, stream, elements, operands, |_| id)
+            })?;
+            stream.read(target, 0, &mut result).map_err(driver)?;
+            if let Some(index) = result.iter().zip(&expected).position(|(a, b)| a != b) {
+                return Err(CheckError::NotExact {
+                    rank,
+                    what: format!(
+                        "{} in pieces ({}, {elements} elements)",
+                        entry.profile,
+                        if in_place { "in place" } else { "out of place" }
+                    ),
+                    message: format!("byte {index} differs from the reference sum on rank {rank}"),
+                });
+            }
+        }
+        log(format!(
+            "{} in pieces, {elements} elements out of place and in place: equals the reference sum",
+            entry.profile
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a rank; `log` receives progress lines. With a package every candidate is qualified
 /// (see [`crate::qualify`]) and every custom candidate must be exact; `soak` operations of
 /// `soak_collective` follow the checks.
@@ -255,6 +326,7 @@ pub fn check_rank(
             }
         }
         sequence = report.sequence;
+        check_pieces(runtime, &loaded, package, seed.rotate_left(29), log)?;
         collectives = Some(loaded);
     }
 

@@ -20,6 +20,7 @@ pub mod kernels;
 pub mod ladder;
 pub mod launch;
 pub mod package;
+pub mod pieces;
 pub mod progress;
 pub mod qualify;
 pub mod reference;

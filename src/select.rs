@@ -14,12 +14,14 @@ use sha2::{Digest as _, Sha256};
 use crate::agree::Topology;
 use crate::cache::{self, Cache, Fingerprint};
 use crate::collective::{Collectives, EntryId};
+use crate::ladder::Ladder;
 use crate::package::{Outcome, Package};
+use crate::pieces;
 use crate::progress::Reporter;
 use crate::qualify::{qualify, Data, QualifyOptions, Sizes};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timer, TimingOptions};
-use crate::tune::choice::{write_choice, BucketChoice, Choice, ChoiceError, Tuning};
+use crate::tune::choice::{write_choice, AboveLadder, BucketChoice, Choice, ChoiceError, Tuning};
 use crate::tune::early_stop::keep_timing;
 use crate::tune::{
     decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
@@ -305,19 +307,35 @@ pub fn select(
         reporter.advance("every candidate at its bucket's largest size");
         reporter.finish();
         times.check = checked.elapsed();
-        let decisions = match options.tuning {
-            Tuning::Runtime => time_and_decide(
-                runtime,
-                collectives,
-                package,
-                &report.outcomes,
-                options,
-                reporter,
-                &mut times,
-            )?,
-            Tuning::Static => static_decisions(collectives, package, &report.outcomes),
-        };
         let ladder = package.ladder();
+        let (decisions, above_ladder) = match options.tuning {
+            Tuning::Runtime => {
+                let decisions = time_and_decide(
+                    runtime,
+                    collectives,
+                    package,
+                    &report.outcomes,
+                    options,
+                    reporter,
+                    &mut times,
+                )?;
+                let timed = Instant::now();
+                let above = above_ladder(
+                    runtime,
+                    collectives,
+                    ladder,
+                    &report.outcomes,
+                    &decisions,
+                    options,
+                )?;
+                times.timing += timed.elapsed();
+                (decisions, above)
+            }
+            Tuning::Static => (
+                static_decisions(collectives, package, &report.outcomes),
+                pieces::nccl_untimed("static tuning, nothing timed"),
+            ),
+        };
         Choice {
             format_version: crate::tune::choice::CHOICE_FORMAT_VERSION,
             tool_version: crate::TOOL_VERSION.to_owned(),
@@ -336,6 +354,7 @@ pub fn select(
                     decision,
                 })
                 .collect(),
+            above_ladder,
         }
     };
 
@@ -434,6 +453,49 @@ fn static_decisions(
             }
         })
         .collect()
+}
+
+/// Messages above the largest bucket: when its winner is a custom kernel, NCCL on the whole
+/// message against the pieces, at twice the largest bucket's message (`pieces`). Collective.
+fn above_ladder(
+    runtime: &Runtime,
+    collectives: &Collectives,
+    ladder: &Ladder,
+    outcomes: &[Outcome],
+    decisions: &[BucketDecision],
+    options: &SelectOptions,
+) -> Result<AboveLadder, SelectError> {
+    let rank = runtime.rank();
+    let (Some(last), Some(bucket)) = (decisions.last(), ladder.buckets.last()) else {
+        return Ok(pieces::nccl_untimed("the ladder has no bucket"));
+    };
+    let contenders = match pieces::Contenders::of(ladder, collectives, &last.winner) {
+        Ok(contenders) => contenders,
+        Err(reason) => return Ok(pieces::nccl_untimed(&reason)),
+    };
+    let bytes = 2 * bucket.max_bytes;
+    let buffers = pieces::PieceBuffers::new(runtime, bytes)?;
+    let mut timer = Timer::new(runtime)?;
+    let group = pieces::time_contenders(
+        runtime,
+        collectives,
+        &mut timer,
+        contenders,
+        &buffers,
+        bytes,
+        options.timing,
+    )?;
+    let decision = pieces::decide(
+        ladder,
+        collectives,
+        outcomes,
+        contenders,
+        group,
+        bytes,
+        &options.policy,
+    )
+    .map_err(|source| SelectError::Decision { rank, source })?;
+    Ok(pieces::route_of(decision, bytes))
 }
 
 /// Per bucket: every surviving candidate (checked exact at the bucket's largest size before)

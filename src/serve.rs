@@ -23,7 +23,7 @@ use crate::package::Package;
 use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Runtime, RuntimeError};
 use crate::select::{select, SelectError, SelectOptions, Selection};
-use crate::tune::choice::Choice;
+use crate::tune::choice::{AboveLadderRoute, Choice};
 
 pub use server::{environment_defaults, gpu_for_rank, Options, Server, SetupError, MAX_TIMEOUT};
 
@@ -175,6 +175,12 @@ pub enum Route<'a> {
     },
     /// Above the package's largest bucket: NCCL on the handle's communicator.
     AboveLadder,
+    /// Above the package's largest bucket, in pieces of its largest message, each by the
+    /// winner of the bucket covering its size (NCCL when the output partly overlaps the input).
+    Pieces {
+        /// The largest bucket's winner, which takes every whole piece.
+        profile: &'a str,
+    },
 }
 
 impl fmt::Display for Route<'_> {
@@ -182,6 +188,10 @@ impl fmt::Display for Route<'_> {
         match self {
             Route::Bucket { index, profile } => write!(formatter, "{profile} (bucket {index})"),
             Route::AboveLadder => formatter.write_str("nccl (above the ladder's largest bucket)"),
+            Route::Pieces { profile } => write!(
+                formatter,
+                "{profile} in pieces of the largest bucket's message (above the ladder)"
+            ),
         }
     }
 }
@@ -194,6 +204,8 @@ struct Served {
     collectives: Collectives,
     // Each bucket's largest message in bytes and the entry of its winner, ascending.
     routes: Vec<(u64, EntryId)>,
+    // Whether messages above the largest bucket go in pieces (else NCCL takes them whole).
+    pieces: bool,
     selection: Selection,
 }
 
@@ -311,6 +323,7 @@ impl Handle {
                 ladder: package.ladder().name.clone(),
                 collectives,
                 routes,
+                pieces: selection.choice.above_ladder.route == AboveLadderRoute::Pieces,
                 selection,
             });
         }
@@ -429,6 +442,13 @@ impl Handle {
                     profile: &entry.profile,
                 }
             }
+            None if served.pieces => Route::Pieces {
+                profile: served
+                    .routes
+                    .last()
+                    .map(|(_, id)| served.collectives.entries()[*id].profile.as_str())
+                    .expect("pieces come from the largest bucket's winner"),
+            },
             None => Route::AboveLadder,
         })
     }
@@ -520,6 +540,19 @@ impl Handle {
                     id,
                     elements,
                     operands,
+                )?;
+            }
+            None if served.pieces && operands.may_be_chunked(bytes) => {
+                served.collectives.enqueue_chunked(
+                    &self.runtime,
+                    stream,
+                    elements,
+                    operands,
+                    |piece| {
+                        served
+                            .route(piece)
+                            .expect("a piece is at most the largest bucket's message")
+                    },
                 )?;
             }
             None => self

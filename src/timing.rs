@@ -344,6 +344,9 @@ pub struct Timed {
     pub elements: usize,
     /// Where the message is and the sum goes; `None` for the collectives' own buffers.
     pub operands: Option<Operands>,
+    /// In pieces of the largest bucket's message, each through the entry
+    /// ([`Collectives::enqueue_chunked`]); needs operands large enough for the message.
+    pub chunked: bool,
 }
 
 impl From<(EntryId, usize)> for Timed {
@@ -352,6 +355,7 @@ impl From<(EntryId, usize)> for Timed {
             id,
             elements,
             operands: None,
+            chunked: false,
         }
     }
 }
@@ -366,6 +370,9 @@ impl Timed {
     ) -> Result<Graph, RuntimeError> {
         match self.operands {
             None => collectives.capture(runtime, stream, self.id, self.elements, ops),
+            Some(operands) if self.chunked => collectives.capture_with(stream, ops, |stream| {
+                collectives.enqueue_chunked(runtime, stream, self.elements, operands, |_| self.id)
+            }),
             Some(operands) => {
                 collectives.capture_operands(runtime, stream, self.id, self.elements, operands, ops)
             }

@@ -13,12 +13,13 @@ use crate::collective::{Collectives, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
 use crate::ladder::Ladder;
 use crate::package::Outcome;
+use crate::pieces;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timed, Timer, TimingOptions};
-use crate::tune::choice::Choice;
+use crate::tune::choice::{AboveLadderRoute, Choice};
 use crate::tune::{
-    decide_bucket, BucketSamples, CandidateOutcome, CandidateSamples, DecisionError, Policy,
-    SizeFigures,
+    decide_bucket, BucketDecision, BucketSamples, CandidateOutcome, CandidateSamples,
+    DecisionError, Policy, SizeFigures,
 };
 
 /// Why a measurement failed.
@@ -42,12 +43,16 @@ pub enum BenchError {
     Decision(#[from] DecisionError),
 }
 
-/// Every bucket's smallest and largest message and the powers of two between, ascending.
+/// Every bucket's smallest and largest message and the powers of two between, then twice and
+/// four times the largest (above the ladder), ascending.
 pub fn default_sizes(ladder: &Ladder) -> Vec<u64> {
     let last = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
     let mut sizes: Vec<u64> = std::iter::successors(Some(2_u64), |size| size.checked_mul(2))
         .take_while(|&size| size <= last)
         .collect();
+    if last > 0 {
+        sizes.extend([2 * last, 4 * last]);
+    }
     for index in 0..ladder.buckets.len() {
         sizes.push(ladder.bucket_min_bytes(index));
         sizes.push(ladder.buckets[index].max_bytes);
@@ -72,19 +77,9 @@ fn slowest_median(samples: &[Vec<Option<f64>>]) -> f64 {
     figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// The bucket's plain NCCL candidate: `nccl` without communicator settings if it has one, else
-/// its first NCCL candidate.
+/// The bucket's plain NCCL candidate ([`Ladder::plain_nccl`]).
 fn nccl_profile(ladder: &Ladder, bucket: usize) -> Option<String> {
-    let nccl: Vec<&crate::ladder::Profile> = ladder.buckets[bucket]
-        .candidates
-        .iter()
-        .filter_map(|id| ladder.profile(id))
-        .filter(|profile| profile.is_nccl())
-        .collect();
-    nccl.iter()
-        .find(|profile| profile.max_ctas.is_none() && profile.min_ctas.is_none())
-        .or(nccl.first())
-        .map(|profile| profile.id.clone())
+    ladder.plain_nccl(bucket).map(|profile| profile.id.clone())
 }
 
 /// A server's own memory for the serving rows: an input and an output buffer.
@@ -102,6 +97,10 @@ pub struct Bench<'a> {
     ladder: &'a Ladder,
     outcomes: &'a [Outcome],
     chosen: Vec<String>,
+    // Whether the choice sends messages above the ladder in pieces.
+    pieces_chosen: bool,
+    // Buffers for messages above the ladder, with the largest message they hold.
+    piece_buffers: Option<(u64, pieces::PieceBuffers)>,
     timer: Timer,
     timing: TimingOptions,
 }
@@ -150,6 +149,8 @@ impl<'a> Bench<'a> {
             ladder,
             outcomes,
             chosen,
+            pieces_chosen: choice.above_ladder.route == AboveLadderRoute::Pieces,
+            piece_buffers: None,
             timer: Timer::new(runtime)?,
             timing,
         })
@@ -161,11 +162,13 @@ impl<'a> Bench<'a> {
     }
 
     /// Every candidate of the bucket covering `bytes` timed against the others at that size,
-    /// in the bucket's order; `None` above the last bucket.
+    /// in the bucket's order. Above the last bucket, NCCL on the whole message against the
+    /// largest bucket's chosen kernel in pieces (`crate::pieces`), as the bucket after the last;
+    /// `None` there when the largest bucket chose NCCL.
     pub fn time_size(&mut self, bytes: u64) -> Result<Option<Vec<SizeRow>>, BenchError> {
         let (ladder, collectives) = (self.ladder, self.collectives);
         let Some(bucket) = ladder.bucket_for(bytes) else {
-            return Ok(None);
+            return self.time_above_ladder(bytes);
         };
         let elements = bytes.div_ceil(ladder.dtype.size_bytes()) as usize;
         let live: Vec<(usize, usize)> = collectives
@@ -209,7 +212,85 @@ impl<'a> Bench<'a> {
             world as usize,
             &Policy::default(),
         )?;
-        let nccl_name = nccl_profile(ladder, bucket);
+        let chosen = self.chosen[bucket].clone();
+        Ok(Some(self.rows(&decision, bytes, &ops_of, |profile| {
+            profile == chosen
+        })))
+    }
+
+    /// The bucket after the last: NCCL on the whole message against the pieces.
+    fn time_above_ladder(&mut self, bytes: u64) -> Result<Option<Vec<SizeRow>>, BenchError> {
+        let (ladder, collectives) = (self.ladder, self.collectives);
+        let Some(winner) = self.chosen.last() else {
+            return Ok(None);
+        };
+        let Ok(contenders) = pieces::Contenders::of(ladder, collectives, winner) else {
+            return Ok(None);
+        };
+        let element_bytes = ladder.dtype.size_bytes();
+        let bytes = bytes / element_bytes * element_bytes;
+        if self
+            .piece_buffers
+            .as_ref()
+            .is_none_or(|(capacity, _)| *capacity < bytes)
+        {
+            // The previous buffers go first, so that only one pair is ever held.
+            self.piece_buffers = None;
+            self.piece_buffers = Some((bytes, pieces::PieceBuffers::new(self.runtime, bytes)?));
+        }
+        let (_, buffers) = self.piece_buffers.as_ref().expect("allocated above");
+        let group = pieces::time_contenders(
+            self.runtime,
+            collectives,
+            &mut self.timer,
+            contenders,
+            buffers,
+            bytes,
+            self.timing,
+        )?;
+        let profile = |id: usize| collectives.entries()[id].profile.clone();
+        let ops_of = vec![
+            (profile(contenders.nccl), group.ops[0]),
+            (profile(contenders.pieces), group.ops[1]),
+        ];
+        let decision = pieces::decide(
+            ladder,
+            collectives,
+            self.outcomes,
+            contenders,
+            group,
+            bytes,
+            &Policy::default(),
+        )?;
+        let pieces_chosen = self.pieces_chosen;
+        let pieces_profile = profile(contenders.pieces);
+        let mut rows = self.rows(&decision, bytes, &ops_of, |profile| {
+            (profile == pieces_profile) == pieces_chosen
+        });
+        for row in &mut rows {
+            if row.profile == pieces_profile {
+                row.profile = format!("{pieces_profile} in pieces");
+            }
+        }
+        Ok(Some(rows))
+    }
+
+    /// One row per candidate of `decision` at `bytes`, each marked chosen where `chosen` says
+    /// so, with its bus bandwidth and its speed against NCCL's.
+    fn rows(
+        &self,
+        decision: &BucketDecision,
+        bytes: u64,
+        ops_of: &[(String, u32)],
+        chosen: impl Fn(&str) -> bool,
+    ) -> Vec<SizeRow> {
+        let bucket = decision.index;
+        let world = self.runtime.world();
+        let nccl_name = if bucket < self.ladder.buckets.len() {
+            nccl_profile(self.ladder, bucket)
+        } else {
+            nccl_profile(self.ladder, bucket - 1)
+        };
         let nccl_median = decision.candidates.iter().find_map(|candidate| {
             match (
                 &candidate.outcome,
@@ -223,7 +304,7 @@ impl<'a> Bench<'a> {
         });
         let factor = 2.0 * f64::from(world - 1) / f64::from(world);
         let rows = decision.candidates.iter().map(|candidate| {
-            let chosen = candidate.profile == self.chosen[bucket];
+            let chosen = chosen(&candidate.profile);
             let excluded = SizeRow {
                 bytes,
                 bucket,
@@ -267,7 +348,7 @@ impl<'a> Bench<'a> {
                 },
             }
         });
-        Ok(Some(rows.collect()))
+        rows.collect()
     }
 
     /// The server's own memory the serving rows run on, as large as the largest of `sizes` a
@@ -312,6 +393,7 @@ impl<'a> Bench<'a> {
             id,
             elements,
             operands: Some(Operands { input, output }),
+            chunked: false,
         };
         let mut entries = vec![
             Timed::from((id, elements)),

@@ -121,6 +121,16 @@ pub fn nccl_type(dtype: Dtype) -> NcclDataType {
     }
 }
 
+/// The pieces of a message of `elements` in pieces of at most `piece` elements, in order:
+/// (first element, elements) each, the last one shorter when `piece` does not divide the
+/// message. One piece of everything when `piece` is 0 (no bucket).
+pub fn pieces(elements: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
+    let piece = if piece == 0 { elements.max(1) } else { piece };
+    (0..elements)
+        .step_by(piece)
+        .map(move |first| (first, piece.min(elements - first)))
+}
+
 /// The largest message of the ladder, in elements.
 fn capacity_elements(ladder: &Ladder) -> usize {
     let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
@@ -327,6 +337,11 @@ impl Collectives {
         Ok(collectives)
     }
 
+    /// The element type the package sums.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
     /// Every entry, bucket by bucket in ladder order, each bucket's candidates in its order.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
@@ -421,8 +436,9 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         let entry = &self.entries[id];
         // Scratch is sized by each bucket's largest message; a larger one would overrun it.
+        // NCCL has no scratch of ours and takes any size.
         let largest = self.bucket_capacity[entry.bucket];
-        if elements == 0 || elements > largest {
+        if elements == 0 || (elements > largest && !entry.nccl) {
             return Err(RuntimeError::Setup {
                 rank: self.rank,
                 message: format!(
@@ -504,6 +520,48 @@ impl Collectives {
                 self.finish(stream, &operands, bytes, &plan)
             }
         }
+    }
+
+    /// Elements of one piece of a message above the largest bucket: that bucket's largest
+    /// message.
+    pub fn piece_elements(&self) -> usize {
+        self.bucket_capacity.last().copied().unwrap_or(0)
+    }
+
+    /// Enqueues a message of any size in consecutive pieces of [`Collectives::piece_elements`]
+    /// (the last one shorter), each all-reduced by the entry `entry_for` gives for its size in
+    /// bytes, in order on `stream`. Every piece reads and writes only its own part of the
+    /// operands, so the input and the output must be the same memory or not overlap at all:
+    /// an output that partly overlaps the input would be written by one piece before a later
+    /// piece read it. Refused otherwise.
+    pub fn enqueue_chunked(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        elements: usize,
+        operands: Operands,
+        entry_for: impl Fn(u64) -> EntryId,
+    ) -> Result<(), RuntimeError> {
+        let bytes = elements as u64 * self.element_bytes;
+        if !operands.may_be_chunked(bytes) {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: "a message in pieces needs its output to be its input or to lie \
+                          apart from it; they partly overlap"
+                    .to_owned(),
+            });
+        }
+        for (first, count) in pieces(elements, self.piece_elements()) {
+            let offset = first as u64 * self.element_bytes;
+            let length = count as u64 * self.element_bytes;
+            let part = |memory: CallerMemory| CallerMemory::prefix(&memory.offset(offset), length);
+            let piece = Operands {
+                input: part(operands.input),
+                output: part(operands.output),
+            };
+            self.enqueue_operands(runtime, stream, entry_for(length), count, piece)?;
+        }
+        Ok(())
     }
 
     /// Enqueues the copies that put the message where a kernel of `access` needs it, and
@@ -592,12 +650,23 @@ impl Collectives {
         operands: Operands,
         ops: u32,
     ) -> Result<Graph, RuntimeError> {
+        self.capture_with(stream, ops, |stream| {
+            self.enqueue_operands(runtime, stream, id, elements, operands)
+        })
+    }
+
+    /// Captures `ops` calls of `enqueue` on `stream` into one graph, uploaded.
+    pub fn capture_with(
+        &self,
+        stream: &mut Stream,
+        ops: u32,
+        enqueue: impl Fn(&Stream) -> Result<(), RuntimeError>,
+    ) -> Result<Graph, RuntimeError> {
         let rank = self.rank;
         let graph = stream
             .capture(|stream| {
                 for _ in 0..ops {
-                    self.enqueue_operands(runtime, stream, id, elements, operands)
-                        .map_err(CaptureFailure::Runtime)?;
+                    enqueue(stream).map_err(CaptureFailure::Runtime)?;
                 }
                 Ok(())
             })
@@ -677,5 +746,38 @@ impl Collectives {
                 abort,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    proptest::proptest! {
+        /// The pieces cover every element once, in order, each at most a piece long and only
+        /// the last one shorter.
+        #[test]
+        fn pieces_cover_the_message_in_order(elements in 0usize..10_000, piece in 0usize..3_000) {
+            let all: Vec<(usize, usize)> = pieces(elements, piece).collect();
+            let mut next = 0;
+            for (index, &(first, count)) in all.iter().enumerate() {
+                proptest::prop_assert_eq!(first, next);
+                proptest::prop_assert!(count > 0);
+                if piece > 0 {
+                    proptest::prop_assert!(count <= piece);
+                    if index + 1 < all.len() {
+                        proptest::prop_assert_eq!(count, piece);
+                    }
+                }
+                next += count;
+            }
+            proptest::prop_assert_eq!(next, elements);
+        }
+    }
+
+    #[test]
+    fn twice_a_piece_and_three_elements_is_three_pieces() {
+        let all: Vec<(usize, usize)> = pieces(2 * 1024 + 3, 1024).collect();
+        assert_eq!(all, [(0, 1024), (1024, 1024), (2048, 3)]);
     }
 }

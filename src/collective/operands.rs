@@ -1,7 +1,7 @@
 //! Where one all-reduce's message and sum lie, and what is copied around a custom kernel so
 //! that it reads and writes only what its contract allows: a pure plan over device addresses.
 
-use crate::gpu::driver::CallerMemory;
+use crate::gpu::driver::{CallerMemory, DeviceMemory};
 use crate::kernels::{self, InputAccess};
 
 /// The memory one all-reduce reads its message from and writes its sum to, on this rank's GPU;
@@ -12,6 +12,20 @@ pub struct Operands {
     pub input: CallerMemory,
     /// Where the sum goes.
     pub output: CallerMemory,
+}
+
+impl Operands {
+    /// Whether a message of `bytes` may be all-reduced in consecutive pieces: the output is the
+    /// input (each piece in place) or lies apart from it, so no piece writes what a later piece
+    /// still reads.
+    pub fn may_be_chunked(&self, bytes: u64) -> bool {
+        let range = |memory: &CallerMemory| {
+            let start = memory.address();
+            start..start.saturating_add(bytes)
+        };
+        self.input.address() == self.output.address()
+            || !overlaps(&range(&self.input), &range(&self.output))
+    }
 }
 
 /// How the message reaches a kernel that must read it from the registered buffer.
@@ -248,5 +262,38 @@ mod tests {
             plan(peers, registered + 32, output).staging,
             Staging::ThroughPrivate
         );
+    }
+
+    /// Device memory at `address` of `bytes`, as a caller's.
+    fn memory(address: u64, bytes: usize) -> CallerMemory {
+        struct Range(u64, usize);
+        impl DeviceMemory for Range {
+            fn address(&self) -> u64 {
+                self.0
+            }
+            fn len_bytes(&self) -> usize {
+                self.1
+            }
+            fn ordinal(&self) -> usize {
+                0
+            }
+        }
+        CallerMemory::whole(&Range(address, bytes))
+    }
+
+    #[test]
+    fn pieces_take_an_output_that_is_the_input_or_apart_from_it() {
+        let operands = |input, output| Operands {
+            input: memory(input, 4096),
+            output: memory(output, 4096),
+        };
+        assert!(operands(MIB, MIB).may_be_chunked(4096));
+        assert!(operands(MIB, MIB + 4096).may_be_chunked(4096));
+        assert!(operands(MIB + 4096, MIB).may_be_chunked(4096));
+        // Partly overlapping, either way round: a piece would overwrite a later piece's input.
+        assert!(!operands(MIB, MIB + 16).may_be_chunked(4096));
+        assert!(!operands(MIB + 16, MIB).may_be_chunked(4096));
+        // Only the message counts, not the memory around it.
+        assert!(operands(MIB, MIB + 1024).may_be_chunked(1024));
     }
 }

@@ -32,7 +32,8 @@ pub struct Args {
     #[command(flatten)]
     ranks: RankArgs,
     /// Message sizes (`8K,256K,4M,64M`, or bytes); by default every bucket's smallest and
-    /// largest message and the powers of two between.
+    /// largest message, the powers of two between, and twice and four times the largest bucket
+    /// (above the ladder: NCCL on the whole message against the pieces).
     #[arg(long, value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     sizes: Option<Vec<u64>>,
     /// Interleaved rounds per size.
@@ -251,7 +252,10 @@ fn time_sizes(
     ));
     for &bytes in sizes {
         let Some(timed) = bench.time_size(bytes).map_err(bench_failure)? else {
-            log(format!("{bytes:>10}: above the last bucket; skipped"));
+            log(format!(
+                "{bytes:>10}: above the last bucket, whose winner is NCCL (or has none that \
+                 runs here): NCCL takes it whole; skipped"
+            ));
             continue;
         };
         for row in timed {

@@ -401,6 +401,19 @@ impl Ladder {
         }
     }
 
+    /// The bucket's plain NCCL candidate: `nccl` without communicator settings if it has one,
+    /// else its first NCCL candidate; `None` when it has none.
+    pub fn plain_nccl(&self, bucket: usize) -> Option<&Profile> {
+        let mut nccl = self.buckets[bucket]
+            .candidates
+            .iter()
+            .filter_map(|id| self.profile(id))
+            .filter(|profile| profile.is_nccl());
+        let first = nccl.clone().next();
+        nccl.find(|profile| profile.max_ctas.is_none() && profile.min_ctas.is_none())
+            .or(first)
+    }
+
     /// The bucket that covers a message of `bytes`, or `None` when NCCL takes it.
     pub fn bucket_for(&self, bytes: u64) -> Option<usize> {
         self.buckets

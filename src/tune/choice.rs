@@ -12,9 +12,10 @@ use super::{BucketDecision, Policy};
 use crate::files::write_atomically;
 use crate::package::PackageId;
 
-/// The choice format this tool writes and reads. 2: every candidate is timed at its bucket's
-/// smallest and largest message, with figures per size and a slowdown (1: at the largest only).
-pub const CHOICE_FORMAT_VERSION: u32 = 2;
+/// The choice format this tool writes and reads. 3: with the route of messages above the
+/// largest bucket (`above_ladder`). 2: every candidate is timed at its bucket's smallest and
+/// largest message, with figures per size and a slowdown (1: at the largest only).
+pub const CHOICE_FORMAT_VERSION: u32 = 3;
 
 /// How the choice was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -51,6 +52,34 @@ pub struct Choice {
     pub policy: Policy,
     /// Every bucket's decision, in ladder order.
     pub buckets: Vec<BucketChoice>,
+    /// How messages above the largest bucket are all-reduced.
+    pub above_ladder: AboveLadder,
+}
+
+/// How messages above the largest bucket are all-reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AboveLadderRoute {
+    /// NCCL on the whole message.
+    Nccl,
+    /// In consecutive pieces of the largest bucket's largest message (the last one shorter),
+    /// each all-reduced by the winner of the bucket covering its size; NCCL still takes a
+    /// message whose output partly overlaps its input.
+    Pieces,
+}
+
+/// The route of messages above the largest bucket and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AboveLadder {
+    /// The route.
+    pub route: AboveLadderRoute,
+    /// Why, in a sentence.
+    pub reason: String,
+    /// When both routes were timed: at twice the largest bucket's largest message, NCCL (the
+    /// baseline) against the pieces, named by the largest bucket's winner, decided as a bucket
+    /// is (its index is the number of buckets).
+    pub decision: Option<BucketDecision>,
 }
 
 /// One bucket's choice. (Unknown fields are not refused here: serde cannot combine that with

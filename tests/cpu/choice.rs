@@ -68,6 +68,9 @@ fn choice() -> Choice {
                 ],
             },
         }],
+        above_ladder: prepare::pieces::nccl_untimed(
+            "the largest bucket chose nccl, NCCL, so pieces would be NCCL too",
+        ),
     }
 }
 
@@ -104,7 +107,7 @@ fn an_unknown_format_version_is_refused() {
     let (message, _) = refusal(|value| value["format_version"] = 7.into());
     assert!(
         message.ends_with(&format!(
-            "is not a valid choice: format_version 7 is not known to prepare {} (it reads 2)",
+            "is not a valid choice: format_version 7 is not known to prepare {} (it reads 3)",
             prepare::TOOL_VERSION
         )),
         "{message}"
@@ -124,7 +127,7 @@ fn a_choice_of_format_1_is_refused_naming_its_version() {
     assert_eq!(
         message,
         format!(
-            "{} is not a valid choice: format_version 1 is not known to prepare {} (it reads 2)",
+            "{} is not a valid choice: format_version 1 is not known to prepare {} (it reads 3)",
             path.display(),
             prepare::TOOL_VERSION
         )
@@ -135,7 +138,7 @@ fn a_choice_of_format_1_is_refused_naming_its_version() {
 fn a_timed_candidate_holds_its_figures_per_size() {
     let value = serde_json::to_value(choice()).unwrap();
     assert_eq!(value["format_version"], CHOICE_FORMAT_VERSION);
-    assert_eq!(CHOICE_FORMAT_VERSION, 2);
+    assert_eq!(CHOICE_FORMAT_VERSION, 3);
     assert_eq!(
         value["buckets"][0]["candidates"][0],
         serde_json::json!({

@@ -410,11 +410,12 @@ fn a_choice_with_a_huge_format_version_is_reported_as_such() {
         .to_bytes(),
     )
     .unwrap();
-    let text = text.replacen(
-        "\"format_version\": 2,",
-        "\"format_version\": 1180591620717411303424,",
-        1,
+    let version = format!(
+        "\"format_version\": {},",
+        prepare::tune::choice::CHOICE_FORMAT_VERSION
     );
+    assert!(text.contains(&version), "{text}");
+    let text = text.replacen(&version, "\"format_version\": 1180591620717411303424,", 1);
     let (code, _, stderr) = show_with_choice(scratch.path(), &out, text.as_bytes());
     assert_eq!(code, Some(1), "{stderr}");
     // serde_json holds a number this large as a float, and prints it as one.

@@ -190,6 +190,45 @@ fn synthetic_choice(dir: &Path, fate: impl Fn(u64, u64, &str) -> Fate<'static>) 
     let policy = Policy::default();
     let decisions =
         decide(&samples, world_size as usize, &policy).expect("every bucket has a timed candidate");
+    // Above the ladder: NCCL on the whole message against the largest bucket's winner in
+    // pieces, at twice its largest message, with the same fates.
+    let last = decisions.last().expect("the package has a bucket");
+    let largest = manifest
+        .buckets
+        .last()
+        .expect("the package has a bucket")
+        .max_bytes;
+    let above_samples = |profile: &str, noise: &mut Noise| {
+        let Fate::Timed {
+            center,
+            jitter,
+            exact,
+        } = fate(largest, largest, profile)
+        else {
+            panic!("{profile} is timed in the largest bucket")
+        };
+        CandidateSamples {
+            profile: profile.to_owned(),
+            dropped: None,
+            exact,
+            samples: vec![noise.samples(2.0 * center, jitter, world_size as usize, 20)],
+        }
+    };
+    let above = prepare::tune::decide_bucket(
+        &BucketSamples {
+            index: manifest.buckets.len(),
+            default: "nccl".to_owned(),
+            sizes: vec![2 * largest],
+            candidates: vec![
+                above_samples("nccl", &mut noise),
+                above_samples(&last.winner, &mut noise),
+            ],
+        },
+        world_size as usize,
+        &policy,
+    )
+    .expect("both were timed");
+    let above_ladder = prepare::pieces::route_of(above, 2 * largest);
     let fingerprint = Fingerprint {
         package: package.identity().to_owned(),
         tool_version: prepare::TOOL_VERSION.to_owned(),
@@ -223,6 +262,7 @@ fn synthetic_choice(dir: &Path, fate: impl Fn(u64, u64, &str) -> Fate<'static>) 
                 decision,
             })
             .collect(),
+        above_ladder,
     }
 }
 

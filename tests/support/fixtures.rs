@@ -306,5 +306,9 @@ pub fn defaults_choice(
                 },
             })
             .collect(),
+        above_ladder: prepare::pieces::nccl_untimed(match tuning {
+            Tuning::Runtime => "the largest bucket's default was taken untimed",
+            Tuning::Static => "static tuning, nothing timed",
+        }),
     }
 }

@@ -41,6 +41,14 @@ pub fn render_choice(out: &mut String, path: &Path, choice: &Choice, width: Opti
     header.render(out, width);
     let _ = writeln!(out);
     render_decisions(out, choice, width);
+    let _ = writeln!(out);
+    paragraph(
+        out,
+        &format!("Above the largest bucket: {}", choice.above_ladder.reason),
+        width,
+        0,
+        2,
+    );
     if choice.tuning == Tuning::Static {
         let _ = writeln!(
             out,
@@ -331,6 +339,9 @@ mod tests {
                     ],
                 },
             }],
+            above_ladder: prepare::pieces::nccl_untimed(
+                "the largest bucket chose nccl, NCCL, so pieces would be NCCL too",
+            ),
         }
     }
 
