@@ -8,6 +8,13 @@ Started by torchrun, one process per GPU:
 Contenders, each a bf16 sum all-reduce of the same random data:
 
 * torch_nccl: torch.distributed.all_reduce (NCCL backend), in place;
+* nccl_symmetric: NCCL's symmetric-memory kernels (NCCL 2.27 and later), called directly in the
+  libnccl torch loaded (found in /proc/self/maps): a communicator of its own (ncclGetUniqueId
+  on rank 0, the id broadcast through torch.distributed, ncclCommInitRank), one buffer of the
+  largest message from ncclMemAlloc registered with ncclCommWindowRegister(...,
+  NCCL_WIN_COLL_SYMMETRIC), and ncclAllReduce in place in it on torch's current stream; an
+  older NCCL, or one without those entry points, makes it unavailable with the reason, and the
+  JSON header records the library and its ncclGetVersion;
 * symm_mem_one_shot: torch.ops.symm_mem.one_shot_all_reduce_out, from a symmetric-memory input
   into a separate output;
 * symm_mem_two_shot: torch.ops.symm_mem.two_shot_all_reduce_, in place in symmetric memory;
@@ -21,7 +28,8 @@ back-to-back operations, K chosen so a replay takes about 150 us (at most 200 op
 slowest rank's one-op replay; interleaved rounds (A B C A B C ...), each sample preceded by a
 barrier (a 64-element NCCL all-reduce on the same stream) and timed with CUDA events around
 the replay; 2 warm-up rounds, then 25 rounds; per round the slowest rank counts; the figure is
-the median over rounds. Bus bandwidth is bytes x 2(n-1)/n / time.
+the median over rounds. Bus bandwidth is bytes x 2(n-1)/n / time. The code is in
+benches/allreduce_bench/, one module per concern.
 
 Multicast (NVLS) is never used: NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are
 set before torch is imported unless already set, and any other value is refused.

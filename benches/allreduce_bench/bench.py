@@ -14,6 +14,7 @@ from .contenders import (
     SymmMemTwoShot,
     TorchNccl,
 )
+from .nccl_symmetric import NcclSymmetric
 from .report import Report
 from .timing import Timing
 
@@ -23,6 +24,7 @@ ASSUMED_CYCLES_PER_US = 2000
 
 CONTENDER_TYPES = {
     "torch_nccl": TorchNccl,
+    "nccl_symmetric": NcclSymmetric,
     "symm_mem_one_shot": SymmMemOneShot,
     "symm_mem_two_shot": SymmMemTwoShot,
     "prepare_zero_copy": PrepareZeroCopy,
@@ -231,9 +233,31 @@ class Bench(Timing, Report):
                 except Exception:
                     self.header["symm_mem_backend"] = None
         for contender in contenders:
+            if contender.error is None and isinstance(contender, NcclSymmetric):
+                contender.error = self.nccl_rendezvous(contender)
+        for contender in contenders:
             if contender.error is not None:
                 log(self.rank, f"{contender.name} unavailable: {contender.error}")
         return contenders
+
+    def nccl_rendezvous(self, contender):
+        """NCCL's own communicator and symmetric window, each step agreed by every rank.
+
+        Returns the agreed error, or None when every rank holds the registered window.
+        """
+        self.kick(f"{contender.name}: ncclCommInitRank")
+        # Rank 0 made the id while allocating; every rank's allocation succeeded.
+        unique_id = [contender.unique_id]
+        self.dist.broadcast_object_list(unique_id, src=0)
+        error = self.agreed_error(self.attempt(lambda: contender.connect(unique_id[0])))
+        if error is not None:
+            return error
+        self.kick(f"{contender.name}: ncclCommWindowRegister")
+        error = self.agreed_error(self.attempt(contender.register_window))
+        if error is None:
+            nccl = contender.nccl
+            log(self.rank, f"{contender.name}: NCCL {nccl.version} from {nccl.path}")
+        return error
 
     # -- everything ---------------------------------------------------------------------------
 

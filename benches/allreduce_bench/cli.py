@@ -6,7 +6,8 @@ import re
 import sys
 
 DEFAULT_SIZES = "8K,16K,32K,64K,256K,1M,4M,16M,64M"
-TORCH_CONTENDERS = ("torch_nccl", "symm_mem_one_shot", "symm_mem_two_shot")
+# The contenders that need only torch and the NCCL it loaded.
+TORCH_CONTENDERS = ("torch_nccl", "nccl_symmetric", "symm_mem_one_shot", "symm_mem_two_shot")
 PREPARE_CONTENDERS = ("prepare_zero_copy", "prepare_any_tensor")
 CONTENDERS = TORCH_CONTENDERS + PREPARE_CONTENDERS
 MULTICAST_OFF = {"1", "true", "TRUE"}
@@ -51,8 +52,9 @@ def parse_contenders(text):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="Time PyTorch all-reduce paths (NCCL, symmetric-memory one-shot and "
-        "two-shot) with prepare bench's method. Start with torchrun, one process per GPU."
+        description="Time PyTorch all-reduce paths (NCCL, NCCL's symmetric kernels, "
+        "symmetric-memory one-shot and two-shot) with prepare bench's method. Start with "
+        "torchrun, one process per GPU."
     )
     parser.add_argument(
         "--sizes",
