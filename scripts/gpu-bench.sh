@@ -2,8 +2,8 @@
 # The benchmarks behind docs/benchmarks.md, on the GPU machine, one after the other: for each
 # ladder, `prepare export` for the local GPUs (which qualifies every candidate in CUDA graphs), then
 # `prepare bench` (every candidate, NCCL and the tuned choice, plus the decode emulation); then
-# benches/pytorch_allreduce.py (PyTorch's NCCL and symmetric-memory all-reduces). Run from the
-# repository root after scripts/build-gpu-tests.sh:
+# benches/pytorch_allreduce.py (PyTorch's NCCL and symmetric-memory all-reduces, and NCCL's
+# symmetric kernels). Run from the repository root after scripts/build-gpu-tests.sh:
 #   bash .device-carry/scripts/gpu-bench.sh OUT LADDER.json... [-- BENCH-OPTIONS...]
 # OUT/<ladder name>/ gets the package, bench.json and the plots; OUT/torch.json PyTorch's rows.
 set -euo pipefail

@@ -2,15 +2,18 @@
 library loads, and every failure is a clear exception of the right class, never a crash.
 Run against the installed package (scripts/test.sh installs it into .venv)."""
 
+import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import prepare
 
 ZERO_ID = bytes(prepare._binding.UNIQUE_ID_BYTES)
+BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
 
 def test_import_does_not_import_torch():
@@ -126,3 +129,98 @@ def test_collectives_without_torch_says_torch_is_needed():
             prepare.Collectives("package")
     else:
         pytest.skip("torch is installed here; the GPU scripts test Collectives")
+
+
+def bench_module(name):
+    """A module of benches/allreduce_bench, the PyTorch all-reduce bench, imported here."""
+    if str(BENCHES) not in sys.path:
+        sys.path.insert(0, str(BENCHES))
+    return importlib.import_module(f"allreduce_bench.{name}")
+
+
+def test_every_bench_module_imports_without_torch():
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"sys.path.insert(0, {str(BENCHES)!r})\n"
+        "import allreduce_bench, pytorch_allreduce\n"
+        "names = sorted(m.name for m in pkgutil.iter_modules(allreduce_bench.__path__))\n"
+        "for name in names:\n"
+        "    importlib.import_module('allreduce_bench.' + name)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print(' '.join(names))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert {"bench", "cli", "contenders", "main", "nccl_symmetric", "timing"} <= set(
+        done.stdout.split()
+    )
+
+
+def test_bench_arguments_default_to_the_torch_contenders_in_order():
+    cli = bench_module("cli")
+    args = cli.parse_args([])
+    assert args.contenders == list(cli.TORCH_CONTENDERS)
+    assert args.sizes[0] == 8 << 10 and args.sizes[-1] == 64 << 20
+    picked = cli.parse_args(["--contenders", "symm_mem_two_shot,torch_nccl", "--sizes", "4K,1M,4K"])
+    assert picked.contenders == ["torch_nccl", "symm_mem_two_shot"]
+    assert picked.sizes == [4096, 1 << 20]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sizes", "3"], "3 bytes"),
+        (["--contenders", "gloo"], "unknown contender"),
+        (["--contenders", "prepare_zero_copy"], "need --prepare PACKAGE"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+    ],
+)
+def test_bench_arguments_refuse_what_cannot_run(capsys, argv, message):
+    cli = bench_module("cli")
+    with pytest.raises(SystemExit) as caught:
+        cli.parse_args(argv)
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "code, version",
+    [(22809, (2, 28, 9)), (22703, (2, 27, 3)), (23001, (2, 30, 1)), (21903, (2, 19, 3)),
+     (2708, (2, 7, 8))],
+)
+def test_nccl_version_codes_are_decoded_in_both_encodings(code, version):
+    assert bench_module("nccl_symmetric").decode_version(code) == version
+
+
+def test_nccl_symmetric_refuses_nccl_before_2_27_and_says_why():
+    nccl_symmetric = bench_module("nccl_symmetric")
+    for code in (22703, 22809, 23001):
+        assert nccl_symmetric.version_refusal(code) is None
+    for code, shown in ((22609, "NCCL 2.26.9"), (21903, "NCCL 2.19.3"), (2708, "NCCL 2.7.8")):
+        refusal = nccl_symmetric.version_refusal(code)
+        assert shown in refusal and "2.27 or later" in refusal
+
+
+def test_nccl_symmetric_finds_the_libnccl_files_mapped_in_the_process():
+    maps = "\n".join([
+        "7f10-7f20 r--p 00000000 08:01 11   /site-packages/nvidia/nccl/lib/libnccl.so.2",
+        "7f20-7f30 r-xp 00001000 08:01 11   /site-packages/nvidia/nccl/lib/libnccl.so.2",
+        "7f30-7f40 r--p 00000000 08:01 12   /opt/two words/libnccl.so.2.28.9",
+        "7f40-7f50 r--p 00000000 08:01 13   /usr/lib/libnccl-net.so",
+        "7f50-7f60 r--p 00000000 08:01 14   /old/libnccl.so.2 (deleted)",
+        "7f60-7f70 rw-p 00000000 00:00 0    [heap]",
+        "7f70-7f80 rw-p 00000000 00:00 0",
+    ])
+    assert bench_module("nccl_symmetric").mapped_nccl_libraries(maps) == [
+        "/site-packages/nvidia/nccl/lib/libnccl.so.2",
+        "/opt/two words/libnccl.so.2.28.9",
+    ]
+
+
+def test_nccl_symmetric_refuses_a_library_without_nccl_by_the_missing_entry_point():
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        pytest.skip("no C library to load by name here")
+    with pytest.raises(RuntimeError, match=f"{libc} has no ncclGetVersion"):
+        bench_module("nccl_symmetric").Nccl(libc)

@@ -1,0 +1,140 @@
+"""The command line and the environment checks of the PyTorch all-reduce bench (no torch)."""
+
+import argparse
+import os
+import re
+import sys
+
+DEFAULT_SIZES = "8K,16K,32K,64K,256K,1M,4M,16M,64M"
+# The contenders that need only torch and the NCCL it loaded.
+TORCH_CONTENDERS = ("torch_nccl", "nccl_symmetric", "symm_mem_one_shot", "symm_mem_two_shot")
+PREPARE_CONTENDERS = ("prepare_zero_copy", "prepare_any_tensor")
+CONTENDERS = TORCH_CONTENDERS + PREPARE_CONTENDERS
+MULTICAST_OFF = {"1", "true", "TRUE"}
+
+
+def parse_size(text):
+    """Bytes from '8K', '4M', '1G' (powers of 1024) or a plain number; 'KiB'/'KB' also read."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(?:[iI]?[bB])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 8K, 4M, 1G or bytes)")
+    value = int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[
+        match.group(2).upper()
+    ]
+    if value <= 0 or value % 2 != 0:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r} is {value} bytes: it must be a positive whole number of bf16 "
+            "elements (an even byte count)"
+        )
+    return value
+
+
+def parse_sizes(text):
+    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("no sizes given")
+    unique = []
+    for size in sizes:
+        if size not in unique:
+            unique.append(size)
+    return unique
+
+
+def parse_contenders(text):
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in CONTENDERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}"
+        )
+    return [name for name in CONTENDERS if name in names]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="Time PyTorch all-reduce paths (NCCL, NCCL's symmetric kernels, "
+        "symmetric-memory one-shot and two-shot) with prepare bench's method. Start with "
+        "torchrun, one process per GPU."
+    )
+    parser.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=parse_sizes(DEFAULT_SIZES),
+        help=f"message sizes in bytes, K/M/G = powers of 1024 (default {DEFAULT_SIZES})",
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
+    parser.add_argument(
+        "--contenders",
+        type=parse_contenders,
+        default=None,
+        help=f"comma-separated subset of {','.join(CONTENDERS)} (default all; the prepare "
+        "ones need --prepare)",
+    )
+    parser.add_argument(
+        "--prepare",
+        metavar="PACKAGE",
+        help="also time prepare's Python path (prepare.Collectives) with this package",
+    )
+    parser.add_argument(
+        "--prepare-cache-dir",
+        metavar="DIR",
+        default=None,
+        help="prepare's choice cache (default: its own default)",
+    )
+    parser.add_argument("--rounds", type=int, default=25, help="timed rounds (default 25)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up rounds (default 2)")
+    parser.add_argument(
+        "--sample-us",
+        type=float,
+        default=150.0,
+        help="a replay takes about this long, microseconds (default 150)",
+    )
+    parser.add_argument(
+        "--max-ops", type=int, default=200, help="at most this many ops per replay (default 200)"
+    )
+    parser.add_argument(
+        "--pause-us",
+        type=float,
+        default=20.0,
+        help="GPU-side pause after each barrier, outside the timed span, so the host has "
+        "queued the replay before its start event fires; 0 disables (default 20)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds any one step may take before the run is ended (default 300)",
+    )
+    args = parser.parse_args(argv)
+    if args.contenders is None:
+        args.contenders = list(CONTENDERS if args.prepare else TORCH_CONTENDERS)
+    if not args.prepare and any(name in PREPARE_CONTENDERS for name in args.contenders):
+        parser.error("the prepare contenders need --prepare PACKAGE")
+    bounds = [
+        ("--rounds", args.rounds >= 1, "must be at least 1"),
+        ("--warmup", args.warmup >= 0, "must not be negative"),
+        ("--sample-us", args.sample_us > 0, "must be positive"),
+        ("--max-ops", args.max_ops >= 1, "must be at least 1"),
+        ("--pause-us", args.pause_us >= 0, "must not be negative"),
+        ("--timeout", args.timeout > 0, "must be positive"),
+    ]
+    for flag, within, bound in bounds:
+        if not within:
+            parser.error(f"{flag} {bound}")
+    return args
+
+
+def check_multicast_off():
+    """Refuses to run with NVLS or symmetric-memory multicast switched on."""
+    nvls = os.environ.get("NCCL_NVLS_ENABLE")
+    symm = os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST")
+    problems = []
+    if nvls != "0":
+        problems.append(f"NCCL_NVLS_ENABLE={nvls!r} (must be 0)")
+    if symm not in MULTICAST_OFF:
+        problems.append(f"TORCH_SYMM_MEM_DISABLE_MULTICAST={symm!r} (must be 1)")
+    if problems:
+        sys.stderr.write(
+            "pytorch_allreduce: multicast must stay off: " + "; ".join(problems) + "\n"
+        )
+        sys.exit(2)
