@@ -5,28 +5,32 @@
 //! margin; `prepare bench` times both at every size above the ladder.
 
 use crate::collective::{Collectives, EntryId, Operands};
-use crate::gpu::driver::{CallerMemory, DeviceBuffer};
+use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory};
 use crate::ladder::Ladder;
 use crate::package::Outcome;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{GroupSamples, Timed, Timer, TimingOptions};
 use crate::tune::choice::{AboveLadder, AboveLadderRoute};
 use crate::tune::{decide_bucket, BucketDecision, BucketSamples, CandidateSamples, DecisionError};
+use crate::tune::early_stop::keep_timing;
 use crate::tune::{CandidateOutcome, Policy};
 
-/// The two ways to all-reduce a message above the ladder, as entries of the largest bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The ways to all-reduce a message above the ladder, as entries of the largest bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contenders {
     /// The largest bucket's plain NCCL entry, run on the whole message.
     pub nccl: EntryId,
-    /// The largest bucket's winner, run on every piece.
-    pub pieces: EntryId,
+    /// Every custom candidate of the largest bucket that runs here, in the bucket's order, each
+    /// run on every piece. The bucket's winner was timed on the registered buffer; on a
+    /// caller's memory a kernel whose peers read the message pays a copy per piece, so each
+    /// is timed in pieces.
+    pub pieces: Vec<EntryId>,
 }
 
 impl Contenders {
-    /// The contenders when the largest bucket's winner `winner` is a custom kernel that runs
-    /// here and the bucket has an NCCL candidate that runs; `Err` says why there is nothing to
-    /// time (NCCL then takes the whole message).
+    /// The contenders when the largest bucket's winner `winner` is a custom kernel and the
+    /// bucket has an NCCL candidate that runs here; `Err` says why there is nothing to time
+    /// (NCCL then takes the whole message).
     pub fn of(
         ladder: &Ladder,
         collectives: &Collectives,
@@ -37,11 +41,6 @@ impl Contenders {
             .len()
             .checked_sub(1)
             .ok_or_else(|| "the ladder has no bucket".to_owned())?;
-        let live = |profile: &str| {
-            collectives
-                .find(last, profile)
-                .filter(|&id| collectives.entries()[id].dropped.is_none())
-        };
         if ladder
             .profile(winner)
             .is_some_and(crate::ladder::Profile::is_nccl)
@@ -50,13 +49,25 @@ impl Contenders {
                 "the largest bucket chose {winner}, NCCL, so pieces would be NCCL too"
             ));
         }
-        let pieces = live(winner)
-            .ok_or_else(|| format!("the largest bucket's winner {winner} does not run here"))?;
         let nccl = ladder
             .plain_nccl(last)
-            .and_then(|profile| live(&profile.id))
+            .and_then(|profile| collectives.find(last, &profile.id))
+            .filter(|&id| collectives.entries()[id].dropped.is_none())
             .ok_or_else(|| "the largest bucket has no NCCL candidate that runs here".to_owned())?;
+        let pieces: Vec<EntryId> = collectives
+            .bucket_entries(last)
+            .filter(|(_, entry)| !entry.nccl && entry.dropped.is_none())
+            .map(|(id, _)| id)
+            .collect();
+        if pieces.is_empty() {
+            return Err("no custom candidate of the largest bucket runs here".to_owned());
+        }
         Ok(Contenders { nccl, pieces })
+    }
+
+    /// Every contender, NCCL first.
+    pub fn all(&self) -> impl Iterator<Item = EntryId> + '_ {
+        std::iter::once(self.nccl).chain(self.pieces.iter().copied())
     }
 }
 
@@ -96,75 +107,76 @@ impl PieceBuffers {
     }
 }
 
-/// Times NCCL on the whole message against the pieces at `bytes`, in one interleaved group
-/// (NCCL first). Collective.
+/// Times NCCL on the whole message against every candidate in pieces on `operands` (a message
+/// of their size, [`PieceBuffers::operands`]), in one
+/// interleaved group (NCCL first), a candidate that another beats far beyond the margin leaving
+/// early (`tune::early_stop`). Collective.
 pub fn time_contenders(
     runtime: &Runtime,
     collectives: &Collectives,
     timer: &mut Timer,
-    contenders: Contenders,
-    buffers: &PieceBuffers,
-    bytes: u64,
+    contenders: &Contenders,
+    operands: Operands,
     timing: TimingOptions,
+    margin: f64,
 ) -> Result<GroupSamples, RuntimeError> {
-    let elements =
-        usize::try_from(bytes / collectives.dtype().size_bytes()).expect("a message fits usize");
-    let operands = Some(buffers.operands(bytes));
-    let entries = [
-        Timed {
-            id: contenders.nccl,
+    let elements = operands.input.len_bytes() / collectives.dtype().size_bytes() as usize;
+    let operands = Some(operands);
+    let entries: Vec<Timed> = contenders
+        .all()
+        .map(|id| Timed {
+            id,
             elements,
             operands,
-            chunked: false,
-        },
-        Timed {
-            id: contenders.pieces,
-            elements,
-            operands,
-            chunked: true,
-        },
-    ];
-    timer.time_operands(runtime, collectives, &entries, timing)
+            chunked: id != contenders.nccl,
+        })
+        .collect();
+    // One size: `[entry][rank][round]` is each candidate's only size.
+    let keep = |so_far: &[Vec<Vec<Option<f64>>>]| -> Vec<bool> {
+        let by_candidate: Vec<Vec<Vec<Vec<Option<f64>>>>> =
+            so_far.iter().map(|samples| vec![samples.clone()]).collect();
+        keep_timing(&by_candidate, margin)
+    };
+    timer.time_operands_until(runtime, collectives, &entries, timing, &keep)
 }
 
-/// The decision between NCCL (the baseline) and the pieces from their samples at `bytes`
-/// ([`time_contenders`]), made as for a bucket whose index is the number of buckets.
+/// The decision between NCCL (the baseline) and the candidates in pieces from their samples at
+/// `bytes` ([`time_contenders`]), made as for a bucket whose index is the number of buckets.
 pub fn decide(
     ladder: &Ladder,
     collectives: &Collectives,
     outcomes: &[Outcome],
-    contenders: Contenders,
+    contenders: &Contenders,
     group: GroupSamples,
     bytes: u64,
     policy: &Policy,
 ) -> Result<BucketDecision, DecisionError> {
     // One row per rank.
     let world = group.samples.first().map_or(0, Vec::len);
-    let mut samples = group.samples.into_iter();
-    let candidate = |id: EntryId, samples: Vec<Vec<Option<f64>>>| CandidateSamples {
-        profile: collectives.entries()[id].profile.clone(),
-        dropped: None,
-        exact: !matches!(outcomes[id], Outcome::Qualified { exact: false }),
-        samples: vec![samples],
-    };
-    let nccl = candidate(contenders.nccl, samples.next().expect("NCCL was timed"));
-    let pieces = candidate(
-        contenders.pieces,
-        samples.next().expect("the pieces were timed"),
-    );
+    let candidates: Vec<CandidateSamples> = contenders
+        .all()
+        .zip(group.samples)
+        .map(|(id, samples)| CandidateSamples {
+            profile: collectives.entries()[id].profile.clone(),
+            dropped: None,
+            exact: !matches!(outcomes[id], Outcome::Qualified { exact: false }),
+            samples: vec![samples],
+        })
+        .collect();
     decide_bucket(
         &BucketSamples {
             index: ladder.buckets.len(),
-            default: nccl.profile.clone(),
+            default: collectives.entries()[contenders.nccl].profile.clone(),
             sizes: vec![bytes],
-            candidates: vec![nccl, pieces],
+            candidates,
         },
         world,
         policy,
     )
 }
 
-/// The route a decision gives, with its reason.
+/// The route a decision gives, with its reason: pieces through the decision's winner unless
+/// NCCL (its baseline) won.
 pub fn route_of(decision: BucketDecision, bytes: u64) -> AboveLadder {
     let median = |profile: &str| {
         decision.candidates.iter().find_map(|candidate| {
@@ -176,26 +188,28 @@ pub fn route_of(decision: BucketDecision, bytes: u64) -> AboveLadder {
             }
         })
     };
+    // NCCL is the first candidate.
     let nccl = &decision.candidates[0].profile;
-    let pieces = &decision.candidates[1].profile;
-    let figures = match (median(nccl), median(pieces)) {
-        (Some(nccl_us), Some(pieces_us)) => {
-            format!(" ({pieces_us:.1} us in pieces, {nccl_us:.1} us with NCCL)")
-        }
-        _ => String::new(),
-    };
-    let (route, reason) = if decision.winner == *nccl {
+    let winner = &decision.winner;
+    let (route, reason) = if winner == nccl {
         (
             AboveLadderRoute::Nccl,
             format!(
-                "NCCL on the whole message: pieces through {pieces} did not beat it by the \
-                 margin at {bytes} bytes{figures}"
+                "NCCL on the whole message: no candidate in pieces beat it by the margin at \
+                 {bytes} bytes{}",
+                median(nccl).map_or_else(String::new, |us| format!(" ({us:.1} us)"))
             ),
         )
     } else {
+        let figures = match (median(nccl), median(winner)) {
+            (Some(nccl_us), Some(pieces_us)) => {
+                format!(" ({pieces_us:.1} us in pieces, {nccl_us:.1} us with NCCL)")
+            }
+            _ => String::new(),
+        };
         (
             AboveLadderRoute::Pieces,
-            format!("in pieces through {pieces}: faster than NCCL at {bytes} bytes{figures}"),
+            format!("in pieces through {winner}: faster than NCCL at {bytes} bytes{figures}"),
         )
     };
     AboveLadder {

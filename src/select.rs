@@ -456,7 +456,8 @@ fn static_decisions(
 }
 
 /// Messages above the largest bucket: when its winner is a custom kernel, NCCL on the whole
-/// message against the pieces, at twice the largest bucket's message (`pieces`). Collective.
+/// message against each of the bucket's custom candidates in pieces, at twice the largest
+/// bucket's message (`pieces`). Collective.
 fn above_ladder(
     runtime: &Runtime,
     collectives: &Collectives,
@@ -480,16 +481,16 @@ fn above_ladder(
         runtime,
         collectives,
         &mut timer,
-        contenders,
-        &buffers,
-        bytes,
+        &contenders,
+        buffers.operands(bytes),
         options.timing,
+        options.policy.margin,
     )?;
     let decision = pieces::decide(
         ladder,
         collectives,
         outcomes,
-        contenders,
+        &contenders,
         group,
         bytes,
         &options.policy,

@@ -175,10 +175,11 @@ pub enum Route<'a> {
     },
     /// Above the package's largest bucket: NCCL on the handle's communicator.
     AboveLadder,
-    /// Above the package's largest bucket, in pieces of its largest message, each by the
-    /// winner of the bucket covering its size (NCCL when the output partly overlaps the input).
+    /// Above the package's largest bucket, in pieces of its largest message: every whole
+    /// piece by the candidate start-up timed fastest in pieces, the last shorter one by the
+    /// winner of its bucket (NCCL when the output partly overlaps the input).
     Pieces {
-        /// The largest bucket's winner, which takes every whole piece.
+        /// The largest bucket's candidate that takes every whole piece.
         profile: &'a str,
     },
 }
@@ -204,8 +205,9 @@ struct Served {
     collectives: Collectives,
     // Each bucket's largest message in bytes and the entry of its winner, ascending.
     routes: Vec<(u64, EntryId)>,
-    // Whether messages above the largest bucket go in pieces (else NCCL takes them whole).
-    pieces: bool,
+    // The entry that takes every whole piece of a message above the largest bucket; `None`:
+    // NCCL takes such messages whole.
+    pieces: Option<EntryId>,
     selection: Selection,
 }
 
@@ -215,6 +217,18 @@ impl Served {
             .iter()
             .find(|(max_bytes, _)| bytes <= *max_bytes)
             .map(|(_, id)| *id)
+    }
+}
+
+/// The entry that takes every whole piece above the ladder when the choice says pieces: the
+/// above-ladder decision's winner, a candidate of the largest bucket.
+fn pieces_entry(collectives: &Collectives, choice: &Choice) -> Option<EntryId> {
+    let above = &choice.above_ladder;
+    match (above.route, &above.decision, choice.buckets.last()) {
+        (AboveLadderRoute::Pieces, Some(decision), Some(last)) => {
+            collectives.find(last.decision.index, &decision.winner)
+        }
+        _ => None,
     }
 }
 
@@ -318,12 +332,13 @@ impl Handle {
                     (bucket.max_bytes, id)
                 })
                 .collect();
+            let pieces = pieces_entry(&collectives, &selection.choice);
             served.push(Served {
                 dtype: package.ladder().dtype,
                 ladder: package.ladder().name.clone(),
                 collectives,
                 routes,
-                pieces: selection.choice.above_ladder.route == AboveLadderRoute::Pieces,
+                pieces,
                 selection,
             });
         }
@@ -442,14 +457,12 @@ impl Handle {
                     profile: &entry.profile,
                 }
             }
-            None if served.pieces => Route::Pieces {
-                profile: served
-                    .routes
-                    .last()
-                    .map(|(_, id)| served.collectives.entries()[*id].profile.as_str())
-                    .expect("pieces come from the largest bucket's winner"),
+            None => match served.pieces {
+                Some(id) => Route::Pieces {
+                    profile: &served.collectives.entries()[id].profile,
+                },
+                None => Route::AboveLadder,
             },
-            None => Route::AboveLadder,
         })
     }
 
@@ -542,16 +555,18 @@ impl Handle {
                     operands,
                 )?;
             }
-            None if served.pieces && operands.may_be_chunked(bytes) => {
+            None if served.pieces.is_some() && operands.may_be_chunked(bytes) => {
+                let whole = served.collectives.piece_elements() as u64 * served.dtype.size_bytes();
                 served.collectives.enqueue_chunked(
                     &self.runtime,
                     stream,
                     elements,
                     operands,
-                    |piece| {
-                        served
+                    |piece| match served.pieces {
+                        Some(id) if piece == whole => id,
+                        _ => served
                             .route(piece)
-                            .expect("a piece is at most the largest bucket's message")
+                            .expect("a piece is at most the largest bucket's message"),
                     },
                 )?;
             }

@@ -189,8 +189,20 @@ impl Timer {
         keep: KeepTiming<'_>,
     ) -> Result<GroupSamples, RuntimeError> {
         let entries: Vec<Timed> = entries.iter().map(|&entry| entry.into()).collect();
-        let ops = self.calibrate(runtime, collectives, &entries, options)?;
-        self.time_graphs(runtime, collectives, &entries, &ops, options, Some(keep))
+        self.time_operands_until(runtime, collectives, &entries, options, keep)
+    }
+
+    /// Like [`Timer::time_until`], each entry on the operands it names.
+    pub fn time_operands_until(
+        &mut self,
+        runtime: &Runtime,
+        collectives: &Collectives,
+        entries: &[Timed],
+        options: TimingOptions,
+        keep: KeepTiming<'_>,
+    ) -> Result<GroupSamples, RuntimeError> {
+        let ops = self.calibrate(runtime, collectives, entries, options)?;
+        self.time_graphs(runtime, collectives, entries, &ops, options, Some(keep))
     }
 
     /// Times `entries` with exactly `ops` operations per replay (a decode step's all-reduces,

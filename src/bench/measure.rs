@@ -97,8 +97,8 @@ pub struct Bench<'a> {
     ladder: &'a Ladder,
     outcomes: &'a [Outcome],
     chosen: Vec<String>,
-    // Whether the choice sends messages above the ladder in pieces.
-    pieces_chosen: bool,
+    // The candidate the choice runs on every piece above the ladder; `None`: NCCL takes them.
+    pieces_winner: Option<String>,
     // Buffers for messages above the ladder, with the largest message they hold.
     piece_buffers: Option<(u64, pieces::PieceBuffers)>,
     timer: Timer,
@@ -149,7 +149,10 @@ impl<'a> Bench<'a> {
             ladder,
             outcomes,
             chosen,
-            pieces_chosen: choice.above_ladder.route == AboveLadderRoute::Pieces,
+            pieces_winner: match (&choice.above_ladder.route, &choice.above_ladder.decision) {
+                (AboveLadderRoute::Pieces, Some(decision)) => Some(decision.winner.clone()),
+                _ => None,
+            },
             piece_buffers: None,
             timer: Timer::new(runtime)?,
             timing,
@@ -239,37 +242,42 @@ impl<'a> Bench<'a> {
             self.piece_buffers = Some((bytes, pieces::PieceBuffers::new(self.runtime, bytes)?));
         }
         let (_, buffers) = self.piece_buffers.as_ref().expect("allocated above");
+        let policy = Policy::default();
         let group = pieces::time_contenders(
             self.runtime,
             collectives,
             &mut self.timer,
-            contenders,
-            buffers,
-            bytes,
+            &contenders,
+            buffers.operands(bytes),
             self.timing,
+            policy.margin,
         )?;
         let profile = |id: usize| collectives.entries()[id].profile.clone();
-        let ops_of = vec![
-            (profile(contenders.nccl), group.ops[0]),
-            (profile(contenders.pieces), group.ops[1]),
-        ];
+        let ops_of: Vec<(String, u32)> = contenders
+            .all()
+            .zip(&group.ops)
+            .map(|(id, &ops)| (profile(id), ops))
+            .collect();
         let decision = pieces::decide(
             ladder,
             collectives,
             self.outcomes,
-            contenders,
+            &contenders,
             group,
             bytes,
-            &Policy::default(),
+            &policy,
         )?;
-        let pieces_chosen = self.pieces_chosen;
-        let pieces_profile = profile(contenders.pieces);
-        let mut rows = self.rows(&decision, bytes, &ops_of, |profile| {
-            (profile == pieces_profile) == pieces_chosen
+        let nccl = profile(contenders.nccl);
+        let pieces_winner = self.pieces_winner.clone();
+        let mut rows = self.rows(&decision, bytes, &ops_of, |candidate| {
+            match &pieces_winner {
+                Some(winner) => candidate == winner,
+                None => candidate == nccl,
+            }
         });
         for row in &mut rows {
-            if row.profile == pieces_profile {
-                row.profile = format!("{pieces_profile} in pieces");
+            if row.profile != nccl {
+                row.profile = format!("{} in pieces", row.profile);
             }
         }
         Ok(Some(rows))
