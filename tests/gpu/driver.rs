@@ -12,9 +12,8 @@ use prepare::gpu::driver::{
     ModuleImage, Stream,
 };
 use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
-use prepare::ladder::Arch;
 
-use super::support::{compile_ptx, gpu_required, require_gpus, SplitMix};
+use super::support::{arch_of, compile_ptx, gpu_required, require_gpus, SplitMix};
 use crate::support::process::{passed, rerun};
 use crate::test_name;
 
@@ -29,15 +28,7 @@ fn test_source() -> String {
 }
 
 fn load(driver: Driver, device: &Device) -> Module {
-    let info = driver.describe(device.ordinal()).unwrap();
-    let (major, minor) = info.compute_capability;
-    let arch = Arch::from_compute_capability(major, minor).unwrap_or_else(|| {
-        panic!(
-            "GPU {} is {}, unknown to this tool",
-            info.ordinal,
-            info.arch_name()
-        )
-    });
+    let arch = arch_of(driver, device.ordinal());
     let ptx = compile_ptx(&test_source(), arch.name());
     device.load_module(ModuleImage::Ptx(&ptx)).unwrap()
 }
