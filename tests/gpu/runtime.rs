@@ -9,14 +9,14 @@ use nix::sys::signal::Signal;
 
 use super::support::{
     arch_of, assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
-    ladder, printed, require_gpus, start_rank, survivor_names_the_victim,
+    ladder, printed, require_gpus, start_rank, survivor_names_the_victim, H200_TP2_LADDERS,
 };
 
 #[test]
 #[ignore = "needs GPUs"]
 fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
     require_gpus!(2);
-    for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+    for name in H200_TP2_LADDERS {
         let (_dir, package) = export(name);
         let output = check_on_two_gpus(&package, 30, &[]);
         let stdout = String::from_utf8_lossy(&output.stdout);

@@ -160,6 +160,9 @@ pub fn check_on_two_gpus(package: &Path, seconds: u32, flags: &[&str]) -> Output
         .expect("prepare starts")
 }
 
+/// The shipped H200 TP2 ladders, ordinary and clustered, that the two-GPU tests run.
+pub const H200_TP2_LADDERS: [&str; 2] = ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"];
+
 /// A shipped ladder's file: from the ladders carried next to the tests on the GPU machine
 /// (`PREPARE_LADDERS`), else from this checkout.
 pub fn ladder(name: &str) -> PathBuf {
