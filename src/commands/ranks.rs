@@ -48,7 +48,7 @@ impl PackageRankArgs {
         prepare::package::open_package_retrying(&self.package).map_err(Failure::refused)
     }
 
-    /// Launches `prepare command` once per GPU, after refusing a bad package before any rank
+    /// Launches `prepare COMMAND` once per GPU, after refusing a bad package before any rank
     /// starts.
     pub fn launch(&self, command: &str) -> Result<(), Failure> {
         self.open_package()?;
