@@ -20,17 +20,14 @@ use prepare::select::SelectOptions;
 use prepare::timing::TimingOptions;
 use prepare::tune::choice::Choice;
 
-use super::ranks::{self, RankArgs, Role};
+use super::ranks::{self, PackageRankArgs, Role};
 use super::Failure;
 
 /// Flags of `prepare bench`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The package (from `prepare export`) whose candidates are timed.
-    #[arg(long, value_name = "DIR")]
-    package: PathBuf,
     #[command(flatten)]
-    ranks: RankArgs,
+    target: PackageRankArgs,
     /// Message sizes (`8K,256K,4M,64M`, or bytes); by default every bucket's smallest and
     /// largest message, the powers of two between, and twice and four times the largest bucket
     /// (above the ladder: NCCL on the whole message against the pieces).
@@ -102,22 +99,17 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 /// Runs `prepare bench`.
 pub fn run(args: &Args) -> Result<(), Failure> {
-    args.ranks.timeout()?;
+    args.target.ranks.timeout()?;
     ranks::check_writable("--out", args.out.as_deref())?;
     match ranks::role()? {
         Role::Rank => run_rank(args),
-        Role::Launcher => {
-            // Refuse a bad package before starting any rank.
-            prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
-            ranks::launch_ranks("bench", &args.ranks, args.ranks.gpu_list()?, Vec::new())
-        }
+        Role::Launcher => args.target.launch("bench"),
     }
 }
 
 #[allow(clippy::print_stdout)]
 fn run_rank(args: &Args) -> Result<(), Failure> {
-    let package =
-        prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
+    let package = args.target.open_package()?;
     let ladder = package.ladder();
     let given_choice = match &args.choice {
         Some(path) => {
@@ -130,8 +122,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         None => None,
     };
     let sizes = args.sizes.clone().unwrap_or_else(|| default_sizes(ladder));
-    let runtime = ranks::start_rank(&args.ranks)?;
-    ranks::check_architecture(&runtime, &package)?;
+    let runtime = args.target.start_rank(&package)?;
     let leader = runtime.rank() == 0;
     let log = |line: String| {
         if leader {

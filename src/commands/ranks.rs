@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prepare::launch::{launch, LaunchSpec, OutputSink, RankEnvironment, Stream};
+use prepare::package::Package;
 use prepare::runtime::Runtime;
 use prepare::serve::{Options, Server, MAX_TIMEOUT};
 
@@ -29,6 +30,37 @@ pub struct RankArgs {
     /// Only a file prepare wrote (it starts with a header line) is ever removed or replaced.
     #[arg(long, value_name = "FILE")]
     pub id_file: Option<PathBuf>,
+}
+
+/// Flags of a command that runs a package on every GPU (`tune`, `bench`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PackageRankArgs {
+    /// The package (from `prepare export`) to select from or time.
+    #[arg(long, value_name = "DIR")]
+    pub package: PathBuf,
+    #[command(flatten)]
+    pub ranks: RankArgs,
+}
+
+impl PackageRankArgs {
+    /// Opens the package; one that cannot be opened is the input refused.
+    pub fn open_package(&self) -> Result<Package, Failure> {
+        prepare::package::open_package_retrying(&self.package).map_err(Failure::refused)
+    }
+
+    /// Launches `prepare COMMAND` once per GPU, after refusing a bad package before any rank
+    /// starts.
+    pub fn launch(&self, command: &str) -> Result<(), Failure> {
+        self.open_package()?;
+        launch_ranks(command, &self.ranks, self.ranks.gpu_list()?, Vec::new())
+    }
+
+    /// Brings this rank's runtime up ([`start_rank`]) on a GPU of the package's architecture.
+    pub fn start_rank(&self, package: &Package) -> Result<Runtime, Failure> {
+        let runtime = start_rank(&self.ranks)?;
+        check_architecture(&runtime, package)?;
+        Ok(runtime)
+    }
 }
 
 /// Prints the children's lines with their rank.
@@ -236,10 +268,7 @@ pub fn start_rank(args: &RankArgs) -> Result<Runtime, Failure> {
 }
 
 /// The GPU's architecture must be the package's: another one is the input refused.
-pub fn check_architecture(
-    runtime: &Runtime,
-    package: &prepare::package::Package,
-) -> Result<(), Failure> {
+pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), Failure> {
     prepare::collective::check_architecture(runtime, package).map_err(|error| match error {
         prepare::runtime::RuntimeError::WrongArchitecture { .. } => Failure::refused(error),
         other => Failure::runtime(other),

@@ -12,17 +12,14 @@ use prepare::timing::TimingOptions;
 use prepare::tune::choice::Tuning;
 use prepare::tune::Policy;
 
-use super::ranks::{self, RankArgs, Role};
+use super::ranks::{self, PackageRankArgs, Role};
 use super::Failure;
 
 /// Flags of `prepare tune`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The package (from `prepare export`) to select from.
-    #[arg(long, value_name = "DIR")]
-    package: PathBuf,
     #[command(flatten)]
-    ranks: RankArgs,
+    target: PackageRankArgs,
     /// `runtime` times the candidates here; `static` takes each bucket's default.
     #[arg(long, value_enum, default_value = "runtime")]
     collective_tuning: TuningKind,
@@ -82,7 +79,7 @@ fn parse_rounds(text: &str) -> Result<u32, String> {
 
 /// The checked options, or why they are refused.
 fn options(args: &Args) -> Result<SelectOptions, Failure> {
-    args.ranks.timeout()?;
+    args.target.ranks.timeout()?;
     let defaults = SelectOptions::default();
     ranks::check_writable("--out", args.out.as_deref())?;
     let cache_flag = if args.cache_dir.is_some() {
@@ -117,11 +114,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let options = options(args)?;
     match ranks::role()? {
         Role::Rank => run_rank(args, &options),
-        Role::Launcher => {
-            // Refuse a bad package before starting any rank.
-            prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
-            ranks::launch_ranks("tune", &args.ranks, args.ranks.gpu_list()?, Vec::new())
-        }
+        Role::Launcher => args.target.launch("tune"),
     }
 }
 
@@ -155,10 +148,8 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 #[allow(clippy::print_stdout)]
 fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
-    let package =
-        prepare::package::open_package_retrying(&args.package).map_err(Failure::refused)?;
-    let runtime = ranks::start_rank(&args.ranks)?;
-    ranks::check_architecture(&runtime, &package)?;
+    let package = args.target.open_package()?;
+    let runtime = args.target.start_rank(&package)?;
     let rank = runtime.rank();
     let reporter = LineReporter {
         leader: rank == 0,

@@ -178,10 +178,9 @@ mod tests {
     #[test]
     fn prefixes_in_order_without_repeats() {
         let root = tempfile::tempdir().unwrap();
-        let bin = root.path().join("env/bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::write(bin.join("python3"), b"").unwrap();
-        let path = std::env::join_paths([root.path().join("empty"), bin.clone()]).unwrap();
+        let python = touch(root.path().join("env/bin/python3"));
+        let bin = python.parent().unwrap();
+        let path = std::env::join_paths([&root.path().join("empty"), bin]).unwrap();
         let variables = [
             ("VIRTUAL_ENV", OsString::from(root.path().join("env"))),
             ("CONDA_PREFIX", OsString::new()),

@@ -41,6 +41,13 @@ fn run_with(
     )
 }
 
+/// Checks that a run of [`run_bounded`] exited with `code`, naming `what` on stderr.
+fn assert_fails_naming(run: (Option<i32>, String, String), code: i32, what: &str) {
+    let (found, _, stderr) = run;
+    assert_eq!(found, Some(code), "{stderr}");
+    assert!(stderr.contains(what), "{what}: {stderr}");
+}
+
 /// How the tests export the ladder they wrote: `prepare export` of `ladder.json`.
 const EXPORT: [&str; 3] = ["export", "--collective-ladder", "ladder.json"];
 
@@ -198,12 +205,11 @@ fn force_refuses_before_compiling_a_directory_holding_files_the_package_does_not
     fs::create_dir_all(target.join("src")).unwrap();
     fs::write(target.join("manifest.json"), "{}").unwrap();
     fs::write(target.join("src/main.js"), "code").unwrap();
-    let (code, _, stderr) = run_bounded(
+    let run = run_bounded(
         scratch.path(),
         &[&EXPORT[..], &["--arch", "sm_120", "--out", "p", "--force"]].concat(),
     );
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("src"), "{stderr}");
+    assert_fails_naming(run, 1, "src");
     assert_eq!(fs::read(target.join("src/main.js")).unwrap(), b"code");
 }
 
@@ -212,7 +218,7 @@ fn the_launcher_never_removes_an_id_file_it_did_not_write() {
     let (scratch, out) = scratch_with_package();
     let precious = scratch.path().join("notes.txt");
     fs::write(&precious, "a user's notes").unwrap();
-    let (code, _, stderr) = run_on_package(
+    let run = run_on_package(
         scratch.path(),
         "tune",
         &out,
@@ -222,8 +228,7 @@ fn the_launcher_never_removes_an_id_file_it_did_not_write() {
         fs::read_to_string(&precious).ok().as_deref(),
         Some("a user's notes")
     );
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("notes.txt"), "{stderr}");
+    assert_fails_naming(run, 1, "notes.txt");
 }
 
 #[test]
@@ -266,12 +271,11 @@ fn devices_and_huge_files_are_refused_naming_the_limit() {
     let (code, stdout, _) = run_bounded(scratch.path(), &["validate", "/dev/zero"]);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("not a regular file"), "{stdout}");
-    let (code, _, stderr) = run_bounded(
+    let run = run_bounded(
         scratch.path(),
         &["show", out.to_str().unwrap(), "--choice", huge],
     );
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("16 MiB"), "{stderr}");
+    assert_fails_naming(run, 1, "16 MiB");
 }
 
 #[test]
@@ -300,9 +304,8 @@ fn a_crafted_package_is_refused_by_show() {
     fixtures::reseal(&out, |manifest| {
         manifest.peer_memory.buffer_bytes = u64::MAX;
     });
-    let (code, _, stderr) = run_bounded(out.parent().unwrap(), &["show", out.to_str().unwrap()]);
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("/peer_memory"), "{stderr}");
+    let run = run_bounded(out.parent().unwrap(), &["show", out.to_str().unwrap()]);
+    assert_fails_naming(run, 1, "/peer_memory");
 }
 
 #[test]
@@ -329,9 +332,8 @@ fn an_unwritable_out_or_cache_is_refused_before_any_rank_starts() {
 #[test]
 fn the_same_gpu_twice_is_a_usage_error() {
     let (scratch, out) = scratch_with_package();
-    let (code, _, stderr) = run_on_package(scratch.path(), "tune", &out, &["--gpus", "0,0"]);
-    assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("GPU 0"), "{stderr}");
+    let run = run_on_package(scratch.path(), "tune", &out, &["--gpus", "0,0"]);
+    assert_fails_naming(run, 2, "GPU 0");
 }
 
 #[test]

@@ -11,9 +11,11 @@ fn fails(code: i32, args: &[&str]) -> String {
     stderr
 }
 
-/// Runs a command that must fail as a usage error (exit 2) before starting any rank.
-fn usage_error(args: &[&str]) -> String {
-    fails(2, args)
+/// Runs a command that must fail as a usage error (exit 2) before starting any rank, saying
+/// `message`.
+fn usage_error(args: &[&str], message: &str) {
+    let stderr = fails(2, args);
+    assert!(stderr.contains(message), "{args:?}: {stderr}");
 }
 
 /// Runs a command whose input must be refused (exit 1) before starting any rank.
@@ -24,26 +26,26 @@ fn refused(args: &[&str]) -> String {
 #[test]
 fn a_margin_outside_zero_to_a_hundred_percent_is_refused() {
     for margin in ["-1", "100", "NaN"] {
-        let stderr = usage_error(&["tune", "--package", "pkg", &format!("--margin={margin}")]);
-        assert!(
-            stderr.contains(&format!("--margin {margin} is not a percentage")),
-            "{stderr}"
+        usage_error(
+            &["tune", "--package", "pkg", &format!("--margin={margin}")],
+            &format!("--margin {margin} is not a percentage"),
         );
     }
 }
 
 #[test]
 fn too_few_rounds_are_refused() {
-    let stderr = usage_error(&["tune", "--package", "pkg", "--rounds", "4"]);
-    assert!(stderr.contains("--rounds 4 is too few"), "{stderr}");
+    usage_error(
+        &["tune", "--package", "pkg", "--rounds", "4"],
+        "--rounds 4 is too few",
+    );
 }
 
 #[test]
 fn a_bad_timeout_is_refused() {
-    let stderr = usage_error(&["tune", "--package", "pkg", "--timeout", "0"]);
-    assert!(
-        stderr.contains("0 is not a positive number of seconds up to 86400"),
-        "{stderr}"
+    usage_error(
+        &["tune", "--package", "pkg", "--timeout", "0"],
+        "0 is not a positive number of seconds up to 86400",
     );
 }
 
@@ -59,9 +61,8 @@ fn a_missing_package_is_refused_by_tune_and_bench_before_any_rank_starts() {
 
 #[test]
 fn bench_sizes_take_suffixes_and_refuse_nonsense() {
-    let stderr = usage_error(&["bench", "--package", "pkg", "--sizes", "8K,lots"]);
-    assert!(
-        stderr.contains("`lots` is not a size such as 4096, 256K or 64M"),
-        "{stderr}"
+    usage_error(
+        &["bench", "--package", "pkg", "--sizes", "8K,lots"],
+        "`lots` is not a size such as 4096, 256K or 64M",
     );
 }

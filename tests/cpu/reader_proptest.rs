@@ -84,14 +84,28 @@ fn corrupt(bytes: &[u8], corruption: &Corruption) -> Vec<u8> {
 }
 
 /// Replaces the leaf at `pick` of a JSON document with `leaf`.
-fn replace_leaf(bytes: &[u8], pick: Index, leaf: Value) -> (Value, Value) {
-    let original: Value = serde_json::from_slice(bytes).unwrap();
+fn replace_leaf(bytes: &[u8], pick: Index, leaf: Value) -> Value {
+    let mut changed: Value = serde_json::from_slice(bytes).unwrap();
     let mut pointers = Vec::new();
-    leaves(&original, String::new(), &mut pointers);
+    leaves(&changed, String::new(), &mut pointers);
     let pointer = &pointers[pick.index(pointers.len())];
-    let mut changed = original.clone();
     *changed.pointer_mut(pointer).unwrap() = leaf;
-    (original, changed)
+    changed
+}
+
+/// What an editor does to a document: corrupts its bytes, or replaces one leaf (at the pick)
+/// with any value, keeping it JSON.
+#[derive(Debug, Clone)]
+enum Change {
+    Corrupt(Corruption),
+    Leaf(Index, Value),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        corruption().prop_map(Change::Corrupt),
+        (any::<Index>(), any_leaf()).prop_map(|(pick, leaf)| Change::Leaf(pick, leaf)),
+    ]
 }
 
 proptest! {
@@ -99,37 +113,37 @@ proptest! {
 
     #[test]
     fn a_corrupted_or_resealed_manifest_never_panics_and_opens_only_if_it_holds_true(
-        corruption in corruption(),
-        pick in any::<Index>(),
-        leaf in any_leaf(),
-        reseal in any::<bool>(),
+        change in change(),
     ) {
         let (_scratch, out) = scratch();
         write_fixture(&out, Arch::Sm120);
         let path = out.join("manifest.json");
         let bytes = fs::read(&path).unwrap();
         let original: Manifest = serde_json::from_slice(&bytes).unwrap();
-        if reseal {
-            let (_, changed) = replace_leaf(&bytes, pick, leaf);
-            let Ok(mut manifest) = serde_json::from_value::<Manifest>(changed) else {
-                return Ok(());
-            };
-            manifest.seal();
-            fs::write(&path, manifest.to_bytes()).unwrap();
-            // A resealed change may still describe the package truly (the tool version, a
-            // kernel's register count): it opens only if every file and the ladder agree.
-            if let Ok(package) = open_package(&out) {
-                let opened = package.manifest();
-                prop_assert_eq!(&opened.kernels.len(), &original.kernels.len());
-                prop_assert_eq!(&opened.buckets, &original.buckets);
-                prop_assert_eq!(&opened.peer_memory, &original.peer_memory);
-                prop_assert_eq!(&opened.ladder, &original.ladder);
+        match change {
+            Change::Leaf(pick, leaf) => {
+                let changed = replace_leaf(&bytes, pick, leaf);
+                let Ok(mut manifest) = serde_json::from_value::<Manifest>(changed) else {
+                    return Ok(());
+                };
+                manifest.seal();
+                fs::write(&path, manifest.to_bytes()).unwrap();
+                // A resealed change may still describe the package truly (the tool version, a
+                // kernel's register count): it opens only if every file and the ladder agree.
+                if let Ok(package) = open_package(&out) {
+                    let opened = package.manifest();
+                    prop_assert_eq!(&opened.kernels.len(), &original.kernels.len());
+                    prop_assert_eq!(&opened.buckets, &original.buckets);
+                    prop_assert_eq!(&opened.peer_memory, &original.peer_memory);
+                    prop_assert_eq!(&opened.ladder, &original.ladder);
+                }
             }
-        } else {
-            fs::write(&path, corrupt(&bytes, &corruption)).unwrap();
-            // Without a new checksum only a change of layout (white space) still opens.
-            if let Ok(package) = open_package(&out) {
-                prop_assert_eq!(package.manifest(), &original);
+            Change::Corrupt(corruption) => {
+                fs::write(&path, corrupt(&bytes, &corruption)).unwrap();
+                // Without a new checksum only a change of layout (white space) still opens.
+                if let Ok(package) = open_package(&out) {
+                    prop_assert_eq!(package.manifest(), &original);
+                }
             }
         }
     }
@@ -147,20 +161,16 @@ proptest! {
     }
 
     #[test]
-    fn a_changed_cache_entry_is_a_miss_unless_it_still_fits(
-        corruption in corruption(),
-        pick in any::<Index>(),
-        leaf in any_leaf(),
-        by_leaf in any::<bool>(),
-    ) {
+    fn a_changed_cache_entry_is_a_miss_unless_it_still_fits(change in change()) {
         let (_scratch, package) = opened_fixture();
         let good = fixtures::defaults_choice(&package, Tuning::Runtime, Policy::default(), "peer kernels");
         let policy = Policy::default();
         let bytes = good.to_bytes();
-        let changed = if by_leaf {
-            serde_json::to_vec(&replace_leaf(&bytes, pick, leaf).1).unwrap()
-        } else {
-            corrupt(&bytes, &corruption)
+        let changed = match change {
+            Change::Leaf(pick, leaf) => {
+                serde_json::to_vec(&replace_leaf(&bytes, pick, leaf)).unwrap()
+            }
+            Change::Corrupt(corruption) => corrupt(&bytes, &corruption),
         };
         if let Some(hit) = cached_choice(&changed, &package, fixtures::CHOICE_KEY, &policy) {
             // Whatever was changed left every rule standing: the winners are still the

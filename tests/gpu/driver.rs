@@ -8,13 +8,12 @@ use std::time::Duration;
 use prepare::abi::PARAMS_BYTES;
 use prepare::gpu::abort::{Abort, AbortReason};
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Driver, DriverError, Geometry, IpcHandle, Module,
+    Device, DeviceBuffer, DeviceMemory, Driver, DriverError, Geometry, IpcHandle, Kernel, Module,
     ModuleImage, Stream,
 };
 use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
-use prepare::ladder::Arch;
 
-use super::support::{compile_ptx, gpu_required, require_gpus, SplitMix};
+use super::support::{arch_of, compile_ptx, gpu_required, require_gpus, SplitMix};
 use crate::support::process::{passed, rerun};
 use crate::test_name;
 
@@ -29,15 +28,7 @@ fn test_source() -> String {
 }
 
 fn load(driver: Driver, device: &Device) -> Module {
-    let info = driver.describe(device.ordinal()).unwrap();
-    let (major, minor) = info.compute_capability;
-    let arch = Arch::from_compute_capability(major, minor).unwrap_or_else(|| {
-        panic!(
-            "GPU {} is {}, unknown to this tool",
-            info.ordinal,
-            info.arch_name()
-        )
-    });
+    let arch = arch_of(driver, device.ordinal());
     let ptx = compile_ptx(&test_source(), arch.name());
     device.load_module(ModuleImage::Ptx(&ptx)).unwrap()
 }
@@ -197,6 +188,22 @@ struct RankMemory {
     input: Vec<u32>,
 }
 
+/// Peer access enabled both ways between two GPUs, and on each the test kernel `entry` and a
+/// stream of its own.
+fn peer_kernels(driver: Driver, devices: &[Device], entry: &str) -> (Vec<Kernel>, Vec<Stream>) {
+    devices[0].enable_peer_access(&devices[1]).unwrap();
+    devices[1].enable_peer_access(&devices[0]).unwrap();
+    let kernels = devices
+        .iter()
+        .map(|device| load(driver, device).kernel(entry, PARAMS_BYTES).unwrap())
+        .collect();
+    let streams = devices
+        .iter()
+        .map(|device| device.new_stream().unwrap())
+        .collect();
+    (kernels, streams)
+}
+
 #[test]
 #[ignore = "needs GPUs"]
 fn two_gpus_read_and_write_each_other_through_peer_access() {
@@ -204,23 +211,13 @@ fn two_gpus_read_and_write_each_other_through_peer_access() {
     assert!(
         driver.can_access_peer(0, 1).unwrap() && devices[0].can_access_peer(&devices[1]).unwrap()
     );
-    devices[0].enable_peer_access(&devices[1]).unwrap();
-    devices[1].enable_peer_access(&devices[0]).unwrap();
+    let (kernels, streams) = peer_kernels(driver, &devices, "driver_pull_push");
     // Enabling twice is not an error.
     devices[0].enable_peer_access(&devices[1]).unwrap();
 
     let elements = 1usize << 20;
     let bytes = elements * 4;
     let mut random = SplitMix(7);
-    let modules: Vec<Module> = devices.iter().map(|device| load(driver, device)).collect();
-    let kernels: Vec<_> = modules
-        .iter()
-        .map(|module| module.kernel("driver_pull_push", PARAMS_BYTES).unwrap())
-        .collect();
-    let streams: Vec<Stream> = devices
-        .iter()
-        .map(|device| device.new_stream().unwrap())
-        .collect();
     let ranks: Vec<RankMemory> = devices
         .iter()
         .zip(&streams)
@@ -425,17 +422,7 @@ fn a_missing_peer_ends_in_the_sticky_abort_word_within_the_deadline() {
 #[ignore = "needs GPUs"]
 fn captured_graphs_replay_a_peer_flag_protocol_on_two_gpus() {
     let (driver, devices) = require_gpus!(2);
-    devices[0].enable_peer_access(&devices[1]).unwrap();
-    devices[1].enable_peer_access(&devices[0]).unwrap();
-    let modules: Vec<Module> = devices.iter().map(|device| load(driver, device)).collect();
-    let kernels: Vec<_> = modules
-        .iter()
-        .map(|module| module.kernel("driver_flag_exchange", PARAMS_BYTES).unwrap())
-        .collect();
-    let mut streams: Vec<Stream> = devices
-        .iter()
-        .map(|device| device.new_stream().unwrap())
-        .collect();
+    let (kernels, mut streams) = peer_kernels(driver, &devices, "driver_flag_exchange");
     let memory: Vec<FlagMemory> = devices
         .iter()
         .zip(&streams)

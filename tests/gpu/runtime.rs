@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::support::{
-    assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests, ladder,
-    printed, require_gpus, start_rank, survivor_names_the_victim,
+    arch_of, assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
+    ladder, printed, require_gpus, start_rank, survivor_names_the_victim, H200_TP2_LADDERS,
 };
 
 #[test]
 #[ignore = "needs GPUs"]
 fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
     require_gpus!(2);
-    for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+    for name in H200_TP2_LADDERS {
         let (_dir, package) = export(name);
         let output = check_on_two_gpus(&package, 30, &[]);
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -188,8 +188,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
 
     let (driver, devices) = require_gpus!(1);
     let device = &devices[0];
-    let (major, minor) = driver.describe(0).unwrap().compute_capability;
-    let arch = prepare::ladder::Arch::from_compute_capability(major, minor).unwrap();
+    let arch = arch_of(driver, 0);
     let spec = prepare::kernels::all_kernels(prepare::ladder::Dtype::Bf16, 2)
         .into_iter()
         .find(|spec| spec.name == "all_reduce_one_shot_pull_bf16")

@@ -25,9 +25,8 @@ use prepare::progress::Silent;
 use prepare::reference::{random_bf16, reference_sum_bf16};
 use rayon::prelude::*;
 
-use super::support::{ladder, require_gpus};
+use super::support::{ladder, require_gpus, H200_TP2_LADDERS};
 
-const LADDERS: [&str; 2] = ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"];
 /// Every spin's deadline in the kernels: long enough for any message here, short enough that a
 /// missing peer fails the test in seconds.
 const SPIN_DEADLINE_NS: u64 = 500_000_000;
@@ -444,7 +443,7 @@ fn summary(rows: &[Row]) -> String {
 #[ignore = "needs GPUs"]
 fn every_custom_candidate_of_the_h200_tp2_ladders_gives_the_reference_sum() {
     let mut setup_failures = Vec::new();
-    let compiled: Vec<_> = LADDERS
+    let compiled: Vec<_> = H200_TP2_LADDERS
         .iter()
         .map(|file| compile_for_sm90(file, &mut setup_failures))
         .collect();
@@ -467,7 +466,7 @@ fn every_custom_candidate_of_the_h200_tp2_ladders_gives_the_reference_sum() {
     let mut rows = Vec::new();
     let mut seed = 0x5eed_0000;
     eprintln!("{}", header());
-    for (file, ladder) in LADDERS.iter().zip(&compiled) {
+    for (file, ladder) in H200_TP2_LADDERS.iter().zip(&compiled) {
         run_ladder(driver, &devices, file, ladder, &mut seed, &mut rows);
     }
     let summary = summary(&rows);

@@ -9,6 +9,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use prepare::gpu::driver::{visible_devices, Device, Driver, DriverError};
+use prepare::ladder::Arch;
 
 /// Whether this run must find GPUs.
 pub fn gpu_required() -> bool {
@@ -75,6 +76,19 @@ macro_rules! gpu_tests {
     )*};
 }
 pub(crate) use gpu_tests;
+
+/// The architecture of GPU `ordinal`, which must be one this tool knows.
+pub fn arch_of(driver: Driver, ordinal: usize) -> Arch {
+    let info = driver.describe(ordinal).unwrap();
+    let (major, minor) = info.compute_capability;
+    Arch::from_compute_capability(major, minor).unwrap_or_else(|| {
+        panic!(
+            "GPU {} is {}, unknown to this tool",
+            info.ordinal,
+            info.arch_name()
+        )
+    })
+}
 
 /// Compiles CUDA source to PTX for `arch` (`sm_90`) with NVRTC, panicking with its log (cudarc
 /// panics with the names it searched when `libnvrtc.so.13` is not on the loader path).
@@ -145,6 +159,9 @@ pub fn check_on_two_gpus(package: &Path, seconds: u32, flags: &[&str]) -> Output
         .output()
         .expect("prepare starts")
 }
+
+/// The shipped H200 TP2 ladders, ordinary and clustered, that the two-GPU tests run.
+pub const H200_TP2_LADDERS: [&str; 2] = ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"];
 
 /// A shipped ladder's file: from the ladders carried next to the tests on the GPU machine
 /// (`PREPARE_LADDERS`), else from this checkout.

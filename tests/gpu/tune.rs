@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 
 use super::support::{
     export, free_port, gpu_tests, prepare_bin, printed, require_gpus, start_rank,
-    survivor_names_the_victim,
+    survivor_names_the_victim, H200_TP2_LADDERS,
 };
 
 /// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
@@ -49,7 +49,7 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
 #[ignore = "needs GPUs"]
 fn tune_agrees_caches_and_misses_on_a_changed_nccl_setting() {
     require_gpus!(2);
-    for name in ["h200_nvlink_tp2.json", "h200_nvlink_tp2_clustered.json"] {
+    for name in H200_TP2_LADDERS {
         let (_package_dir, package) = export(name);
         let scratch = tempfile::tempdir().unwrap();
         let cache = scratch.path().join("cache");

@@ -47,34 +47,38 @@ struct Patch {
     replace: &'static str,
 }
 
-/// The rank loop of `sum_elements` (kernels/prepare_bf16.cuh), from rank 1 on.
-const ELEMENT_RANK_LOOP: &str = concat!(
-    "for (int q = 1; q < N; ++q) {\n",
-    "        acc = add_round_nearest(acc, T::to_float(source(q)));",
-);
-const VECTOR_RANK_LOOP: &str = concat!(
-    "for (int q = 1; q < N; ++q) {\n",
-    "        acc.add(source(q));",
-);
+/// The two rank loops of prepare_element.cuh, the element one and the vector one, each opening
+/// with `$header` (`for (int q = 1; q < N; ++q) {` as written: from rank 1 on).
+macro_rules! rank_loops {
+    ($header:literal) => {
+        [
+            concat!(
+                $header,
+                "\n        acc = add_round_nearest(acc, T::to_float(source(q)));"
+            ),
+            concat!($header, "\n        acc.add(source(q));"),
+        ]
+    };
+}
 
-const SKIP_PEER: &[Patch] = &[
-    Patch {
-        file: "prepare_element.cuh",
-        find: ELEMENT_RANK_LOOP,
-        replace: concat!(
-            "for (int q = 1; q < N - 1; ++q) {\n",
-            "        acc = add_round_nearest(acc, T::to_float(source(q)));",
-        ),
-    },
-    Patch {
-        file: "prepare_element.cuh",
-        find: VECTOR_RANK_LOOP,
-        replace: concat!(
-            "for (int q = 1; q < N - 1; ++q) {\n",
-            "        acc.add(source(q));",
-        ),
-    },
-];
+/// The rank loops rewritten as `loops` (from [`rank_loops!`]).
+const fn rank_loop_patches(loops: [&'static str; 2]) -> [Patch; 2] {
+    let [element, vector] = rank_loops!("for (int q = 1; q < N; ++q) {");
+    [
+        Patch {
+            file: "prepare_element.cuh",
+            find: element,
+            replace: loops[0],
+        },
+        Patch {
+            file: "prepare_element.cuh",
+            find: vector,
+            replace: loops[1],
+        },
+    ]
+}
+
+const SKIP_PEER: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 1; q < N - 1; ++q) {"));
 
 /// Rounding dropped from bf16 and fp16 (fp32 has none).
 const TRUNCATE: &[Patch] = &[
@@ -128,24 +132,7 @@ const NO_COPY_START: &[Patch] = &[Patch {
     replace: "return Set != kSetStart && block_begin(params, flags) && block_barrier<N>(params, flags, Set);",
 }];
 
-const DOUBLE_COUNT: &[Patch] = &[
-    Patch {
-        file: "prepare_element.cuh",
-        find: ELEMENT_RANK_LOOP,
-        replace: concat!(
-            "for (int q = 0; q < N; ++q) {\n",
-            "        acc = add_round_nearest(acc, T::to_float(source(q)));",
-        ),
-    },
-    Patch {
-        file: "prepare_element.cuh",
-        find: VECTOR_RANK_LOOP,
-        replace: concat!(
-            "for (int q = 0; q < N; ++q) {\n",
-            "        acc.add(source(q));",
-        ),
-    },
-];
+const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
 
 impl Mutation {
     /// Every mutation.

@@ -289,34 +289,46 @@ impl Scanner<'_> {
         complete
     }
 
-    fn object(&mut self, node: usize) -> bool {
+    /// Scans the object or array that opens here up to its `close` byte, calling `entry` at each
+    /// member or element (white space and commas between them are passed over); returns whether
+    /// it was complete.
+    fn entries(&mut self, close: u8, mut entry: impl FnMut(&mut Self) -> bool) -> bool {
         self.position += 1;
-        let mut first_offsets: HashMap<Box<str>, usize> = HashMap::new();
         loop {
             self.skip_whitespace();
             match self.peek() {
-                Some(b'}') => {
+                Some(byte) if byte == close => {
                     self.position += 1;
                     return true;
                 }
-                Some(b',') => {
-                    self.position += 1;
-                    continue;
+                Some(b',') => self.position += 1,
+                Some(_) => {
+                    if !entry(self) {
+                        return false;
+                    }
                 }
-                Some(b'"') => {}
-                _ => return false,
+                None => return false,
             }
-            let key_offset = self.position;
-            let Some(key) = self.string() else {
+        }
+    }
+
+    fn object(&mut self, node: usize) -> bool {
+        let mut first_offsets: HashMap<Box<str>, usize> = HashMap::new();
+        self.entries(b'}', |scanner| {
+            if scanner.peek() != Some(b'"') {
+                return false;
+            }
+            let key_offset = scanner.position;
+            let Some(key) = scanner.string() else {
                 return false;
             };
-            let key_end = self.position;
-            self.skip_whitespace();
-            if self.peek() != Some(b':') {
+            let key_end = scanner.position;
+            scanner.skip_whitespace();
+            if scanner.peek() != Some(b':') {
                 return false;
             }
-            self.position += 1;
-            self.skip_whitespace();
+            scanner.position += 1;
+            scanner.skip_whitespace();
             let key: Box<str> = key.into();
             let first = first_offsets.get(&key).copied();
             if first.is_none() {
@@ -330,46 +342,29 @@ impl Scanner<'_> {
             };
             // The member becomes the next node, unless it is too deep to be recorded.
             if let Some(first_offset) = first {
-                if self.duplicates.len() < MAX_DUPLICATES && self.depth < MAX_DEPTH {
-                    self.duplicates
-                        .push((self.nodes.len(), key_offset, first_offset));
+                if scanner.duplicates.len() < MAX_DUPLICATES && scanner.depth < MAX_DEPTH {
+                    scanner
+                        .duplicates
+                        .push((scanner.nodes.len(), key_offset, first_offset));
                 }
             }
-            if !self.value(Some(place), key_offset) {
-                return false;
-            }
-        }
+            scanner.value(Some(place), key_offset)
+        })
     }
 
     fn array(&mut self, node: usize) -> bool {
-        self.position += 1;
         let mut index = 0usize;
-        loop {
-            self.skip_whitespace();
-            match self.peek() {
-                Some(b']') => {
-                    self.position += 1;
-                    return true;
-                }
-                Some(b',') => {
-                    self.position += 1;
-                    continue;
-                }
-                None => return false,
-                Some(_) => {}
-            }
-            let start = self.position;
+        self.entries(b']', |scanner| {
+            let start = scanner.position;
             let place = Place {
                 parent: node,
                 step: Step::Index(index),
                 key: (0, 0),
                 index,
             };
-            if !self.value(Some(place), start) {
-                return false;
-            }
             index += 1;
-        }
+            scanner.value(Some(place), start)
+        })
     }
 
     /// Scans a string and returns its decoded value.
