@@ -200,11 +200,7 @@ fn check_pieces(
     let Some(last) = ladder.buckets.len().checked_sub(1) else {
         return Ok(());
     };
-    let live: Vec<_> = collectives
-        .bucket_entries(last)
-        .filter(|(_, entry)| !entry.nccl && entry.dropped.is_none())
-        .map(|(id, _)| id)
-        .collect();
+    let live = collectives.live_custom_entries(last);
     if live.is_empty() {
         return Ok(());
     }

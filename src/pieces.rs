@@ -54,11 +54,7 @@ impl Contenders {
             .and_then(|profile| collectives.find(last, &profile.id))
             .filter(|&id| collectives.entries()[id].dropped.is_none())
             .ok_or_else(|| "the largest bucket has no NCCL candidate that runs here".to_owned())?;
-        let pieces: Vec<EntryId> = collectives
-            .bucket_entries(last)
-            .filter(|(_, entry)| !entry.nccl && entry.dropped.is_none())
-            .map(|(id, _)| id)
-            .collect();
+        let pieces = collectives.live_custom_entries(last);
         if pieces.is_empty() {
             return Err("no custom candidate of the largest bucket runs here".to_owned());
         }

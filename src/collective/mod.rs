@@ -355,6 +355,14 @@ impl Collectives {
             .filter(move |(_, entry)| entry.bucket == bucket)
     }
 
+    /// The custom candidates of `bucket` that run here (not dropped), in the bucket's order.
+    pub fn live_custom_entries(&self, bucket: usize) -> Vec<EntryId> {
+        self.bucket_entries(bucket)
+            .filter(|(_, entry)| !entry.nccl && entry.dropped.is_none())
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// The entry for `profile` in `bucket`.
     pub fn find(&self, bucket: usize, profile: &str) -> Option<EntryId> {
         self.entries
