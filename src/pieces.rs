@@ -11,8 +11,8 @@ use crate::package::Outcome;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{GroupSamples, Timed, Timer, TimingOptions};
 use crate::tune::choice::{AboveLadder, AboveLadderRoute};
-use crate::tune::{decide_bucket, BucketDecision, BucketSamples, CandidateSamples, DecisionError};
 use crate::tune::early_stop::keep_timing;
+use crate::tune::{decide_bucket, BucketDecision, BucketSamples, CandidateSamples, DecisionError};
 use crate::tune::{CandidateOutcome, Policy};
 
 /// The ways to all-reduce a message above the ladder, as entries of the largest bucket.

@@ -269,12 +269,15 @@ impl<'a> Bench<'a> {
         )?;
         let nccl = profile(contenders.nccl);
         let pieces_winner = self.pieces_winner.clone();
-        let mut rows = self.rows(&decision, bytes, &ops_of, |candidate| {
-            match &pieces_winner {
+        let mut rows = self.rows(
+            &decision,
+            bytes,
+            &ops_of,
+            |candidate| match &pieces_winner {
                 Some(winner) => candidate == winner,
                 None => candidate == nccl,
-            }
-        });
+            },
+        );
         for row in &mut rows {
             if row.profile != nccl {
                 row.profile = format!("{} in pieces", row.profile);

@@ -196,7 +196,7 @@ impl Collectives {
         // The input region holds the largest message of any bucket, so NCCL reads the same
         // buffer as the custom kernels even where only NCCL takes a bucket.
         let input_region = kernels::input_region_bytes(ladder)
-            .max((message_bytes as u64).next_multiple_of(kernels::BUFFER_ALIGNMENT_BYTES));
+            .max((message_bytes as u64).next_multiple_of(kernels::REGION_ALIGNMENT_BYTES));
         let input = if peer_reason.is_none() && has_custom {
             let scratch = kernels::scratch_region_bytes(ladder);
             Input::Peer(runtime.map_peer_memory((input_region + scratch) as usize)?)

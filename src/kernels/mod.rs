@@ -16,6 +16,7 @@ pub use crate::abi::{
 pub use scratch::{
     copy_engine_slot_bytes, input_region_bytes, is_double_buffered, peer_buffer_bytes,
     scratch_bytes, scratch_offset_after_input, scratch_region_bytes, DOUBLE_BUFFER_CHUNK_BYTES,
+    REGION_ALIGNMENT_BYTES,
 };
 pub use sources::{headers, source};
 pub use spec::{
