@@ -21,7 +21,9 @@ use crate::progress::Reporter;
 use crate::qualify::{qualify, Data, QualifyOptions, Sizes};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timer, TimingOptions};
-use crate::tune::choice::{write_choice, AboveLadder, BucketChoice, Choice, ChoiceError, Tuning};
+use crate::tune::choice::{
+    write_choice, AboveLadder, AboveLadderRoute, BucketChoice, Choice, ChoiceError, Tuning,
+};
 use crate::tune::early_stop::keep_timing;
 use crate::tune::{
     decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
@@ -270,11 +272,24 @@ pub fn select(
         // A winner that cannot run here now (the drops are agreed, so every rank sees the same)
         // makes the entry a miss.
         .filter(|(_, choice)| {
-            choice.buckets.iter().all(|bucket| {
+            let live = |bucket: usize, profile: &str| {
                 collectives
-                    .find(bucket.decision.index, &bucket.decision.winner)
+                    .find(bucket, profile)
                     .is_some_and(|id| collectives.entries()[id].dropped.is_none())
-            })
+            };
+            let winners_live = choice
+                .buckets
+                .iter()
+                .all(|bucket| live(bucket.decision.index, &bucket.decision.winner));
+            // The candidate that takes every whole piece above the ladder, if any.
+            let above = &choice.above_ladder;
+            let pieces_live = match (above.route, &above.decision, choice.buckets.last()) {
+                (AboveLadderRoute::Pieces, Some(decision), Some(last)) => {
+                    live(last.decision.index, &decision.winner)
+                }
+                _ => true,
+            };
+            winners_live && pieces_live
         });
     let mut local = [0_u8; 33];
     if let Some((bytes, _)) = &entry {

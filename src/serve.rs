@@ -221,13 +221,14 @@ impl Served {
 }
 
 /// The entry that takes every whole piece above the ladder when the choice says pieces: the
-/// above-ladder decision's winner, a candidate of the largest bucket.
+/// above-ladder decision's winner, a candidate of the largest bucket; `None` (NCCL) otherwise,
+/// or when that candidate does not run here.
 fn pieces_entry(collectives: &Collectives, choice: &Choice) -> Option<EntryId> {
     let above = &choice.above_ladder;
     match (above.route, &above.decision, choice.buckets.last()) {
-        (AboveLadderRoute::Pieces, Some(decision), Some(last)) => {
-            collectives.find(last.decision.index, &decision.winner)
-        }
+        (AboveLadderRoute::Pieces, Some(decision), Some(last)) => collectives
+            .find(last.decision.index, &decision.winner)
+            .filter(|&id| collectives.entries()[id].dropped.is_none()),
         _ => None,
     }
 }
