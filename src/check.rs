@@ -9,7 +9,7 @@ use crate::device::DropReason;
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
 use crate::gpu::nccl::Communicator;
 use crate::package::{Outcome, Package};
-use crate::qualify::{qualify, shared_seed, QualifyOptions, SequenceReport, POISON};
+use crate::qualify::{mismatch, qualify, shared_seed, QualifyOptions, SequenceReport, POISON};
 use crate::reference::{random_inputs, random_rank_inputs, reference_sum, reference_sum_bf16};
 use crate::runtime::{Runtime, RuntimeError};
 
@@ -230,15 +230,15 @@ fn check_pieces(
                 collectives.enqueue_chunked(runtime, stream, elements, operands, |_| id)
             })?;
             stream.read(target, 0, &mut result).map_err(driver)?;
-            if let Some(index) = result.iter().zip(&expected).position(|(a, b)| a != b) {
+            if let Some(message) = mismatch(rank, dtype, &result, &expected) {
                 return Err(CheckError::NotExact {
                     rank,
                     what: format!(
-                        "{} in pieces ({}, {elements} elements)",
+                        "{} in pieces ({})",
                         entry.profile,
                         if in_place { "in place" } else { "out of place" }
                     ),
-                    message: format!("byte {index} differs from the reference sum on rank {rank}"),
+                    message,
                 });
             }
         }

@@ -309,14 +309,8 @@ impl Checker<'_> {
                 "rank {rank}, {elements} elements: wrote element {past}, past the end of the message"
             )));
         }
-        if let Some((first, mismatches)) = first_mismatch(dtype, &read_back[..bytes], &expected) {
-            let width = 2 + 2 * size;
-            return Ok(Some(format!(
-                "rank {rank}, {elements} {dtype} elements: {mismatches} differ from the reference \
-                 sum, the first at {first} (got {:#0width$x}, expected {:#0width$x})",
-                element(dtype, read_back, first),
-                element(dtype, &expected, first)
-            )));
+        if let Some(message) = mismatch(rank, dtype, &read_back[..bytes], &expected) {
+            return Ok(Some(message));
         }
         let input_after = &mut read_back[..bytes];
         stream
@@ -338,6 +332,20 @@ fn equal(a: &[u8], b: &[u8]) -> bool {
         && a.par_chunks(PIECE)
             .zip(b.par_chunks(PIECE))
             .all(|(a, b)| a == b)
+}
+
+/// How `got` differs from the reference sum `expected` on rank `rank`, naming how many elements
+/// differ and the first; `None` when they are equal.
+pub(crate) fn mismatch(rank: u32, dtype: Dtype, got: &[u8], expected: &[u8]) -> Option<String> {
+    let (first, mismatches) = first_mismatch(dtype, got, expected)?;
+    let elements = expected.len() / dtype.size_bytes() as usize;
+    let width = 2 + 2 * dtype.size_bytes() as usize;
+    Some(format!(
+        "rank {rank}, {elements} {dtype} elements: {mismatches} differ from the reference sum, \
+         the first at {first} (got {:#0width$x}, expected {:#0width$x})",
+        element(dtype, got, first),
+        element(dtype, expected, first)
+    ))
 }
 
 /// The first element of `dtype` where `got` and `expected` differ, and how many differ.
