@@ -21,9 +21,7 @@ use crate::progress::Reporter;
 use crate::qualify::{qualify, Data, QualifyOptions, Sizes};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timer, TimingOptions};
-use crate::tune::choice::{
-    write_choice, AboveLadder, AboveLadderRoute, BucketChoice, Choice, ChoiceError, Tuning,
-};
+use crate::tune::choice::{write_choice, AboveLadder, BucketChoice, Choice, ChoiceError, Tuning};
 use crate::tune::early_stop::keep_timing;
 use crate::tune::{
     decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
@@ -282,11 +280,8 @@ pub fn select(
                 .iter()
                 .all(|bucket| live(bucket.decision.index, &bucket.decision.winner));
             // The candidate that takes every whole piece above the ladder, if any.
-            let above = &choice.above_ladder;
-            let pieces_live = match (above.route, &above.decision, choice.buckets.last()) {
-                (AboveLadderRoute::Pieces, Some(decision), Some(last)) => {
-                    live(last.decision.index, &decision.winner)
-                }
+            let pieces_live = match (choice.above_ladder.pieces_winner(), choice.buckets.last()) {
+                (Some(winner), Some(last)) => live(last.decision.index, winner),
                 _ => true,
             };
             winners_live && pieces_live

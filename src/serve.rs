@@ -23,7 +23,7 @@ use crate::package::Package;
 use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Runtime, RuntimeError};
 use crate::select::{select, SelectError, SelectOptions, Selection};
-use crate::tune::choice::{AboveLadderRoute, Choice};
+use crate::tune::choice::Choice;
 
 pub use server::{environment_defaults, gpu_for_rank, Options, Server, SetupError, MAX_TIMEOUT};
 
@@ -224,13 +224,10 @@ impl Served {
 /// above-ladder decision's winner, a candidate of the largest bucket; `None` (NCCL) otherwise,
 /// or when that candidate does not run here.
 fn pieces_entry(collectives: &Collectives, choice: &Choice) -> Option<EntryId> {
-    let above = &choice.above_ladder;
-    match (above.route, &above.decision, choice.buckets.last()) {
-        (AboveLadderRoute::Pieces, Some(decision), Some(last)) => collectives
-            .find(last.decision.index, &decision.winner)
-            .filter(|&id| collectives.entries()[id].dropped.is_none()),
-        _ => None,
-    }
+    let winner = choice.above_ladder.pieces_winner()?;
+    collectives
+        .find(choice.buckets.last()?.decision.index, winner)
+        .filter(|&id| collectives.entries()[id].dropped.is_none())
 }
 
 /// A rank's serving handle. Collective to create: every rank starts it with the same packages

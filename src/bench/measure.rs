@@ -16,7 +16,7 @@ use crate::package::Outcome;
 use crate::pieces;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::timing::{Timed, Timer, TimingOptions};
-use crate::tune::choice::{AboveLadderRoute, Choice};
+use crate::tune::choice::Choice;
 use crate::tune::{
     decide_bucket, BucketDecision, BucketSamples, CandidateOutcome, CandidateSamples,
     DecisionError, Policy, SizeFigures,
@@ -149,10 +149,7 @@ impl<'a> Bench<'a> {
             ladder,
             outcomes,
             chosen,
-            pieces_winner: match (&choice.above_ladder.route, &choice.above_ladder.decision) {
-                (AboveLadderRoute::Pieces, Some(decision)) => Some(decision.winner.clone()),
-                _ => None,
-            },
+            pieces_winner: choice.above_ladder.pieces_winner().map(str::to_owned),
             piece_buffers: None,
             timer: Timer::new(runtime)?,
             timing,
@@ -297,11 +294,8 @@ impl<'a> Bench<'a> {
     ) -> Vec<SizeRow> {
         let bucket = decision.index;
         let world = self.runtime.world();
-        let nccl_name = if bucket < self.ladder.buckets.len() {
-            nccl_profile(self.ladder, bucket)
-        } else {
-            nccl_profile(self.ladder, bucket - 1)
-        };
+        // Above the ladder (the bucket after the last) NCCL is the largest bucket's.
+        let nccl_name = nccl_profile(self.ladder, bucket.min(self.ladder.buckets.len() - 1));
         let nccl_median = decision.candidates.iter().find_map(|candidate| {
             match (
                 &candidate.outcome,

@@ -95,6 +95,17 @@ pub struct BucketChoice {
     pub decision: BucketDecision,
 }
 
+impl AboveLadder {
+    /// The candidate of the largest bucket that takes every whole piece, when the route is
+    /// pieces.
+    pub fn pieces_winner(&self) -> Option<&str> {
+        match (self.route, &self.decision) {
+            (AboveLadderRoute::Pieces, Some(decision)) => Some(&decision.winner),
+            _ => None,
+        }
+    }
+}
+
 /// Why a choice could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum ChoiceError {
