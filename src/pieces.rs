@@ -223,3 +223,42 @@ pub fn nccl_untimed(reason: &str) -> AboveLadder {
         decision: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::{CandidateResult, DecisionReason};
+
+    /// A decision over NCCL (first) and one candidate in pieces, won by `winner`.
+    fn decision(winner: &str) -> BucketDecision {
+        let candidate = |profile: &str| CandidateResult {
+            profile: profile.to_owned(),
+            exact: true,
+            outcome: CandidateOutcome::Excluded {
+                reason: "not timed here".to_owned(),
+            },
+        };
+        BucketDecision {
+            index: 18,
+            winner: winner.to_owned(),
+            baseline: "nccl".to_owned(),
+            reason: DecisionReason::BaselineFastest,
+            bit_exact: true,
+            candidates: vec![candidate("nccl"), candidate("one_shot_simple_256")],
+        }
+    }
+
+    #[test]
+    fn the_route_follows_the_winner_and_names_the_piece_candidate() {
+        let pieces = route_of(decision("one_shot_simple_256"), 1 << 27);
+        assert_eq!(pieces.route, AboveLadderRoute::Pieces);
+        assert_eq!(pieces.pieces_winner(), Some("one_shot_simple_256"));
+        assert!(pieces
+            .reason
+            .starts_with("in pieces through one_shot_simple_256"));
+        let nccl = route_of(decision("nccl"), 1 << 27);
+        assert_eq!(nccl.route, AboveLadderRoute::Nccl);
+        assert_eq!(nccl.pieces_winner(), None);
+        assert_eq!(nccl_untimed("static tuning").pieces_winner(), None);
+    }
+}

@@ -134,6 +134,47 @@ fn a_choice_of_format_1_is_refused_naming_its_version() {
     );
 }
 
+/// A choice of format 2 (no route above the ladder) is refused for its version.
+#[test]
+fn a_choice_of_format_2_is_refused_naming_its_version() {
+    let (message, path) = refusal(|value| {
+        value["format_version"] = 2.into();
+        value.as_object_mut().unwrap().remove("above_ladder");
+    });
+    assert_eq!(
+        message,
+        format!(
+            "{} is not a valid choice: format_version 2 is not known to prepare {} (it reads 3)",
+            path.display(),
+            prepare::TOOL_VERSION
+        )
+    );
+}
+
+/// The route above the ladder is written with its reason, and a choice without it is refused.
+#[test]
+fn the_route_above_the_ladder_is_part_of_the_choice() {
+    let value = serde_json::to_value(choice()).unwrap();
+    assert_eq!(
+        value["above_ladder"],
+        serde_json::json!({
+            "route": "nccl",
+            "reason": "NCCL on the whole message: the largest bucket chose nccl, NCCL, so pieces \
+                       would be NCCL too",
+            "decision": null
+        })
+    );
+    // NCCL takes such messages whole: no candidate runs on pieces.
+    assert_eq!(choice().above_ladder.pieces_winner(), None);
+    let (message, _) = refusal(|value| {
+        value.as_object_mut().unwrap().remove("above_ladder");
+    });
+    assert!(
+        message.contains("missing field `above_ladder`"),
+        "{message}"
+    );
+}
+
 #[test]
 fn a_timed_candidate_holds_its_figures_per_size() {
     let value = serde_json::to_value(choice()).unwrap();
