@@ -30,10 +30,9 @@ struct FullPhased {
         const u64 slot = message_bytes<T>(params.elements);
 
         for (int k = 1; k < N; ++k) {
-            // Rank + k keeps this rank's input in its peer slot N - 1 - k.
             copy_owned<T>(params.input, 0,
                           params.buffers[(params.rank + k) % N] + params.scratch_offset +
-                              (N - 1 - k) * slot,
+                              slot_at_distance<N>(k) * slot,
                           0, message, place.workers);
             // Phase k: this rank's input is at rank + k, rank - k's in this rank's slot.
             if (!ring_exchange<N>(params, flags, outcome, place, kSetData, k)) {

@@ -104,7 +104,7 @@ struct OneShotPushLl : LaunchCounter {
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
                     send_vector_lines<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                         v, parity, N - 1 - k, x, flag);
+                                         v, parity, slot_at_distance<N>(k), x, flag);
                 }
             },
             [&](u64 e) {
@@ -112,7 +112,8 @@ struct OneShotPushLl : LaunchCounter {
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
                     send_word_line<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                      tail_line + e, parity, N - 1 - k, value, flag);
+                                      tail_line + e, parity, slot_at_distance<N>(k), value,
+                                      flag);
                 }
             });
         bool received = true;
@@ -176,8 +177,8 @@ __device__ __forceinline__ unsigned char* slot_byte(unsigned char* region, u64 b
 }
 
 // Sends step `step` of this block's share: this rank's vectors into its peer slot of every peer
-// (rank + k keeps it in slot N - 1 - k),
-// and the tail with the last block's last step; then raises the step's flags.
+// (slot_at_distance), and the tail with the last block's last step; then raises the step's
+// flags.
 template <typename T, int N>
 __device__ __forceinline__ void send_step(const AllReduceParams& params, const SimpleShare& share,
                                           u64 parity, u64 step, u64 flag) {
@@ -195,11 +196,12 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
 #pragma unroll
     for (int k = 1; k < N; ++k) {
         unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
+        const unsigned int slot = slot_at_distance<N>(k);
 #pragma unroll
         for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
             const u64 v = first + u * blockDim.x + threadIdx.x;
             if (v < share.end) {
-                store_vector(slot_byte<N>(region, v * 16, parity, N - 1 - k), 0, x[u]);
+                store_vector(slot_byte<N>(region, v * 16, parity, slot), 0, x[u]);
             }
         }
     }
@@ -211,9 +213,9 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
                     unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
-                    store_element<T>(
-                        slot_byte<N>(region, e * sizeof(typename T::Bits), parity, N - 1 - k), 0,
-                        value);
+                    store_element<T>(slot_byte<N>(region, e * sizeof(typename T::Bits), parity,
+                                                  slot_at_distance<N>(k)),
+                                     0, value);
                 }
             });
     }

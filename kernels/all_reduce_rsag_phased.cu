@@ -5,8 +5,8 @@
 //   all_reduce_rsag_phased_<dtype>  cluster 0 does all the work; every other cluster returns
 //       at once and joins no flag protocol. Slices as in all_reduce_rsag.cu (rank s owns slice
 //       s and alone sums it, in rank order). In scatter phase k (1..world-1) rank r writes its
-//       input's piece of slice (r+k) mod world into its peer slot of that owner's scratch and nothing
-//       to anyone else; it then sums its own slice; in gather phase k it writes its reduced
+//       input's piece of slice (r+k) mod world into its peer slot of that owner's scratch and
+//       nothing to anyone else; it then sums its own slice; in gather phase k it writes its reduced
 //       slice into the gather region of rank (r+k) mod world. So a link or PCIe root complex
 //       never carries all-to-all writes. Between phases the cluster synchronises and CTA 0
 //       alone raises and waits for one flag pair (prepare_cluster.cuh).

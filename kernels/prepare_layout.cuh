@@ -81,6 +81,13 @@ __device__ __forceinline__ unsigned int peer_slot(unsigned int from, unsigned in
     return (from + N - to) % N - 1;
 }
 
+// The slot this rank's data takes at rank + k: peer_slot(rank, (rank + k) % N), known at compile
+// time in a loop over k that is unrolled.
+template <int N>
+__device__ __forceinline__ unsigned int slot_at_distance(int k) {
+    return N - 1 - k;
+}
+
 template <typename T>
 __device__ __forceinline__ u64 message_bytes(u64 elements) {
     return (elements * sizeof(typename T::Bits) + 15) / 16 * 16;
@@ -148,9 +155,8 @@ template <typename T, int N>
 __device__ __forceinline__ void scatter_owned(const AllReduceParams& params,
                                               const unsigned char* source, u64 offset, u64 slot,
                                               const Range& range, const Workers& workers) {
-    // Rank + k keeps this rank's data in its peer slot N - 1 - k.
     const auto destination = [&](int k) {
-        return params.buffers[(params.rank + k) % N] + offset + (N - 1 - k) * slot;
+        return params.buffers[(params.rank + k) % N] + offset + slot_at_distance<N>(k) * slot;
     };
     for_each_owned(
         range, workers,
