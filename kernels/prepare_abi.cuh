@@ -12,7 +12,7 @@
 //   signals: PREPARE_SIGNAL_WORDS 64-bit flags, written by peers with st.release.sys and read
 //            by the owner with ld.acquire.sys; zeroed once at allocation, never reset.
 //   state:   local only: state[0] is the sticky abort word, state[1 + b] block b's epoch, then
-//            the double-buffered kernels' launch counter and their count of finished blocks.
+//            the double-buffered kernels' launch count, one copy per block number.
 // After an abort the ranks' epochs may disagree: only zeroing every rank's signals, state and
 // scratch together (no launch in flight anywhere) makes the kernels usable again.
 // Epochs live in device memory and advance on every launch, so a captured graph replays any
@@ -27,10 +27,10 @@
 #define PREPARE_SIGNAL_SETS 5
 // signals[set][source_rank][block]
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
-#define PREPARE_STATE_WORDS (3 + PREPARE_MAX_BLOCKS)
-// Launches of double-buffered kernels so far, and blocks of the current one that finished.
-#define PREPARE_STATE_LAUNCH_WORD (1 + PREPARE_MAX_BLOCKS)
-#define PREPARE_STATE_DONE_WORD (2 + PREPARE_MAX_BLOCKS)
+#define PREPARE_STATE_WORDS (1 + 2 * PREPARE_MAX_BLOCKS)
+// Launches of double-buffered kernels so far, one copy per block number: block b reads
+// state[PREPARE_STATE_LAUNCH_WORDS + b].
+#define PREPARE_STATE_LAUNCH_WORDS (1 + PREPARE_MAX_BLOCKS)
 
 // Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | rank, where
 // rank is the peer that did not arrive (PEER_TIMEOUT) or this rank (INVALID_LAUNCH).
@@ -46,7 +46,7 @@ struct AllReduceParams {
     unsigned char* buffers[PREPARE_MAX_RANKS];
     // signals[r]: rank r's signal flags mapped into this process.
     unsigned long long* signals[PREPARE_MAX_RANKS];
-    // This rank's state words (abort word and per-block epochs).
+    // This rank's state words (abort word, per-block epochs, per-block launch counts).
     unsigned long long* state;
     // Where the sum goes: local memory, which may be `input` itself (in place) but not a
     // registered buffer's scratch. Kernels whose peers read the input region (one-shot pull,

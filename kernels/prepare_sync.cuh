@@ -76,16 +76,6 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
     words[3] = static_cast<unsigned int>(high >> 32);
 }
 
-// Adds to a local word; returns what it held.
-__device__ __forceinline__ u64 fetch_add_acq_rel_device(u64* address, u64 value) {
-    u64 previous;
-    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;"
-                 : "=l"(previous)
-                 : "l"(address), "l"(value)
-                 : "memory");
-    return previous;
-}
-
 // Keeps the first abort code (later failures are its consequences); returns the word it found.
 __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int rank) {
     const u64 code = PREPARE_ABORT_FLAG | (reason << 32) | rank;

@@ -42,9 +42,9 @@ pub const SIGNAL_SETS: usize = 5;
 pub const SIGNAL_WORDS: usize = SIGNAL_SETS * MAX_RANKS * MAX_BLOCKS;
 /// Bytes of signal flags per rank (peer-mapped, like the buffer).
 pub const SIGNAL_BYTES: u64 = SIGNAL_WORDS as u64 * 8;
-/// 64-bit state words per rank: the abort word, the blocks' epochs, the double-buffered
-/// kernels' launch counter and their count of finished blocks.
-pub const STATE_WORDS: usize = 3 + MAX_BLOCKS;
+/// 64-bit state words per rank: the abort word, the blocks' epochs, and the double-buffered
+/// kernels' launch count, one copy per block number.
+pub const STATE_WORDS: usize = 1 + 2 * MAX_BLOCKS;
 /// Set in the abort word when a kernel gave up.
 pub const ABORT_FLAG: u64 = 1 << 63;
 /// Abort reason: a peer did not arrive before the deadline (the low 32 bits name the peer).
@@ -197,7 +197,7 @@ mod tests {
             defines["PREPARE_SIGNAL_WORDS"],
             "(PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)"
         );
-        assert_eq!(defines["PREPARE_STATE_WORDS"], "(3 + PREPARE_MAX_BLOCKS)");
+        assert_eq!(defines["PREPARE_STATE_WORDS"], "(1 + 2 * PREPARE_MAX_BLOCKS)");
     }
 
     #[test]

@@ -51,7 +51,6 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "record_abort",
                 "store_line_volatile",
                 "load_line_volatile",
-                "fetch_add_acq_rel_device",
                 "wait_for_previous_grid",
                 "allow_next_grid",
             ],

@@ -49,6 +49,3 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
         words[2 * half + 1] = static_cast<unsigned int>(value >> 32);
     }
 }
-__device__ __forceinline__ u64 fetch_add_acq_rel_device(u64* address, u64 value) {
-    return std::atomic_ref<u64>(*address).fetch_add(value, std::memory_order_acq_rel);
-}
