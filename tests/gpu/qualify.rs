@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::support::{export, ladder, prepare_bin, printed, require_gpus, H200_TP2_LADDERS};
+use super::support::{h200_tp2_packages, ladder, prepare_bin, printed, require_gpus};
 
 fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let output = Command::new(prepare_bin()).args(args).output().unwrap();
@@ -86,8 +86,7 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
 #[ignore = "needs GPUs"]
 fn bench_times_every_candidate_and_nccl_side_by_side() {
     require_gpus!(2);
-    for name in H200_TP2_LADDERS {
-        let (dir, package) = export(name);
+    for (name, dir, package) in h200_tp2_packages() {
         let out = dir.path().join("bench");
         let cache = dir.path().join("cache");
         let (ok, text) = run(&[
