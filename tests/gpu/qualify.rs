@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::support::{h200_tp2_packages, ladder, prepare_bin, printed, require_gpus};
+use super::support::{
+    h200_tp2_packages, ladder, prepare_bin, printed, require_gpus, written_ladder,
+};
 
 fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let output = Command::new(prepare_bin()).args(args).output().unwrap();
@@ -164,9 +166,7 @@ const COPY_ENGINE_LADDER: &str = r#"{
 #[ignore = "needs GPUs"]
 fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
     require_gpus!(2);
-    let dir = tempfile::tempdir().unwrap();
-    let ladder_file = dir.path().join("copy_engine_tp2.json");
-    std::fs::write(&ladder_file, COPY_ENGINE_LADDER).unwrap();
+    let (_dir, ladder_file) = written_ladder("copy_engine_tp2.json", COPY_ENGINE_LADDER);
     // The copy-engine candidates take part in the multi-size sequence too.
     let (_package_dir, out) = export_on_gpus(&ladder_file);
     let qualified = every_candidate_qualified_exact(&out);

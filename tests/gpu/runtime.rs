@@ -10,6 +10,7 @@ use nix::sys::signal::Signal;
 use super::support::{
     arch_of, assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
     h200_tp2_packages, ladder, printed, require_gpus, start_rank, survivor_names_the_victim,
+    written_ladder,
 };
 
 #[test]
@@ -101,9 +102,8 @@ fn nccl_profiles_with_communicator_settings_run_on_their_own_split() {
             .unwrap()
             .push("nccl_4cta".into());
     }
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("h200_nvlink_tp2_nccl_4cta.json");
-    std::fs::write(&file, serde_json::to_vec_pretty(&ladder_value).unwrap()).unwrap();
+    let ladder_bytes = serde_json::to_vec_pretty(&ladder_value).unwrap();
+    let (_dir, file) = written_ladder("h200_nvlink_tp2_nccl_4cta.json", ladder_bytes);
     let (_package_dir, package) = export_file(&file);
     let output = check_on_two_gpus(&package, 30, &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -197,6 +197,14 @@ pub fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf
     (dir, out)
 }
 
+/// `bytes` written as the ladder file `name` in a fresh directory; returns both.
+pub fn written_ladder(name: &str, bytes: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, bytes).unwrap();
+    (dir, file)
+}
+
 /// The shipped H200 TP2 ladders ([`H200_TP2_LADDERS`]) in turn, each exported as the loop
 /// reaches it ([`export`]): `(ladder name, directory holding the package, package)`.
 pub fn h200_tp2_packages() -> impl Iterator<Item = (&'static str, tempfile::TempDir, PathBuf)> {
