@@ -11,6 +11,7 @@ pub mod cache;
 pub mod check;
 pub mod collective;
 pub mod compile;
+pub mod decimal;
 pub mod device;
 pub mod files;
 pub mod gpu;

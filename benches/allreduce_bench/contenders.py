@@ -35,6 +35,11 @@ class Contender:
     def result(self):
         raise NotImplementedError
 
+    def _empty(self, elements):
+        """`elements` bf16 values in ordinary memory on this rank's GPU, not initialised."""
+        torch = self.ctx.torch
+        return torch.empty(elements, dtype=torch.bfloat16, device=self.ctx.device)
+
     def drop_graphs(self):
         self.single = None
         self.graph = None
@@ -45,46 +50,61 @@ class Contender:
 
 
 class ViewContender(Contender):
-    """A contender whose all-reduce works in place on `view`, the message's slice of `buffer`."""
+    """A contender whose all-reduce reads `view`, the message's slice of `buffer`, and writes the
+    sum to `output_view`: `view` itself (in place), or the same slice of `out` when it has one."""
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.buffer = None
+        self.out = None
         self.view = None
+        self.output_view = None
 
     def bind(self, elements):
         self.view = self.buffer[:elements]
+        self.output_view = self.view if self.out is None else self.out[:elements]
 
     def reset(self, pristine):
         self.view.copy_(pristine)
 
     def result(self):
-        return self.view
+        return self.output_view
 
     def close(self):
         super().close()
         self.view = None
+        self.output_view = None
         self.buffer = None
+        self.out = None
 
 
 class TorchNccl(ViewContender):
     name = "torch_nccl"
 
     def allocate(self, max_elements):
-        torch = self.ctx.torch
-        self.buffer = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
+        self.buffer = self._empty(max_elements)
 
     def op(self):
         self.ctx.dist.all_reduce(self.view)
 
 
 class SymmMemBase(Contender):
+    """A contender whose `buffer` is in symmetric memory, met by every rank in `rendezvous`."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.handle = None
+
     def _symm_empty(self, elements):
         torch = self.ctx.torch
         return self.ctx.symm_mem.empty(elements, dtype=torch.bfloat16, device=self.ctx.device)
 
-    def _rendezvous(self, tensor):
-        return self.ctx.symm_mem.rendezvous(tensor, self.ctx.group_name)
+    def rendezvous(self):
+        self.handle = self.ctx.symm_mem.rendezvous(self.buffer, self.ctx.group_name)
+
+    def close(self):
+        super().close()
+        self.handle = None
 
 
 class SymmMemOneShot(SymmMemBase, ViewContender):
@@ -93,32 +113,13 @@ class SymmMemOneShot(SymmMemBase, ViewContender):
     name = "symm_mem_one_shot"
 
     def allocate(self, max_elements):
-        torch = self.ctx.torch
         self.buffer = self._symm_empty(max_elements)
-        self.out = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
-        self.handle = None
-        self.output_view = None
-
-    def rendezvous(self):
-        self.handle = self._rendezvous(self.buffer)
-
-    def bind(self, elements):
-        super().bind(elements)
-        self.output_view = self.out[:elements]
+        self.out = self._empty(max_elements)
 
     def op(self):
         self.ctx.torch.ops.symm_mem.one_shot_all_reduce_out(
             self.view, "sum", self.ctx.group_name, self.output_view
         )
-
-    def result(self):
-        return self.output_view
-
-    def close(self):
-        super().close()
-        self.output_view = None
-        self.handle = None
-        self.out = None
 
 
 class SymmMemTwoShot(SymmMemBase, ViewContender):
@@ -126,17 +127,9 @@ class SymmMemTwoShot(SymmMemBase, ViewContender):
 
     def allocate(self, max_elements):
         self.buffer = self._symm_empty(max_elements)
-        self.handle = None
-
-    def rendezvous(self):
-        self.handle = self._rendezvous(self.buffer)
 
     def op(self):
         self.ctx.torch.ops.symm_mem.two_shot_all_reduce_(self.view, "sum", self.ctx.group_name)
-
-    def close(self):
-        super().close()
-        self.handle = None
 
 
 class PrepareBase(ViewContender):
@@ -170,6 +163,5 @@ class PrepareAnyTensor(PrepareBase):
     name = "prepare_any_tensor"
 
     def allocate(self, max_elements):
-        torch = self.ctx.torch
         self.collectives()
-        self.buffer = torch.empty(max_elements, dtype=torch.bfloat16, device=self.ctx.device)
+        self.buffer = self._empty(max_elements)

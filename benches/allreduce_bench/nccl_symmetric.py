@@ -279,8 +279,7 @@ class NcclSymmetric(Contender):
 
     def result(self):
         """A copy of the buffer's message, in a tensor ordered after the op on this stream."""
-        torch = self.ctx.torch
-        copy = torch.empty(self.elements, dtype=torch.bfloat16, device=self.ctx.device)
+        copy = self._empty(self.elements)
         self.driver.copy(copy.data_ptr(), self.buffer, self.elements * 2, self._stream())
         return copy
 

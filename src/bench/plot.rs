@@ -21,6 +21,7 @@ use plotters::prelude::{
 };
 
 use super::{BenchReport, DecodeRow, SizeRow};
+use crate::decimal::trimmed;
 
 /// The latency plot's file name.
 pub const LATENCY_FILE: &str = "latency.svg";
@@ -607,20 +608,16 @@ fn human_bytes(bytes: f64) -> String {
 /// A tick label: three significant figures at most, no trailing zeros.
 fn format_number(value: f64) -> String {
     let magnitude = value.abs();
-    let text = if magnitude >= 100.0 || magnitude == 0.0 {
-        format!("{value:.0}")
+    let decimals = if magnitude >= 100.0 || magnitude == 0.0 {
+        0
     } else if magnitude >= 10.0 {
-        format!("{value:.1}")
+        1
     } else if magnitude >= 1.0 {
-        format!("{value:.2}")
+        2
     } else {
-        format!("{value:.3}")
+        3
     };
-    if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.').to_owned()
-    } else {
-        text
-    }
+    trimmed(value, decimals)
 }
 
 #[cfg(test)]

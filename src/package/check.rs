@@ -7,7 +7,10 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::manifest::{BucketRecord, Manifest, PeerMemoryRecord};
-use super::{kernel_file, manifest_schema, PackageError, Problem, LADDER_FILE, PACKAGE_FORMATS};
+use super::{
+    kernel_file, manifest_schema, refused_if_any, PackageError, Problem, LADDER_FILE,
+    PACKAGE_FORMATS,
+};
 use crate::kernels;
 use crate::ladder::Ladder;
 
@@ -65,29 +68,22 @@ fn check_schema(path: &Path, value: &Value) -> Result<(), PackageError> {
             message: error.to_string(),
         })
         .collect();
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(PackageError::ManifestSchema {
-            path: path.to_path_buf(),
-            problems,
-        })
-    }
+    refused_if_any(problems, |problems| PackageError::ManifestSchema {
+        path: path.to_path_buf(),
+        problems,
+    })
 }
 
 /// The schema and the manifest's own consistency, which the writer checks too.
 pub(super) fn check_manifest(path: &Path, manifest: &Manifest) -> Result<(), PackageError> {
     let value = serde_json::to_value(manifest).expect("a manifest always serializes");
     check_schema(path, &value)?;
-    let problems = manifest_problems(manifest);
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(PackageError::ManifestInconsistent {
+    refused_if_any(manifest_problems(manifest), |problems| {
+        PackageError::ManifestInconsistent {
             path: path.to_path_buf(),
             problems,
-        })
-    }
+        }
+    })
 }
 
 fn manifest_validator() -> &'static jsonschema::Validator {

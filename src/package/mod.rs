@@ -379,6 +379,18 @@ impl fmt::Display for FileProblem {
     }
 }
 
+/// `Ok` when there are no problems, else the refusal `error` makes of them.
+fn refused_if_any<P>(
+    problems: Vec<P>,
+    error: impl FnOnce(Vec<P>) -> PackageError,
+) -> Result<(), PackageError> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(error(problems))
+    }
+}
+
 fn bullets<T: fmt::Display>(items: &[T]) -> String {
     items.iter().fold(String::new(), |mut text, item| {
         let _ = write!(text, "\n  {item}");

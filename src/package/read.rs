@@ -13,8 +13,8 @@ use std::path::Path;
 use super::check::{check_manifest, ladder_problems, parse_manifest};
 use super::manifest::Manifest;
 use super::{
-    FileProblem, FileProblemKind, Package, PackageError, Problem, KERNELS_DIR, LADDER_FILE,
-    MANIFEST_FILE,
+    refused_if_any, FileProblem, FileProblemKind, Package, PackageError, Problem, KERNELS_DIR,
+    LADDER_FILE, MANIFEST_FILE,
 };
 use crate::files::{self, read_limited_at};
 use crate::hash::sha256_hex;
@@ -137,13 +137,12 @@ fn open_through(
 
     let ladder_path = dir.join(LADDER_FILE);
     let ladder = parse_ladder(&ladder_path, &ladder_bytes)?;
-    let problems = ladder_problems(&manifest, &ladder);
-    if !problems.is_empty() {
-        return Err(PackageError::ManifestInconsistent {
+    refused_if_any(ladder_problems(&manifest, &ladder), |problems| {
+        PackageError::ManifestInconsistent {
             path: manifest_path,
             problems,
-        });
-    }
+        }
+    })?;
 
     Ok(Package {
         dir: dir.to_path_buf(),
@@ -254,19 +253,15 @@ fn verify_files(
         }
     }
 
-    if !problems.is_empty() {
-        problems.sort_by(|left, right| left.path.cmp(&right.path));
-        return Err(PackageError::Files {
-            dir: dir.to_path_buf(),
-            problems,
-        });
-    }
-    if !sizes.is_empty() {
-        return Err(PackageError::ManifestInconsistent {
-            path: dir.join(MANIFEST_FILE),
-            problems: sizes,
-        });
-    }
+    problems.sort_by(|left, right| left.path.cmp(&right.path));
+    refused_if_any(problems, |problems| PackageError::Files {
+        dir: dir.to_path_buf(),
+        problems,
+    })?;
+    refused_if_any(sizes, |problems| PackageError::ManifestInconsistent {
+        path: dir.join(MANIFEST_FILE),
+        problems,
+    })?;
     Ok(contents)
 }
 

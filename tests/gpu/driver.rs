@@ -96,8 +96,7 @@ fn describes_every_visible_gpu() {
 #[test]
 #[ignore = "needs GPUs"]
 fn memory_round_trips_and_refuses_out_of_bounds() {
-    let (driver, devices) = require_gpus!(1);
-    let device = &devices[0];
+    let (driver, [device]) = require_gpus!(1);
     let too_large = 2 * driver.describe(0).unwrap().total_memory_bytes as usize;
     let stream = device.new_stream().unwrap();
     let buffer = device.allocate(4096).unwrap();
@@ -130,8 +129,8 @@ fn memory_round_trips_and_refuses_out_of_bounds() {
 #[test]
 #[ignore = "needs GPUs"]
 fn refuses_kernels_that_do_not_take_the_launch_contract() {
-    let (driver, devices) = require_gpus!(1);
-    let module = load(driver, &devices[0]);
+    let (driver, [device]) = require_gpus!(1);
+    let module = load(driver, &device);
     let errors = [
         module
             .kernel("driver_two_parameters", PARAMS_BYTES)
@@ -152,7 +151,7 @@ fn refuses_kernels_that_do_not_take_the_launch_contract() {
     cuModuleGetFunction on GPU 0 failed: CUDA_ERROR_NOT_FOUND (named symbol not found)
     ");
 
-    let invalid_cubin = devices[0]
+    let invalid_cubin = device
         .load_module(ModuleImage::Cubin(
             b"not an ELF file at all, but long enough to hold a header",
         ))
@@ -166,7 +165,7 @@ fn refuses_kernels_that_do_not_take_the_launch_contract() {
     let cluster = module
         .load("driver_cluster_exchange", true, PARAMS_BYTES)
         .unwrap();
-    let stream = devices[0].new_stream().unwrap();
+    let stream = device.new_stream().unwrap();
     let error = stream
         .launch_loaded(
             &cluster,
@@ -279,15 +278,14 @@ fn two_gpus_read_and_write_each_other_through_peer_access() {
 #[test]
 #[ignore = "needs GPUs"]
 fn cluster_kernels_share_memory_across_their_cluster_and_fit_the_occupancy_rule() {
-    let (driver, devices) = require_gpus!(1);
-    let device = &devices[0];
+    let (driver, [device]) = require_gpus!(1);
     let info = driver.describe(0).unwrap();
     if !info.cluster_launch {
         assert!(!gpu_required() || info.compute_capability.0 < 9);
         eprintln!("skipped: {} does not launch clusters", info.name);
         return;
     }
-    let module = load(driver, device);
+    let module = load(driver, &device);
     let kernel = module
         .cluster_kernel("driver_cluster_exchange", PARAMS_BYTES)
         .unwrap();
@@ -381,14 +379,13 @@ fn flag_memory(device: &Device, stream: &Stream) -> FlagMemory {
 #[test]
 #[ignore = "needs GPUs"]
 fn a_missing_peer_ends_in_the_sticky_abort_word_within_the_deadline() {
-    let (driver, devices) = require_gpus!(1);
-    let device = &devices[0];
-    let module = load(driver, device);
+    let (driver, [device]) = require_gpus!(1);
+    let module = load(driver, &device);
     let kernel = module.kernel("driver_flag_exchange", PARAMS_BYTES).unwrap();
     let stream = device.new_stream().unwrap();
-    let own = flag_memory(device, &stream);
+    let own = flag_memory(&device, &stream);
     // Rank 1 never runs: its flags are a local stand-in nobody waits on.
-    let absent = flag_memory(device, &stream);
+    let absent = flag_memory(&device, &stream);
     let mut launch = params(0, 2);
     launch.signals[0] = own.signals.address();
     launch.signals[1] = absent.signals.address();

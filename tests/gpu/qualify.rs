@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::support::{export, ladder, prepare_bin, printed, require_gpus, H200_TP2_LADDERS};
+use super::support::{
+    h200_tp2_packages, ladder, prepare_bin, printed, require_gpus, written_ladder,
+};
 
 fn run(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let output = Command::new(prepare_bin()).args(args).output().unwrap();
@@ -86,8 +88,7 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
 #[ignore = "needs GPUs"]
 fn bench_times_every_candidate_and_nccl_side_by_side() {
     require_gpus!(2);
-    for name in H200_TP2_LADDERS {
-        let (dir, package) = export(name);
+    for (name, dir, package) in h200_tp2_packages() {
         let out = dir.path().join("bench");
         let cache = dir.path().join("cache");
         let (ok, text) = run(&[
@@ -165,9 +166,7 @@ const COPY_ENGINE_LADDER: &str = r#"{
 #[ignore = "needs GPUs"]
 fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
     require_gpus!(2);
-    let dir = tempfile::tempdir().unwrap();
-    let ladder_file = dir.path().join("copy_engine_tp2.json");
-    std::fs::write(&ladder_file, COPY_ENGINE_LADDER).unwrap();
+    let (_dir, ladder_file) = written_ladder("copy_engine_tp2.json", COPY_ENGINE_LADDER);
     // The copy-engine candidates take part in the multi-size sequence too.
     let (_package_dir, out) = export_on_gpus(&ladder_file);
     let qualified = every_candidate_qualified_exact(&out);

@@ -9,15 +9,15 @@ use nix::sys::signal::Signal;
 
 use super::support::{
     arch_of, assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
-    ladder, printed, require_gpus, start_rank, survivor_names_the_victim, H200_TP2_LADDERS,
+    h200_tp2_packages, ladder, printed, require_gpus, start_rank, survivor_names_the_victim,
+    written_ladder,
 };
 
 #[test]
 #[ignore = "needs GPUs"]
 fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
     require_gpus!(2);
-    for name in H200_TP2_LADDERS {
-        let (_dir, package) = export(name);
+    for (name, _dir, package) in h200_tp2_packages() {
         let output = check_on_two_gpus(&package, 30, &[]);
         let stdout = String::from_utf8_lossy(&output.stdout);
         eprintln!("{name}:\n{}", printed(&output));
@@ -102,9 +102,8 @@ fn nccl_profiles_with_communicator_settings_run_on_their_own_split() {
             .unwrap()
             .push("nccl_4cta".into());
     }
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("h200_nvlink_tp2_nccl_4cta.json");
-    std::fs::write(&file, serde_json::to_vec_pretty(&ladder_value).unwrap()).unwrap();
+    let ladder_bytes = serde_json::to_vec_pretty(&ladder_value).unwrap();
+    let (_dir, file) = written_ladder("h200_nvlink_tp2_nccl_4cta.json", ladder_bytes);
     let (_package_dir, package) = export_file(&file);
     let output = check_on_two_gpus(&package, 30, &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -186,8 +185,7 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     use prepare::gpu::driver::{DeviceMemory, Geometry, ModuleImage};
     use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
-    let (driver, devices) = require_gpus!(1);
-    let device = &devices[0];
+    let (driver, [device]) = require_gpus!(1);
     let arch = arch_of(driver, 0);
     let spec = prepare::kernels::all_kernels(prepare::ladder::Dtype::Bf16, 2)
         .into_iter()

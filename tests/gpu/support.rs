@@ -35,27 +35,26 @@ pub fn verdict(
     }
 }
 
-/// `needed` GPUs opened, or `None` (skip) when there are fewer and GPUs are not required.
-pub fn gpus(needed: usize) -> Option<(Driver, Vec<Device>)> {
+/// GPUs 0 to `N - 1` opened, or `None` (skip) when there are fewer and GPUs are not required.
+pub fn gpus<const N: usize>() -> Option<(Driver, [Device; N])> {
     let probe = visible_devices();
-    match verdict(gpu_required(), needed, &probe) {
+    match verdict(gpu_required(), N, &probe) {
         Ok(true) => {}
         Ok(false) => return None,
         Err(message) => panic!("{message}"),
     }
     let driver = Driver::open().expect("the driver opened for the probe");
-    let devices = (0..needed)
-        .map(|ordinal| driver.open_device(ordinal).expect("opening a visible GPU"))
-        .collect();
+    let devices =
+        std::array::from_fn(|ordinal| driver.open_device(ordinal).expect("opening a visible GPU"));
     Some((driver, devices))
 }
 
-/// `needed` GPUs opened, as `(Driver, Vec<Device>)`, for the calling test, which returns (skips)
-/// when there are fewer, unless `PREPARE_REQUIRE_GPU=1` makes that a failure. Every GPU test
-/// starts with it.
+/// `needed` GPUs opened, as `(Driver, [Device; needed])`, for the calling test, which returns
+/// (skips) when there are fewer, unless `PREPARE_REQUIRE_GPU=1` makes that a failure. Every GPU
+/// test starts with it; a one-GPU test takes its device as `let (driver, [device]) = ...`.
 macro_rules! require_gpus {
-    ($needed:expr) => {
-        match $crate::gpu::support::gpus($needed) {
+    ($needed:literal) => {
+        match $crate::gpu::support::gpus::<$needed>() {
             Some(gpus) => gpus,
             None => return,
         }
@@ -196,6 +195,23 @@ pub fn export_file(ladder_file: &std::path::Path) -> (tempfile::TempDir, PathBuf
         String::from_utf8_lossy(&output.stderr)
     );
     (dir, out)
+}
+
+/// `bytes` written as the ladder file `name` in a fresh directory; returns both.
+pub fn written_ladder(name: &str, bytes: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, bytes).unwrap();
+    (dir, file)
+}
+
+/// The shipped H200 TP2 ladders ([`H200_TP2_LADDERS`]) in turn, each exported as the loop
+/// reaches it ([`export`]): `(ladder name, directory holding the package, package)`.
+pub fn h200_tp2_packages() -> impl Iterator<Item = (&'static str, tempfile::TempDir, PathBuf)> {
+    H200_TP2_LADDERS.into_iter().map(|name| {
+        let (dir, package) = export(name);
+        (name, dir, package)
+    })
 }
 
 /// A port free a moment ago, with the next one (the rendezvous) free too.

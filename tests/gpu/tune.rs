@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::support::{
-    export, free_port, gpu_tests, prepare_bin, printed, require_gpus, start_rank,
-    survivor_names_the_victim, H200_TP2_LADDERS,
+    export, free_port, gpu_tests, h200_tp2_packages, prepare_bin, printed, require_gpus,
+    start_rank, survivor_names_the_victim,
 };
 
 /// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
@@ -49,8 +49,7 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
 #[ignore = "needs GPUs"]
 fn tune_agrees_caches_and_misses_on_a_changed_nccl_setting() {
     require_gpus!(2);
-    for name in H200_TP2_LADDERS {
-        let (_package_dir, package) = export(name);
+    for (name, _package_dir, package) in h200_tp2_packages() {
         let scratch = tempfile::tempdir().unwrap();
         let cache = scratch.path().join("cache");
         let cache_arg = cache.to_str().unwrap();

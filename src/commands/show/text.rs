@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use prepare::decimal::trimmed;
+
 /// What `prepare show` fits its lines to, unless `--wide`.
 pub const WIDTH: usize = 100;
 
@@ -176,16 +178,6 @@ impl Table {
                 Line::Note { column, text } => paragraph(out, text, width, start(*column), 2),
             }
         }
-    }
-}
-
-/// A number to at most `decimals` decimals, without trailing zeros.
-pub fn trimmed(value: f64, decimals: usize) -> String {
-    let text = format!("{value:.decimals$}");
-    if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        text
     }
 }
 

@@ -375,34 +375,40 @@ impl Checker<'_> {
                 format!("1 to {MAX_BLOCKS}"),
             );
         }
+        // A clustered bucket has one shape: each field with its rule, value, required value
+        // and what the report expects.
         if let Some(cluster_size) = bucket.cluster_size {
-            if cluster_size != CLUSTER_SIZE {
-                self.report(
+            let shape = [
+                (
                     Rule::ClusterSizeNot8,
-                    at("cluster_size"),
-                    cluster_size.to_string(),
+                    "cluster_size",
+                    cluster_size,
+                    CLUSTER_SIZE,
                     format!("{CLUSTER_SIZE}, the only cluster size, or no cluster_size field"),
-                );
-            }
-            if bucket.threads != CLUSTER_THREADS {
-                self.report(
+                ),
+                (
                     Rule::ClusterSizeWithout512Threads,
-                    at("threads"),
-                    bucket.threads.to_string(),
+                    "threads",
+                    bucket.threads,
+                    CLUSTER_THREADS,
                     format!("{CLUSTER_THREADS} in a clustered bucket, or no cluster_size field"),
-                );
-            }
-            if bucket.blocks != CLUSTER_BLOCKS {
-                self.report(
+                ),
+                (
                     Rule::ClusterSizeWithout64Blocks,
-                    at("blocks"),
-                    bucket.blocks.to_string(),
+                    "blocks",
+                    bucket.blocks,
+                    CLUSTER_BLOCKS,
                     format!(
                         "{CLUSTER_BLOCKS} ({} clusters of {CLUSTER_SIZE}) in a clustered bucket, \
                          or no cluster_size field",
                         CLUSTER_BLOCKS / CLUSTER_SIZE
                     ),
-                );
+                ),
+            ];
+            for (rule, field, found, required, expected) in shape {
+                if found != required {
+                    self.report(rule, at(field), found.to_string(), expected);
+                }
             }
         }
 
