@@ -20,7 +20,7 @@ pub use drops::agree_drops;
 use drops::qualified_wrong;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
 pub use operands::{
-    moves, plan_operands, BufferLayout, DeviceCopy, OperandPlan, Operands, MOVE_CHUNK_BYTES,
+    moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
 
 use crate::abi::PARAMS_BYTES;
@@ -725,7 +725,7 @@ impl Collectives {
         stream: &Stream,
         peer: &PeerMemory,
         operands: &Operands,
-        copies: &[DeviceCopy],
+        copies: &[PlannedCopy],
     ) -> Result<(), RuntimeError> {
         let memories: [&dyn DeviceMemory; 4] = [
             &operands.input,

@@ -78,7 +78,7 @@ pub struct BufferLayout {
 
 /// One copy of `bytes` from `source` to `destination`, device addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceCopy {
+pub struct PlannedCopy {
     /// Where the bytes go.
     pub destination: u64,
     /// Where they come from.
@@ -164,12 +164,12 @@ pub fn plan_operands(
 /// copy whose source and destination overlap is undefined), each chunk as large as `private`
 /// and copied into it, then out to its place. Below the source the chunks go front to back,
 /// above it back to front, so no chunk is overwritten before it was read.
-pub fn moves(destination: u64, source: u64, bytes: u64, private: &Range<u64>) -> Vec<DeviceCopy> {
+pub fn moves(destination: u64, source: u64, bytes: u64, private: &Range<u64>) -> Vec<PlannedCopy> {
     if destination == source || bytes == 0 {
         return Vec::new();
     }
     if !overlaps(&span(destination, bytes), &span(source, bytes)) {
-        return vec![DeviceCopy {
+        return vec![PlannedCopy {
             destination,
             source,
             bytes,
@@ -189,12 +189,12 @@ pub fn moves(destination: u64, source: u64, bytes: u64, private: &Range<u64>) ->
         .into_iter()
         .flat_map(|(offset, length)| {
             [
-                DeviceCopy {
+                PlannedCopy {
                     destination: private.start,
                     source: source + offset,
                     bytes: length,
                 },
-                DeviceCopy {
+                PlannedCopy {
                     destination: destination + offset,
                     source: private.start,
                     bytes: length,
@@ -342,7 +342,7 @@ mod tests {
     #[test]
     fn moves_between_overlapping_ranges_go_through_the_private_buffer_in_order() {
         let private = 100..104;
-        let copy = |destination, source, bytes| DeviceCopy {
+        let copy = |destination, source, bytes| PlannedCopy {
             destination,
             source,
             bytes,
@@ -407,7 +407,7 @@ mod tests {
     /// into the caller's `output` (where a caller may have asked for it).
     fn run_copies(
         memory: &mut [Byte],
-        copies: &[DeviceCopy],
+        copies: &[PlannedCopy],
         layout: &BufferLayout,
         output: &Range<u64>,
     ) -> Result<(), TestCaseError> {
