@@ -443,7 +443,11 @@ mod tests {
             let layout = small_layout();
             let private_bytes = layout.private_output.end - layout.private_output.start;
             // The private buffer holds every message of a kernel whose peers read until the end.
-            let elements = if access == PULL { elements % (private_bytes / 2) + 1 } else { elements };
+            let elements = if access == PULL {
+                elements % (private_bytes / 2) + 1
+            } else {
+                elements
+            };
             let bytes = elements * 2;
             let output = if in_place { input } else { output };
             let plan = plan_operands(access, input, output, bytes, &layout)
