@@ -443,9 +443,7 @@ impl Collectives {
             .as_ref()
             .ok_or_else(|| RuntimeError::Setup {
                 rank: self.rank,
-                message: "the out-of-place output was released when serving began; only operands \
-                      of the caller's can be all-reduced"
-                    .to_owned(),
+                message: "the out-of-place output was released when serving began".to_owned(),
             })
     }
 
