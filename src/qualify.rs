@@ -253,7 +253,8 @@ impl Checker<'_> {
         let size = dtype.size_bytes() as usize;
         let bytes = elements * size;
         let collectives = self.collectives;
-        let poisoned = (elements + PAST_END_ELEMENTS).min(collectives.output().len_bytes() / size);
+        let output = collectives.output()?;
+        let poisoned = (elements + PAST_END_ELEMENTS).min(output.len_bytes() / size);
         // The run's input on the device, this rank's input and the reference sum on the host,
         // and where the output is read back to.
         let fresh;
@@ -292,16 +293,14 @@ impl Checker<'_> {
                 }
             };
         stream
-            .fill_u16(collectives.output(), 0..poisoned * size, POISON)
+            .fill_u16(output, 0..poisoned * size, POISON)
             .map_err(driver)?;
         // No barrier: a peer's kernel reaching the start barrier means its launch began, after
         // its input was written in stream order; NCCL synchronises itself.
         collectives.run_bounded(self.runtime, stream, id, step, || {
             graph.launch().map_err(driver)
         })?;
-        stream
-            .read(collectives.output(), 0, read_back)
-            .map_err(driver)?;
+        stream.read(output, 0, read_back).map_err(driver)?;
         if let Some(past) = (elements..poisoned)
             .find(|&index| element(dtype, read_back, index) != poison_bits(dtype))
         {
@@ -427,7 +426,7 @@ pub fn qualify(
                 .unwrap_or(0)
                 .min(collectives.capacity());
             let past_end = (longest + PAST_END_ELEMENTS)
-                .min(collectives.output().len_bytes() / ladder.dtype.size_bytes() as usize);
+                .min(collectives.output()?.len_bytes() / ladder.dtype.size_bytes() as usize);
             Some(Shared::new(runtime, ladder.dtype, seed, longest, past_end)?)
         }
     };

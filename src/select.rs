@@ -117,9 +117,11 @@ pub struct Selection {
     pub choice_file: Option<PathBuf>,
     /// Where the time went.
     pub times: SelectTimes,
-    /// Device memory that loading the package took on this rank's GPU, bytes: free memory
-    /// (cuMemGetInfo) before loading minus after, so the peer buffer, the private buffers and
-    /// the kernels. Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
+    /// Device memory the loaded package keeps on this rank's GPU for serving, bytes: free
+    /// memory (cuMemGetInfo) before loading minus after selection, once what checking and
+    /// timing needed only while they ran (the full-size out-of-place output, the timing's
+    /// buffers and graphs) is freed: the peer buffer, the private output buffer and the
+    /// kernels. Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
     /// 0 when the caller loaded the candidates itself.
     pub load_memory_bytes: u64,
 }

@@ -5,7 +5,9 @@
 //! the bucket's agreed winner; larger ones to NCCL on the same communicator. Nothing is
 //! allocated, registered or opened after start: a caller's memory is never registered for
 //! IPC, and what peers must read is copied into the handle's registered buffer inside the
-//! enqueued work (see [`Collectives::enqueue_operands`]).
+//! enqueued work (see [`Collectives::enqueue_operands`]). Once selection is done the handle
+//! keeps per package the peer buffer, a small private output buffer and the kernels; the
+//! full-size output that checking and timing wrote into is freed.
 //!
 //! The C ABI and the Python package are thin layers over this module; a Rust server started
 //! like torchrun starts it through [`Server`].
@@ -315,10 +317,12 @@ impl Handle {
             let free_before = free_memory()?;
             let mut collectives = Collectives::new(&runtime, package).map_err(SelectError::from)?;
             let load = started.elapsed();
-            let load_memory_bytes = free_before.saturating_sub(free_memory()?);
             let mut selection = select(&runtime, &mut collectives, package, options, reporter)?;
+            // Checking and timing wrote into the collectives' own out-of-place output; serving
+            // writes only the caller's memory, so the package keeps what it serves with.
+            collectives.release_output();
             selection.times.load = load;
-            selection.load_memory_bytes = load_memory_bytes;
+            selection.load_memory_bytes = free_before.saturating_sub(free_memory()?);
             let routes = selection
                 .choice
                 .buckets

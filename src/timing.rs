@@ -163,7 +163,7 @@ impl Timer {
     }
 
     /// Like [`Timer::time`], each entry on the operands it names (the serving path on a
-    /// caller's memory) or, without, on the registered buffer into the private output.
+    /// caller's memory) or, without, on the registered buffer into the out-of-place output.
     pub fn time_operands(
         &mut self,
         runtime: &Runtime,
@@ -346,7 +346,7 @@ fn gather(runtime: &Runtime, local: &[Vec<f32>], step: &str) -> Result<Samples, 
         .collect())
 }
 
-/// One thing to time: an entry at a message size, on the registered buffer into the private
+/// One thing to time: an entry at a message size, on the registered buffer into the out-of-place
 /// output, or on operands of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timed {

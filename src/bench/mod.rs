@@ -107,7 +107,7 @@ pub struct BenchReport {
 }
 
 /// The chosen candidate at one size through the serving handle's paths, timed in one
-/// interleaved group: on the registered buffer (zero copy, into the private output or in
+/// interleaved group: on the registered buffer (zero copy, into the out-of-place output or in
 /// place) and on a server's own memory (any tensor, out of place or in place). Medians of the
 /// slowest rank per round, microseconds per all-reduce.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,7 +118,7 @@ pub struct ServingRow {
     pub bucket: usize,
     /// The chosen profile.
     pub profile: String,
-    /// Zero copy: the message in the registered buffer, the sum into the private output.
+    /// Zero copy: the message in the registered buffer, the sum into the out-of-place output.
     pub zero_copy_us: f64,
     /// Zero copy in place: the sum over the message in the registered buffer.
     pub zero_copy_in_place_us: Option<f64>,

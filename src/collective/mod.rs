@@ -19,7 +19,9 @@ use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
 use drops::qualified_wrong;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
-pub use operands::{plan_operands, BufferLayout, OperandPlan, Operands, Staging};
+pub use operands::{
+    moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
+};
 
 use crate::abi::PARAMS_BYTES;
 use crate::agree::Topology;
@@ -84,7 +86,13 @@ pub struct Collectives {
     // Buffers and communicators outlive nothing that uses them: graphs are the caller's, and
     // the caller keeps `Collectives` alive while replaying them.
     input: Input,
-    output: DeviceBuffer,
+    // Where a custom kernel writes a sum neither the caller's output nor the input region can
+    // take, and the chunk of every move between overlapping ranges; `None` when no custom
+    // kernel runs.
+    private: Option<DeviceBuffer>,
+    // The full-size output of `enqueue` and `capture` (checking, timing, benches), until
+    // `release_output`.
+    out_of_place: Option<DeviceBuffer>,
     copy_engine: Option<CopyEngine>,
     capacity: usize,
     // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
@@ -129,6 +137,35 @@ pub fn pieces(elements: usize, piece: usize) -> impl Iterator<Item = (usize, usi
     (0..elements)
         .step_by(piece)
         .map(move |first| (first, piece.min(elements - first)))
+}
+
+/// Bytes of the private output buffer each GPU allocates for a ladder's custom kernels: the
+/// largest message of any bucket with a candidate whose peers read this rank's input region
+/// until its launch ends (one-shot pull, the copy-engine one-shot), whose sum cannot go there;
+/// at least [`MOVE_CHUNK_BYTES`], the chunk of a move between overlapping ranges. Every other
+/// kernel writes a sum the caller's output cannot take into the input region. 0 when the
+/// ladder has no custom kernel.
+pub fn private_output_bytes(ladder: &Ladder) -> u64 {
+    if kernels::input_region_bytes(ladder) == 0 {
+        return 0;
+    }
+    let reads_until_end = |profile: &str| {
+        ladder
+            .profile(profile)
+            .and_then(|profile| kernels::kernel_for(profile, ladder.dtype, ladder.world_size))
+            .and_then(|spec| kernels::input_access(&spec))
+            == Some(InputAccess::Peers {
+                output_may_alias: false,
+            })
+    };
+    ladder
+        .buckets
+        .iter()
+        .filter(|bucket| bucket.candidates.iter().any(|id| reads_until_end(id)))
+        .map(|bucket| bucket.max_bytes.next_multiple_of(kernels::ALIGNMENT_BYTES))
+        .max()
+        .unwrap_or(0)
+        .max(MOVE_CHUNK_BYTES)
 }
 
 /// The largest message of the ladder, in elements.
@@ -208,7 +245,16 @@ impl Collectives {
                     .map_err(RuntimeError::driver(rank))?,
             )
         };
-        let output = runtime
+        let private = match &input {
+            Input::Peer(_) => Some(
+                runtime
+                    .device()
+                    .allocate(private_output_bytes(ladder) as usize)
+                    .map_err(RuntimeError::driver(rank))?,
+            ),
+            Input::Plain(_) => None,
+        };
+        let out_of_place = runtime
             .device()
             .allocate(message_bytes.max(2))
             .map_err(RuntimeError::driver(rank))?;
@@ -312,7 +358,8 @@ impl Collectives {
         let mut collectives = Collectives {
             entries,
             input,
-            output,
+            private,
+            out_of_place: Some(out_of_place),
             copy_engine,
             capacity,
             input_region,
@@ -388,9 +435,33 @@ impl Collectives {
         }
     }
 
-    /// The output buffer: every collective writes its sum from byte 0.
-    pub fn output(&self) -> &DeviceBuffer {
-        &self.output
+    /// The out-of-place output, as large as the largest message: [`Collectives::enqueue`] and
+    /// [`Collectives::capture`] write their sum there from byte 0. It is kept from loading
+    /// until [`Collectives::release_output`]; an error after that.
+    pub fn output(&self) -> Result<&DeviceBuffer, RuntimeError> {
+        self.out_of_place
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Setup {
+                rank: self.rank,
+                message: "the out-of-place output was released when serving began".to_owned(),
+            })
+    }
+
+    /// Frees the out-of-place output ([`Collectives::output`]), once nothing enqueues or
+    /// captures on the collectives' own buffers any more and every graph that did is gone:
+    /// the serving handle calls it after selection, so that a served package keeps only its
+    /// peer buffer, its private output buffer and its kernels.
+    pub fn release_output(&mut self) {
+        self.out_of_place = None;
+    }
+
+    /// The collectives' own operands: the message in the registered buffer from byte 0, the
+    /// sum into the out-of-place output.
+    fn own_operands(&self) -> Result<Operands, RuntimeError> {
+        Ok(Operands {
+            input: CallerMemory::whole(self.input()),
+            output: CallerMemory::whole(self.output()?),
+        })
     }
 
     /// The largest message, in elements.
@@ -417,10 +488,7 @@ impl Collectives {
         id: EntryId,
         elements: usize,
     ) -> Result<(), RuntimeError> {
-        let operands = Operands {
-            input: CallerMemory::whole(self.input()),
-            output: CallerMemory::whole(&self.output),
-        };
+        let operands = self.own_operands()?;
         self.enqueue_operands(runtime, stream, id, elements, operands)
     }
 
@@ -428,12 +496,16 @@ impl Collectives {
     /// and summed into `operands.output`, which may be the same memory (in place), and may lie
     /// anywhere on this rank's GPU, the registered buffer's input region included.
     ///
-    /// What a kernel needs is made so inside the enqueued work: a kernel whose peers read this
-    /// rank's message gets it copied into the registered buffer first (unless it is there); a
-    /// message at an address the kernels cannot take (not 16-byte aligned) is copied there too;
-    /// an output the kernel could not write safely (one that partly overlaps the input, lies in
-    /// the input region while peers may still read it, or is misaligned) is written to this
-    /// rank's private output buffer and copied after the kernel.
+    /// What a kernel needs is made so inside the enqueued work ([`plan_operands`]): a kernel
+    /// whose peers read this rank's message gets it copied into the registered buffer first
+    /// (unless it is there); a message at an address the kernels cannot take (not 16-byte
+    /// aligned) is copied there too; an output the kernel could not write safely (one that
+    /// partly overlaps the input, lies in the input region while peers may still read it, or
+    /// is misaligned) gets the sum copied after the kernel, which writes it into the input
+    /// region where no peer reads it then, or into this rank's small private output buffer.
+    /// An out-of-place all-reduce keeps its input, except a message in the registered buffer
+    /// off its start, or at its start when the output cannot take the sum and neither the rest
+    /// of the input region nor the private buffer holds it (the input then holds the sum).
     pub fn enqueue_operands(
         &self,
         runtime: &Runtime,
@@ -511,7 +583,7 @@ impl Collectives {
                 stream
                     .launch_loaded(kernel, *geometry, &params.to_bytes())
                     .map_err(RuntimeError::driver(self.rank))?;
-                self.finish(stream, &operands, bytes, &plan)
+                self.finish(stream, peer, &operands, bytes, &plan)
             }
             Some(Launch::CopyEngine(kernels)) => {
                 let Input::Peer(peer) = &self.input else {
@@ -525,7 +597,7 @@ impl Collectives {
                     .as_ref()
                     .expect("a copy-engine entry comes with the copy engine's stream")
                     .enqueue(stream, peer, kernels, elements, plan.output)?;
-                self.finish(stream, &operands, bytes, &plan)
+                self.finish(stream, peer, &operands, bytes, &plan)
             }
         }
     }
@@ -572,6 +644,24 @@ impl Collectives {
         Ok(())
     }
 
+    /// This rank's private output buffer; it exists wherever a custom kernel runs.
+    fn private(&self) -> &DeviceBuffer {
+        self.private
+            .as_ref()
+            .expect("custom entries come with the private output buffer")
+    }
+
+    /// This rank's buffers as [`plan_operands`] sees them.
+    fn layout(&self, peer: &PeerMemory) -> BufferLayout {
+        let registered = peer.buffer().address();
+        let private = self.private();
+        BufferLayout {
+            input_region: registered..registered + self.input_region,
+            scratch: registered + self.input_region..registered + peer.buffer().len_bytes() as u64,
+            private_output: private.address()..private.address() + private.len_bytes() as u64,
+        }
+    }
+
     /// Enqueues the copies that put the message where a kernel of `access` needs it, and
     /// returns where the kernel reads and writes (see [`plan_operands`]).
     fn plan(
@@ -582,51 +672,94 @@ impl Collectives {
         bytes: u64,
         access: InputAccess,
     ) -> Result<OperandPlan, RuntimeError> {
-        let rank = self.rank;
-        let registered = peer.buffer();
-        let layout = BufferLayout {
-            input_region: registered.address()..registered.address() + self.input_region,
-            scratch: registered.address() + self.input_region
-                ..registered.address() + registered.len_bytes() as u64,
-            private_output: self.output.address(),
-        };
+        let layout = self.layout(peer);
         let plan = plan_operands(
             access,
             operands.input.address(),
             operands.output.address(),
             bytes,
             &layout,
-        );
-        let bytes = bytes as usize;
-        match plan.staging {
-            Staging::None => {}
-            Staging::Copy => stream
-                .copy_device(registered, 0, &operands.input, 0, bytes)
-                .map_err(RuntimeError::driver(rank))?,
-            Staging::ThroughPrivate => {
-                stream
-                    .copy_device(&self.output, 0, &operands.input, 0, bytes)
-                    .map_err(RuntimeError::driver(rank))?;
-                stream
-                    .copy_device(registered, 0, &self.output, 0, bytes)
-                    .map_err(RuntimeError::driver(rank))?;
-            }
+        )
+        .ok_or_else(|| RuntimeError::Setup {
+            rank: self.rank,
+            message: format!(
+                "a message of {bytes} bytes does not fit the private output buffer of {} bytes",
+                self.private().len_bytes()
+            ),
+        })?;
+        if plan.staged {
+            let copies = moves(
+                plan.input,
+                operands.input.address(),
+                bytes,
+                &layout.private_output,
+            );
+            self.copy(stream, peer, operands, &copies)?;
         }
         Ok(plan)
     }
 
-    /// Copies a bounced sum to the caller's output.
+    /// Moves a sum the kernel wrote elsewhere to the caller's output.
     fn finish(
         &self,
         stream: &Stream,
+        peer: &PeerMemory,
         operands: &Operands,
         bytes: u64,
         plan: &OperandPlan,
     ) -> Result<(), RuntimeError> {
         if plan.bounce {
+            let private = &self.layout(peer).private_output;
+            let copies = moves(operands.output.address(), plan.output, bytes, private);
+            self.copy(stream, peer, operands, &copies)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues `copies`, each between the operands, the registered buffer and the private
+    /// output buffer.
+    fn copy(
+        &self,
+        stream: &Stream,
+        peer: &PeerMemory,
+        operands: &Operands,
+        copies: &[PlannedCopy],
+    ) -> Result<(), RuntimeError> {
+        let memories: [&dyn DeviceMemory; 4] = [
+            &operands.input,
+            &operands.output,
+            peer.buffer(),
+            self.private(),
+        ];
+        let rank = self.rank;
+        let locate = |address: u64, bytes: u64| {
+            memories
+                .iter()
+                .find(|memory| {
+                    address >= memory.address()
+                        && address + bytes <= memory.address() + memory.len_bytes() as u64
+                })
+                .map(|memory| (*memory, (address - memory.address()) as usize))
+                .ok_or_else(|| RuntimeError::Setup {
+                    rank,
+                    message: format!(
+                        "a copy of {bytes} bytes at {address:#x} lies outside the operands \
+                         and this rank's buffers"
+                    ),
+                })
+        };
+        for copy in copies {
+            let (destination, destination_offset) = locate(copy.destination, copy.bytes)?;
+            let (source, source_offset) = locate(copy.source, copy.bytes)?;
             stream
-                .copy_device(&operands.output, 0, &self.output, 0, bytes as usize)
-                .map_err(RuntimeError::driver(self.rank))?;
+                .copy_device(
+                    destination,
+                    destination_offset,
+                    source,
+                    source_offset,
+                    copy.bytes as usize,
+                )
+                .map_err(RuntimeError::driver(rank))?;
         }
         Ok(())
     }
@@ -641,10 +774,7 @@ impl Collectives {
         elements: usize,
         ops: u32,
     ) -> Result<Graph, RuntimeError> {
-        let operands = Operands {
-            input: CallerMemory::whole(self.input()),
-            output: CallerMemory::whole(&self.output),
-        };
+        let operands = self.own_operands()?;
         self.capture_operands(runtime, stream, id, elements, operands, ops)
     }
 

@@ -181,10 +181,12 @@ fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
             );
         }
         println!(
-            "device memory taken by loading on rank 0: {:.1} MiB (free memory before and after; \
-             the peer buffer is {:.1} MiB)",
+            "device memory the package keeps on rank 0: {:.1} MiB (free memory before loading \
+             and after selection; the peer buffer is {:.1} MiB, the private output buffer \
+             {:.1} MiB)",
             selection.load_memory_bytes as f64 / MIB,
-            prepare::kernels::peer_buffer_bytes(package.ladder()) as f64 / MIB
+            prepare::kernels::peer_buffer_bytes(package.ladder()) as f64 / MIB,
+            prepare::collective::private_output_bytes(package.ladder()) as f64 / MIB
         );
         let mut custom = 0;
         for bucket in &choice.buckets {

@@ -327,3 +327,33 @@ fn every_catalog_needs_at_most_four_times_its_largest_message_of_peer_memory() {
         );
     }
 }
+
+/// What a served package keeps on each GPU besides its kernels, the peer buffer and its signal
+/// flags and the private output buffer, is at most four times the largest message for every
+/// shipped catalog; for the H200 TP2 catalogs the private buffer is one move chunk (one-shot
+/// pull, whose sum cannot go to the input region, stops at 1 MiB).
+#[test]
+fn every_served_catalog_keeps_at_most_four_times_its_largest_message() {
+    for name in GB202.iter().chain(H200.iter()) {
+        let ladder = ladder(name);
+        let largest = ladder
+            .buckets
+            .iter()
+            .map(|bucket| bucket.max_bytes)
+            .max()
+            .unwrap();
+        let private = prepare::collective::private_output_bytes(&ladder);
+        let kept =
+            prepare::kernels::peer_buffer_bytes(&ladder) + prepare::abi::SIGNAL_BYTES + private;
+        assert!(private >= prepare::collective::MOVE_CHUNK_BYTES, "{name}");
+        assert!(
+            kept <= 4 * largest,
+            "{name}: {} MiB kept for a largest message of {} MiB",
+            kept / MIB,
+            largest / MIB
+        );
+        if name.starts_with("h200_nvlink_tp2") {
+            assert_eq!(private, prepare::collective::MOVE_CHUNK_BYTES, "{name}");
+        }
+    }
+}

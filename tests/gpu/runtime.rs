@@ -323,3 +323,211 @@ fn a_servers_own_communicator_is_adopted_split_from_and_left_working() {
         rank.join().unwrap();
     }
 }
+
+/// Set, to the package's directory, in the rank processes of
+/// [`serving_writes_sums_an_output_cannot_take_through_the_input_region`].
+const SERVING_PACKAGE: &str = "PREPARE_TEST_SERVING_PACKAGE";
+
+/// Where a served all-reduce's operands lie: the server's two buffers and the zero-copy region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServedLayout {
+    /// From one buffer into the other, 2 bytes on (not 16-byte aligned).
+    MisalignedOutput,
+    /// From one buffer into the same buffer 4 KiB on: the output partly overlaps the input.
+    OverlappingOutput,
+    /// From the zero-copy region's start into the other buffer, 2 bytes on.
+    ZeroCopyToMisaligned,
+    /// From the zero-copy region 64 bytes off its start into the other buffer.
+    OffTheRegionStart,
+    /// From one buffer into the zero-copy region 64 bytes off its start.
+    IntoTheRegion,
+    /// In place at the zero-copy region's start.
+    ZeroCopyInPlace,
+}
+
+const SERVED_LAYOUTS: [ServedLayout; 6] = [
+    ServedLayout::MisalignedOutput,
+    ServedLayout::OverlappingOutput,
+    ServedLayout::ZeroCopyToMisaligned,
+    ServedLayout::OffTheRegionStart,
+    ServedLayout::IntoTheRegion,
+    ServedLayout::ZeroCopyInPlace,
+];
+
+/// One rank of the serving test: starts serving the package, checks the device memory it
+/// keeps, then forces candidates of every input access and all-reduces in every layout, in a
+/// graph of the server's own, each output against the reference sum and each input the handle
+/// promises to keep.
+fn serve_every_layout(package: &std::path::Path) {
+    use prepare::collective::{private_output_bytes, Operands};
+    use prepare::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory as _};
+    use prepare::ladder::Dtype;
+    use prepare::reference::{random_inputs, reference_sum_bf16};
+    use prepare::serve::{Options, Server};
+
+    const MIB: u64 = 1 << 20;
+    let package = prepare::package::open_package_retrying(package).unwrap();
+    let options = Options {
+        timeout: Duration::from_secs(30),
+        cache_dir: None,
+        ..Options::default()
+    };
+    let mut handle = Server::from_env(options)
+        .unwrap()
+        .start(std::slice::from_ref(&package))
+        .unwrap();
+    let rank = handle.rank();
+    let ladder = package.ladder().clone();
+    let largest = ladder.buckets.last().unwrap().max_bytes;
+    // What the package keeps once selection is done: at most four times its largest message.
+    let kept = handle.selection(Dtype::Bf16).unwrap().load_memory_bytes;
+    eprintln!(
+        "rank {rank}: the package keeps {:.1} MiB of device memory after selection (peer buffer \
+         {:.1} MiB, private output buffer {:.1} MiB)",
+        kept as f64 / MIB as f64,
+        prepare::kernels::peer_buffer_bytes(&ladder) as f64 / MIB as f64,
+        private_output_bytes(&ladder) as f64 / MIB as f64
+    );
+    assert!(kept <= 4 * largest, "rank {rank}: {kept} bytes kept");
+
+    let region = handle.zero_copy_region(Dtype::Bf16).unwrap().unwrap();
+    let region_bytes = region.len_bytes() as u64;
+    let private_bytes = private_output_bytes(&ladder);
+    let device = handle.runtime().device().clone();
+    let mut stream = device.new_stream().unwrap();
+    // Local kernels (one-shot push, simple), RSAG pull (its output may be the input region) and
+    // one-shot pull (its peers read the region until the end), at sizes below and above the
+    // private buffer and above half the region, none a whole number of vectors.
+    let cases: [(&str, u64); 6] = [
+        ("one_shot_push", MIB - 6),
+        ("one_shot_simple", 4 * MIB - 6),
+        ("one_shot_simple_256", 40 * MIB),
+        ("rsag_pull", 4 * MIB - 6),
+        ("rsag_pull", 40 * MIB),
+        ("one_shot_pull", MIB - 6),
+    ];
+    let most = cases.iter().map(|(_, bytes)| *bytes).max().unwrap() as usize;
+    let first = device.allocate(most + 8192).unwrap();
+    let second = device.allocate(most + 8192).unwrap();
+    let mut checked = 0;
+    for (case, (profile, bytes)) in cases.into_iter().enumerate() {
+        let bucket = ladder.bucket_for(bytes).unwrap();
+        handle.force(Dtype::Bf16, bucket, profile).unwrap();
+        let elements = (bytes / 2) as usize;
+        let at = |buffer: &DeviceBuffer, offset: u64| {
+            CallerMemory::prefix(buffer, offset + bytes).offset(offset)
+        };
+        let in_region = |offset: u64| CallerMemory::prefix(&region, offset + bytes).offset(offset);
+        for (index, layout) in SERVED_LAYOUTS.into_iter().enumerate() {
+            let (input, output) = match layout {
+                ServedLayout::MisalignedOutput => (at(&first, 0), at(&second, 2)),
+                ServedLayout::OverlappingOutput => (at(&first, 0), at(&first, 4096)),
+                ServedLayout::ZeroCopyToMisaligned => (in_region(0), at(&second, 2)),
+                ServedLayout::OffTheRegionStart => (in_region(64), at(&second, 0)),
+                ServedLayout::IntoTheRegion => (at(&first, 0), in_region(64)),
+                ServedLayout::ZeroCopyInPlace => (in_region(0), in_region(0)),
+            };
+            // The handle keeps an out-of-place input but where it moves a message off the
+            // region's start to it, or sums a zero-copy message over itself for want of room.
+            let room = 2 * bytes.next_multiple_of(16) <= region_bytes || bytes <= private_bytes;
+            let kept = match layout {
+                ServedLayout::MisalignedOutput | ServedLayout::IntoTheRegion => Some(true),
+                ServedLayout::ZeroCopyToMisaligned => Some(room),
+                _ => None,
+            };
+            let operands = Operands { input, output };
+            let graph = stream
+                .capture(|stream| {
+                    handle
+                        .all_reduce_on(stream, operands, elements, Dtype::Bf16)
+                        .map_err(anyhow::Error::from)
+                })
+                .unwrap();
+            let inputs = random_inputs(0x5EED_0000 + (case * 16 + index) as u64, 2, elements);
+            let mine = &inputs[rank as usize];
+            if output != input {
+                stream.fill_u16(&output, 0..elements * 2, 0x7FA5).unwrap();
+            }
+            stream.write(&input, 0, mine).unwrap();
+            graph.launch().unwrap();
+            stream.synchronize_within(Duration::from_secs(60)).unwrap();
+            handle.check().unwrap();
+            let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
+            let expected = reference_sum_bf16(&views);
+            let what = format!("rank {rank}: {profile} at {bytes} bytes, {layout:?}");
+            let mut got = vec![0_u16; elements];
+            stream.read(&output, 0, &mut got).unwrap();
+            assert!(
+                got == expected,
+                "{what}: the output differs from the reference sum"
+            );
+            let mut after = vec![0_u16; elements];
+            stream.read(&input, 0, &mut after).unwrap();
+            match kept {
+                Some(true) => assert!(&after == mine, "{what}: the input changed"),
+                Some(false) => assert!(after == expected, "{what}: the input is not the sum"),
+                None => {}
+            }
+            eprintln!("{what}: exact");
+            checked += 1;
+        }
+    }
+    eprintln!("rank {rank}: {checked} served all-reduces exact");
+}
+
+/// A server's all-reduces on two GPUs through forced candidates of every kind of input access
+/// (local kernels, RSAG pull, one-shot pull), with outputs a kernel cannot write (misaligned,
+/// partly overlapping the input, off the zero-copy region's start), so that sums go through
+/// the input region and the private output buffer and moves between overlapping ranges run in
+/// chunks: every output exact, every input kept that the handle promises to keep; and the
+/// package keeps at most four times its largest message of device memory after selection.
+/// Each rank is this test again, in a process of its own.
+#[test]
+#[ignore = "needs GPUs"]
+fn serving_writes_sums_an_output_cannot_take_through_the_input_region() {
+    use prepare::launch::{launch, LaunchSpec, OutputSink, Stream};
+    use std::sync::{Arc, Mutex};
+
+    struct Collect(Mutex<Vec<String>>);
+    impl OutputSink for Collect {
+        fn line(&self, rank: u32, _stream: Stream, line: &str) {
+            eprintln!("[rank {rank}] {line}");
+            self.0.lock().unwrap().push(format!("[rank {rank}] {line}"));
+        }
+    }
+
+    if let Some(package) = std::env::var_os(SERVING_PACKAGE) {
+        serve_every_layout(package.as_ref());
+        return;
+    }
+    require_gpus!(2);
+    let (_dir, package) = export("h200_nvlink_tp2.json");
+    let collect = Arc::new(Collect(Mutex::new(Vec::new())));
+    let sink: Arc<dyn OutputSink> = collect.clone();
+    let spec = LaunchSpec {
+        program: std::env::current_exe().unwrap(),
+        args: crate::support::process::rerun(&crate::test_name!(
+            serving_writes_sums_an_output_cannot_take_through_the_input_region
+        ))
+        .get_args()
+        .map(Into::into)
+        .collect(),
+        gpus: vec![0, 1],
+        master_addr: "127.0.0.1".to_owned(),
+        master_port: free_port(),
+        env: vec![(SERVING_PACKAGE.into(), package.into())],
+        deadline: Some(Duration::from_secs(300)),
+    };
+    let launched = launch(&spec, &sink);
+    let lines = collect.0.lock().unwrap().clone();
+    launched.unwrap_or_else(|error| panic!("{error}: {lines:#?}"));
+    for rank in 0..2 {
+        assert!(
+            lines
+                .iter()
+                .any(|line| line
+                    == &format!("[rank {rank}] rank {rank}: 36 served all-reduces exact")),
+            "{lines:#?}"
+        );
+    }
+}
