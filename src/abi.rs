@@ -197,7 +197,10 @@ mod tests {
             defines["PREPARE_SIGNAL_WORDS"],
             "(PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)"
         );
-        assert_eq!(defines["PREPARE_STATE_WORDS"], "(1 + 2 * PREPARE_MAX_BLOCKS)");
+        assert_eq!(
+            defines["PREPARE_STATE_WORDS"],
+            "(1 + 2 * PREPARE_MAX_BLOCKS)"
+        );
     }
 
     #[test]
