@@ -342,32 +342,28 @@ mod tests {
     #[test]
     fn moves_between_overlapping_ranges_go_through_the_private_buffer_in_order() {
         let private = 100..104;
-        let copy = |destination, source, bytes| PlannedCopy {
-            destination,
-            source,
-            bytes,
+        // Each copy as (destination, source, bytes).
+        let copies = |copies: &[(u64, u64, u64)]| -> Vec<PlannedCopy> {
+            copies
+                .iter()
+                .map(|&(destination, source, bytes)| PlannedCopy {
+                    destination,
+                    source,
+                    bytes,
+                })
+                .collect()
         };
-        assert_eq!(moves(0, 0, 8, &private), []);
-        assert_eq!(moves(0, 8, 8, &private), [copy(0, 8, 8)]);
+        assert_eq!(moves(0, 0, 8, &private), copies(&[]));
+        assert_eq!(moves(0, 8, 8, &private), copies(&[(0, 8, 8)]));
         // Down by 2: front to back.
         assert_eq!(
             moves(0, 2, 6, &private),
-            [
-                copy(100, 2, 4),
-                copy(0, 100, 4),
-                copy(100, 6, 2),
-                copy(4, 100, 2)
-            ]
+            copies(&[(100, 2, 4), (0, 100, 4), (100, 6, 2), (4, 100, 2)])
         );
         // Up by 2: back to front.
         assert_eq!(
             moves(2, 0, 6, &private),
-            [
-                copy(100, 4, 2),
-                copy(6, 100, 2),
-                copy(100, 0, 4),
-                copy(2, 100, 4)
-            ]
+            copies(&[(100, 4, 2), (6, 100, 2), (100, 0, 4), (2, 100, 4)])
         );
     }
 

@@ -538,48 +538,44 @@ impl Drop for Program<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::search::touch;
+    use crate::gpu::search::directory_with;
+
+    /// A search of the Python prefixes and CUDA toolkit roots named under `root`, not of the
+    /// loader's path.
+    fn search_under(root: &Path, python_prefixes: &[&str], toolkit_roots: &[&str]) -> NvrtcSearch {
+        let under = |names: &[&str]| names.iter().map(|name| root.join(name)).collect();
+        NvrtcSearch {
+            python_prefixes: under(python_prefixes),
+            toolkit_roots: under(toolkit_roots),
+            ..NvrtcSearch::default()
+        }
+    }
 
     #[test]
     fn finds_the_wheel_under_a_virtual_environment_newest_python_first() {
-        let root = tempfile::tempdir().unwrap();
-        let venv = root.path().join("venv");
-        let old = venv.join("lib/python3.10/site-packages/nvidia/cu13/lib/libnvrtc.so.13");
-        let new = venv.join("lib/python3.12/site-packages/nvidia/cu13/lib/libnvrtc.so.13");
-        touch(&old);
-        touch(&new);
-        let search = NvrtcSearch {
-            python_prefixes: vec![root.path().join("missing"), venv],
-            ..NvrtcSearch::default()
-        };
+        let (root, [_old, new]) = directory_with([
+            "venv/lib/python3.10/site-packages/nvidia/cu13/lib/libnvrtc.so.13",
+            "venv/lib/python3.12/site-packages/nvidia/cu13/lib/libnvrtc.so.13",
+        ]);
+        let search = search_under(root.path(), &["missing", "venv"], &[]);
         assert_eq!(search.locate().unwrap(), Location::File(new));
     }
 
     #[test]
     fn finds_the_cuda_12_wheel_and_the_toolkit() {
-        let root = tempfile::tempdir().unwrap();
-        let wheel = touch(
-            root.path()
-                .join("local/lib/python3.11/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
-        );
-        let toolkit = touch(root.path().join("cuda/lib64/libnvrtc.so.13"));
-        let search = NvrtcSearch {
-            python_prefixes: vec![root.path().join("local")],
-            toolkit_roots: vec![root.path().join("cuda")],
-            ..NvrtcSearch::default()
-        };
+        let (root, [wheel, toolkit]) = directory_with([
+            "local/lib/python3.11/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+            "cuda/lib64/libnvrtc.so.13",
+        ]);
+        let search = search_under(root.path(), &["local"], &["cuda"]);
         assert_eq!(search.locate().unwrap(), Location::File(wheel));
-        let toolkit_only = NvrtcSearch {
-            toolkit_roots: vec![root.path().join("cuda")],
-            ..NvrtcSearch::default()
-        };
+        let toolkit_only = search_under(root.path(), &[], &["cuda"]);
         assert_eq!(toolkit_only.locate().unwrap(), Location::File(toolkit));
     }
 
     #[test]
     fn explicit_directory_file_and_missing_path() {
-        let root = tempfile::tempdir().unwrap();
-        let file = touch(root.path().join("lib/libnvrtc.so.13"));
+        let (root, [file]) = directory_with(["lib/libnvrtc.so.13"]);
         let search = |explicit: PathBuf| NvrtcSearch {
             explicit: Some(explicit),
             loader_path: true,
@@ -602,11 +598,7 @@ mod tests {
     #[test]
     fn nothing_found_says_how_to_get_nvrtc_and_where_it_looked() {
         let root = tempfile::tempdir().unwrap();
-        let search = NvrtcSearch {
-            python_prefixes: vec![root.path().join("venv")],
-            toolkit_roots: vec![root.path().join("cuda")],
-            ..NvrtcSearch::default()
-        };
+        let search = search_under(root.path(), &["venv"], &["cuda"]);
         let message = search
             .locate()
             .unwrap_err()
@@ -617,16 +609,12 @@ mod tests {
 
     #[test]
     fn builtins_of_the_same_version_and_not_the_alternative_runtime() {
-        let root = tempfile::tempdir().unwrap();
-        let library = root.path().join("libnvrtc.so.13");
-        for name in [
+        let (root, [library, ..]) = directory_with([
             "libnvrtc.so.13",
             "libnvrtc-builtins.alt.so.13.0",
             "libnvrtc-builtins.so.12.9",
             "libnvrtc-builtins.so.13.0",
-        ] {
-            touch(root.path().join(name));
-        }
+        ]);
         assert_eq!(
             builtins_beside(&library),
             Some(root.path().join("libnvrtc-builtins.so.13.0"))

@@ -161,14 +161,21 @@ pub(super) fn first_file_in(directory: &Path, names: &[&str]) -> Option<PathBuf>
         .find(|path| path.is_file())
 }
 
-/// Creates an empty file at `path`, with its directories, for the tests of the loaders'
-/// searches; returns the path.
+/// A temporary directory with an empty file at each of `files` (relative paths; their
+/// directories are created), for the tests of the loaders' searches: the directory and the
+/// files' paths.
 #[cfg(test)]
-pub(super) fn touch(path: impl AsRef<Path>) -> PathBuf {
-    let path = path.as_ref();
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, b"").unwrap();
-    path.to_path_buf()
+pub(super) fn directory_with<const N: usize>(
+    files: [&str; N],
+) -> (tempfile::TempDir, [PathBuf; N]) {
+    let root = tempfile::tempdir().unwrap();
+    let paths = files.map(|file| {
+        let path = root.path().join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"").unwrap();
+        path
+    });
+    (root, paths)
 }
 
 #[cfg(test)]
@@ -177,8 +184,7 @@ mod tests {
 
     #[test]
     fn prefixes_in_order_without_repeats() {
-        let root = tempfile::tempdir().unwrap();
-        let python = touch(root.path().join("env/bin/python3"));
+        let (root, [python]) = directory_with(["env/bin/python3"]);
         let bin = python.parent().unwrap();
         let path = std::env::join_paths([&root.path().join("empty"), bin]).unwrap();
         let variables = [

@@ -34,6 +34,24 @@ fn ladder(name: &str) -> Ladder {
     validate_ladder_file(&path).unwrap_or_else(|error| panic!("{error}"))
 }
 
+/// Every shipped catalog, by name.
+fn catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
+    GB202
+        .into_iter()
+        .chain(H200)
+        .map(|name| (name, ladder(name)))
+}
+
+/// The largest message a ladder covers, bytes.
+fn largest_message(ladder: &Ladder) -> u64 {
+    ladder
+        .buckets
+        .iter()
+        .map(|bucket| bucket.max_bytes)
+        .max()
+        .unwrap()
+}
+
 /// NVIDIA RTX PRO 6000 Blackwell (GB202): sm_120, 188 SMs.
 fn rtx_pro_6000() -> DeviceDescription {
     DeviceDescription {
@@ -70,8 +88,7 @@ fn devices() -> [DeviceDescription; 3] {
 
 #[test]
 fn every_catalog_covers_serving_sizes_with_nccl_everywhere() {
-    for name in GB202.iter().chain(&H200) {
-        let ladder = ladder(name);
+    for (name, ladder) in catalogs() {
         assert_eq!(ladder.format_version, 1, "{name}");
         assert_eq!(
             ladder.bucket_for(SMALLEST_SERVING_MESSAGE),
@@ -108,7 +125,7 @@ fn every_catalog_covers_serving_sizes_with_nccl_everywhere() {
                     "{name} bucket {index}"
                 );
             }
-            if GB202.contains(name) {
+            if GB202.contains(&name) {
                 assert!(
                     bucket.candidates.iter().any(|id| id == "nccl_4cta"),
                     "{name} {index}"
@@ -150,8 +167,7 @@ fn clustered_catalogs_cluster_16_kib_to_1_mib_with_phased_rsag() {
             assert_eq!(phased, expected, "{name} {}", bucket.max_bytes);
         }
     }
-    for name in GB202.iter().chain(&H200) {
-        let ladder = ladder(name);
+    for (name, ladder) in catalogs() {
         let clustered = name.contains("clustered");
         assert_eq!(ladder.has_clustered_buckets(), clustered, "{name}");
         let ordinary = name
@@ -278,8 +294,7 @@ fn a_device_without_cluster_launch_is_refused_clustered_catalogs() {
 /// 8 SMs), so no candidate is dropped for residency on the machines the catalogs are for.
 #[test]
 fn every_launch_is_resident_on_the_devices_it_fits() {
-    for name in GB202.iter().chain(&H200) {
-        let ladder = ladder(name);
+    for (name, ladder) in catalogs() {
         for device in devices()
             .iter()
             .filter(|device| check_package_fits(&ladder, device).is_ok())
@@ -310,14 +325,8 @@ fn every_launch_is_resident_on_the_devices_it_fits() {
 /// largest message (`prepare show` reports the same figure).
 #[test]
 fn every_catalog_needs_at_most_four_times_its_largest_message_of_peer_memory() {
-    for name in GB202.iter().chain(H200.iter()) {
-        let ladder = ladder(name);
-        let largest = ladder
-            .buckets
-            .iter()
-            .map(|bucket| bucket.max_bytes)
-            .max()
-            .unwrap();
+    for (name, ladder) in catalogs() {
+        let largest = largest_message(&ladder);
         let peer = prepare::kernels::peer_buffer_bytes(&ladder);
         assert!(
             peer <= 4 * largest,
@@ -334,14 +343,8 @@ fn every_catalog_needs_at_most_four_times_its_largest_message_of_peer_memory() {
 /// pull, whose sum cannot go to the input region, stops at 1 MiB).
 #[test]
 fn every_served_catalog_keeps_at_most_four_times_its_largest_message() {
-    for name in GB202.iter().chain(H200.iter()) {
-        let ladder = ladder(name);
-        let largest = ladder
-            .buckets
-            .iter()
-            .map(|bucket| bucket.max_bytes)
-            .max()
-            .unwrap();
+    for (name, ladder) in catalogs() {
+        let largest = largest_message(&ladder);
         let private = prepare::collective::private_output_bytes(&ladder);
         let kept =
             prepare::kernels::peer_buffer_bytes(&ladder) + prepare::abi::SIGNAL_BYTES + private;

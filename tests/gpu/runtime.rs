@@ -9,8 +9,8 @@ use nix::sys::signal::Signal;
 
 use super::support::{
     arch_of, assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
-    h200_tp2_packages, ladder, printed, require_gpus, start_rank, survivor_names_the_victim,
-    written_ladder,
+    h200_tp2_packages, ladder, launch_on_two_gpus, printed, require_gpus, start_rank,
+    survivor_names_the_victim, written_ladder,
 };
 
 #[test]
@@ -490,41 +490,22 @@ fn serve_every_layout(package: &std::path::Path) {
 #[test]
 #[ignore = "needs GPUs"]
 fn serving_writes_sums_an_output_cannot_take_through_the_input_region() {
-    use prepare::launch::{launch, LaunchSpec, OutputSink, Stream};
-    use std::sync::{Arc, Mutex};
-
-    struct Collect(Mutex<Vec<String>>);
-    impl OutputSink for Collect {
-        fn line(&self, rank: u32, _stream: Stream, line: &str) {
-            eprintln!("[rank {rank}] {line}");
-            self.0.lock().unwrap().push(format!("[rank {rank}] {line}"));
-        }
-    }
-
     if let Some(package) = std::env::var_os(SERVING_PACKAGE) {
         serve_every_layout(package.as_ref());
         return;
     }
     require_gpus!(2);
     let (_dir, package) = export("h200_nvlink_tp2.json");
-    let collect = Arc::new(Collect(Mutex::new(Vec::new())));
-    let sink: Arc<dyn OutputSink> = collect.clone();
-    let spec = LaunchSpec {
-        program: std::env::current_exe().unwrap(),
-        args: crate::support::process::rerun(&crate::test_name!(
+    let (launched, lines) = launch_on_two_gpus(
+        std::env::current_exe().unwrap(),
+        crate::support::process::rerun(&crate::test_name!(
             serving_writes_sums_an_output_cannot_take_through_the_input_region
         ))
         .get_args()
         .map(Into::into)
         .collect(),
-        gpus: vec![0, 1],
-        master_addr: "127.0.0.1".to_owned(),
-        master_port: free_port(),
-        env: vec![(SERVING_PACKAGE.into(), package.into())],
-        deadline: Some(Duration::from_secs(300)),
-    };
-    let launched = launch(&spec, &sink);
-    let lines = collect.0.lock().unwrap().clone();
+        vec![(SERVING_PACKAGE.into(), package.into())],
+    );
     launched.unwrap_or_else(|error| panic!("{error}: {lines:#?}"));
     for rank in 0..2 {
         assert!(

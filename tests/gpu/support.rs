@@ -2,14 +2,17 @@
 //! `PREPARE_REQUIRE_GPU=1`, so a GPU run cannot pass by finding none), and compile test
 //! kernels with NVRTC.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prepare::gpu::driver::{visible_devices, Device, Driver, DriverError};
 use prepare::ladder::Arch;
+use prepare::launch::{launch, LaunchError, LaunchSpec, OutputSink, Stream};
 
 /// Whether this run must find GPUs.
 pub fn gpu_required() -> bool {
@@ -217,6 +220,40 @@ pub fn h200_tp2_packages() -> impl Iterator<Item = (&'static str, tempfile::Temp
 /// A port free a moment ago, with the next one (the rendezvous) free too.
 pub fn free_port() -> u16 {
     prepare::launch::free_port_pair().expect("a free pair of ports")
+}
+
+/// Every line the ranks print, as `[rank R] LINE`, echoed to stderr as it comes.
+struct Collect(Mutex<Vec<String>>);
+
+impl OutputSink for Collect {
+    fn line(&self, rank: u32, _stream: Stream, line: &str) {
+        eprintln!("[rank {rank}] {line}");
+        self.0.lock().unwrap().push(format!("[rank {rank}] {line}"));
+    }
+}
+
+/// Launches `program ARGS` as two ranks on GPUs 0 and 1 (torchrun's variables set, `env`
+/// added, at most 300 s): the launch's result and every line the ranks printed, as
+/// `[rank R] LINE`, in the order they came.
+pub fn launch_on_two_gpus(
+    program: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+) -> (Result<(), LaunchError>, Vec<String>) {
+    let collect = Arc::new(Collect(Mutex::new(Vec::new())));
+    let sink: Arc<dyn OutputSink> = collect.clone();
+    let spec = LaunchSpec {
+        program,
+        args,
+        gpus: vec![0, 1],
+        master_addr: "127.0.0.1".to_owned(),
+        master_port: free_port(),
+        env,
+        deadline: Some(Duration::from_secs(300)),
+    };
+    let launched = launch(&spec, &sink);
+    let lines = collect.0.lock().unwrap().clone();
+    (launched, lines)
 }
 
 /// A rank started by hand, its output lines arriving on a channel.

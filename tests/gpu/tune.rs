@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::support::{
-    export, free_port, gpu_tests, h200_tp2_packages, prepare_bin, printed, require_gpus,
-    start_rank, survivor_names_the_victim,
+    export, free_port, gpu_tests, h200_tp2_packages, launch_on_two_gpus, prepare_bin, printed,
+    require_gpus, start_rank, survivor_names_the_victim,
 };
 
 /// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
@@ -179,34 +179,16 @@ fn serve_bin() -> PathBuf {
 #[test]
 #[ignore = "needs GPUs"]
 fn a_server_selects_then_serves_exact_sums_from_its_own_graphs() {
-    use prepare::launch::{launch, LaunchSpec, OutputSink, Stream};
-    use std::sync::{Arc, Mutex};
-
-    struct Collect(Mutex<Vec<String>>);
-    impl OutputSink for Collect {
-        fn line(&self, rank: u32, _stream: Stream, line: &str) {
-            eprintln!("[rank {rank}] {line}");
-            self.0.lock().unwrap().push(format!("[rank {rank}] {line}"));
-        }
-    }
-
     require_gpus!(2);
     let (_dir, package) = export("h200_nvlink_tp2.json");
     let cache = tempfile::tempdir().unwrap();
     for run in ["cold", "cached"] {
-        let collect = Arc::new(Collect(Mutex::new(Vec::new())));
-        let sink: Arc<dyn OutputSink> = collect.clone();
-        let spec = LaunchSpec {
-            program: serve_bin(),
-            args: vec![package.clone().into(), cache.path().into()],
-            gpus: vec![0, 1],
-            master_addr: "127.0.0.1".to_owned(),
-            master_port: free_port(),
-            env: Vec::new(),
-            deadline: Some(Duration::from_secs(300)),
-        };
-        launch(&spec, &sink).unwrap_or_else(|error| panic!("{run}: {error}"));
-        let lines = collect.0.lock().unwrap().clone();
+        let (launched, lines) = launch_on_two_gpus(
+            serve_bin(),
+            vec![package.clone().into(), cache.path().into()],
+            Vec::new(),
+        );
+        launched.unwrap_or_else(|error| panic!("{run}: {error}"));
         for rank in 0..2 {
             let served = format!("[rank {rank}] served ");
             assert!(

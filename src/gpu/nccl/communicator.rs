@@ -19,6 +19,7 @@ use crate::gpu::driver::{DeviceMemory, Stream};
 const POLL_INTERVAL: Duration = Duration::from_micros(200);
 
 /// The raw handle, shared with the watchdog.
+#[derive(Debug)]
 struct Handle {
     raw: sys::ncclComm_t,
     aborted: AtomicBool,
@@ -82,6 +83,7 @@ impl Handle {
 }
 
 /// An NCCL communicator of one rank.
+#[derive(Debug)]
 pub struct Communicator {
     handle: Arc<Handle>,
     rank: u32,
@@ -89,17 +91,6 @@ pub struct Communicator {
     nonblocking: bool,
     // A communicator adopted from its creator (a server) is never aborted on drop.
     owned: bool,
-}
-
-impl std::fmt::Debug for Communicator {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("Communicator")
-            .field("rank", &self.rank)
-            .field("world", &self.world)
-            .field("nonblocking", &self.nonblocking)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Communicator {

@@ -409,11 +409,10 @@ pub(super) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::search::touch;
+    use crate::gpu::search::directory_with;
 
     /// A process with an optional NCCL loaded, the given Python prefixes, and a loader that
     /// opens only `loader_has`.
-    #[derive(Default)]
     struct Fake {
         loaded: Option<PathBuf>,
         prefixes: Vec<PathBuf>,
@@ -429,6 +428,16 @@ mod tests {
         }
         fn loader_opens(&self, name: &str) -> bool {
             self.loader_has.contains(&name)
+        }
+    }
+
+    /// A process without NCCL loaded, with the Python prefixes named under `root`, and a loader
+    /// that opens only `loader_has`.
+    fn process_under(root: &Path, prefixes: &[&str], loader_has: Vec<&'static str>) -> Fake {
+        Fake {
+            loaded: None,
+            prefixes: prefixes.iter().map(|name| root.join(name)).collect(),
+            loader_has,
         }
     }
 
@@ -454,15 +463,11 @@ mod tests {
 
     #[test]
     fn a_library_already_loaded_comes_before_everything_else() {
-        let root = tempfile::tempdir().unwrap();
-        touch(
-            root.path()
-                .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
-        );
+        let (root, _) =
+            directory_with(["venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"]);
         let probe = Fake {
             loaded: Some(PathBuf::from("/torch/lib/libnccl.so.2")),
-            prefixes: vec![root.path().join("venv")],
-            loader_has: vec!["libnccl.so.2"],
+            ..process_under(root.path(), &["venv"], vec!["libnccl.so.2"])
         };
         let variable = environment(&[(OVERRIDE_VARIABLE, &root.path().join("nowhere"))]);
         assert_eq!(
@@ -473,17 +478,11 @@ mod tests {
 
     #[test]
     fn the_override_comes_before_wheels_and_a_wrong_one_is_an_error() {
-        let root = tempfile::tempdir().unwrap();
-        let own = touch(root.path().join("own/libnccl.so.2"));
-        let wheel = touch(
-            root.path()
-                .join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
-        );
-        let probe = Fake {
-            prefixes: vec![root.path().join("venv")],
-            loader_has: vec!["libnccl.so.2"],
-            ..Fake::default()
-        };
+        let (root, [own, wheel]) = directory_with([
+            "own/libnccl.so.2",
+            "venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
+        ]);
+        let probe = process_under(root.path(), &["venv"], vec!["libnccl.so.2"]);
         let found = |value: &Path| locate(&environment(&[(OVERRIDE_VARIABLE, value)]), &probe);
         assert_eq!(
             found(&root.path().join("own")).unwrap(),
@@ -509,60 +508,42 @@ mod tests {
 
     #[test]
     fn the_wheel_of_the_first_environment_that_has_one_then_the_loader() {
-        let root = tempfile::tempdir().unwrap();
+        let (root, [_old, new, third]) = directory_with([
+            "second/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2",
+            "second/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
+            "third/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+        ]);
         let first = root.path().join("first");
         std::fs::create_dir_all(first.join("lib/python3.12/site-packages/nvidia")).unwrap();
-        let old = root
-            .path()
-            .join("second/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        let new = root
-            .path()
-            .join("second/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2");
-        let third = root
-            .path()
-            .join("third/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2");
-        for file in [&old, &new, &third] {
-            touch(file);
-        }
-        let variable = environment(&[]);
-        let probe = |prefixes: &[&str], loader_has: Vec<&'static str>| Fake {
-            prefixes: prefixes.iter().map(|name| root.path().join(name)).collect(),
-            loader_has,
-            ..Fake::default()
+        let found = |prefixes: &[&str], loader_has| {
+            locate(
+                &environment(&[]),
+                &process_under(root.path(), prefixes, loader_has),
+            )
         };
         assert_eq!(
-            locate(&variable, &probe(&["first", "second", "third"], vec![])).unwrap(),
+            found(&["first", "second", "third"], vec![]).unwrap(),
             location(new, Found::PythonEnvironment)
         );
         assert_eq!(
-            locate(&variable, &probe(&["first", "third"], vec!["libnccl.so.2"])).unwrap(),
+            found(&["first", "third"], vec!["libnccl.so.2"]).unwrap(),
             location(third, Found::PythonEnvironment)
         );
         assert_eq!(
-            locate(
-                &variable,
-                &probe(&["first"], vec!["libnccl.so", "libnccl.so.2"])
-            )
-            .unwrap(),
+            found(&["first"], vec!["libnccl.so", "libnccl.so.2"]).unwrap(),
             location("libnccl.so.2", Found::LoaderPath)
         );
         assert_eq!(
-            locate(&variable, &probe(&["first"], vec!["libnccl.so"])).unwrap(),
+            found(&["first"], vec!["libnccl.so"]).unwrap(),
             location("libnccl.so", Found::LoaderPath)
         );
     }
 
     #[test]
     fn an_unversioned_name_in_a_wheel_directory_is_taken_too() {
-        let root = tempfile::tempdir().unwrap();
-        let file = touch(
-            root.path()
-                .join("venv/lib/python3.13/site-packages/nvidia/cu13/lib/libnccl.so"),
-        );
-        let probe = Fake {
-            prefixes: vec![root.path().join("venv")],
-            ..Fake::default()
-        };
+        let (root, [file]) =
+            directory_with(["venv/lib/python3.13/site-packages/nvidia/cu13/lib/libnccl.so"]);
+        let probe = process_under(root.path(), &["venv"], vec![]);
         assert_eq!(
             locate(&environment(&[]), &probe).unwrap(),
             location(file, Found::PythonEnvironment)
@@ -572,10 +553,7 @@ mod tests {
     #[test]
     fn nothing_found_lists_every_place_looked_and_how_to_get_nccl() {
         let root = tempfile::tempdir().unwrap();
-        let probe = Fake {
-            prefixes: vec![root.path().join("venv"), root.path().join("usr")],
-            ..Fake::default()
-        };
+        let probe = process_under(root.path(), &["venv", "usr"], vec![]);
         let error = locate(&environment(&[]), &probe).unwrap_err();
         let NcclError::NotFound { looked } = &error else {
             panic!("{error}");
