@@ -7,6 +7,9 @@ pub mod plot;
 
 pub use measure::{default_sizes, Bench, BenchError, ServingBuffers};
 
+#[cfg(test)]
+mod tests;
+
 use serde::{Deserialize, Serialize};
 
 /// One contender at one message size.
@@ -36,6 +39,54 @@ pub struct SizeRow {
     pub excluded: Option<String>,
     /// Whether it is the tuned choice for this size.
     pub chosen: bool,
+}
+
+/// How far the tuned choice is behind the fastest contender at one message size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceGap {
+    /// Message size, bytes.
+    pub bytes: u64,
+    /// The tuned choice and its median, microseconds.
+    pub chosen: (String, f64),
+    /// The fastest contender at that size and its median (the choice itself when it is).
+    pub best: (String, f64),
+}
+
+impl ChoiceGap {
+    /// The choice's median over the best one's, less one: 0.03 is 3% slower.
+    pub fn behind(&self) -> f64 {
+        self.chosen.1 / self.best.1 - 1.0
+    }
+}
+
+/// The size at which the tuned choice is furthest behind the fastest contender timed at that
+/// size (NCCL included), among the sizes where the choice was timed; `None` when it was timed
+/// nowhere. Ties go to the smaller size.
+pub fn largest_choice_gap(rows: &[SizeRow]) -> Option<ChoiceGap> {
+    let mut largest: Option<ChoiceGap> = None;
+    for chosen in rows.iter().filter(|row| row.chosen) {
+        let Some(chosen_us) = chosen.median_us else {
+            continue;
+        };
+        let best = rows
+            .iter()
+            .filter(|row| row.bytes == chosen.bytes)
+            .filter_map(|row| row.median_us.map(|median| (row, median)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or((chosen, chosen_us), |best| best);
+        let gap = ChoiceGap {
+            bytes: chosen.bytes,
+            chosen: (chosen.profile.clone(), chosen_us),
+            best: (best.0.profile.clone(), best.1),
+        };
+        if largest
+            .as_ref()
+            .is_none_or(|largest| gap.behind() > largest.behind())
+        {
+            largest = Some(gap);
+        }
+    }
+    largest
 }
 
 /// One batch size of the decode emulation: two all-reduces per layer over every layer, in one

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use prepare::bench::{
-    default_sizes, Bench, BenchError, BenchReport, DecodeRow, DecodeShape, ServingRow, SizeRow,
+    default_sizes, largest_choice_gap, Bench, BenchError, BenchReport, DecodeRow, DecodeShape,
+    ServingRow, SizeRow,
 };
 use prepare::collective::Collectives;
 use prepare::qualify::{qualify, QualifyOptions};
@@ -270,6 +271,18 @@ fn time_sizes(
         }
     }
     log("* the tuned choice at that size; vs_nccl: NCCL's median over the candidate's".to_owned());
+    if let Some(gap) = largest_choice_gap(&rows) {
+        log(format!(
+            "the tuned choice is at most {:.1}% behind the fastest contender at any size: at \
+             {} bytes, {} {:.2} us against {} {:.2} us",
+            100.0 * gap.behind(),
+            gap.bytes,
+            gap.chosen.0,
+            gap.chosen.1,
+            gap.best.0,
+            gap.best.1
+        ));
+    }
     Ok(rows)
 }
 
