@@ -51,8 +51,7 @@ impl Contenders {
         }
         let nccl = ladder
             .plain_nccl(last)
-            .and_then(|profile| collectives.find(last, &profile.id))
-            .filter(|&id| collectives.entries()[id].dropped.is_none())
+            .and_then(|profile| collectives.find_live(last, &profile.id))
             .ok_or_else(|| "the largest bucket has no NCCL candidate that runs here".to_owned())?;
         let pieces = collectives.live_custom_entries(last);
         if pieces.is_empty() {

@@ -565,11 +565,7 @@ fn run_sequence(
     for profile in &ladder.profiles {
         let ids: Option<Vec<EntryId>> = buckets
             .iter()
-            .map(|&bucket| {
-                collectives
-                    .find(bucket, &profile.id)
-                    .filter(|&id| collectives.entries()[id].dropped.is_none())
-            })
+            .map(|&bucket| collectives.find_live(bucket, &profile.id))
             .collect();
         let Some(ids) = ids else { continue };
         let mut graphs = Vec::new();

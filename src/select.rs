@@ -272,11 +272,8 @@ pub fn select(
         // A winner that cannot run here now (the drops are agreed, so every rank sees the same)
         // makes the entry a miss.
         .filter(|(_, choice)| {
-            let live = |bucket: usize, profile: &str| {
-                collectives
-                    .find(bucket, profile)
-                    .is_some_and(|id| collectives.entries()[id].dropped.is_none())
-            };
+            let live =
+                |bucket: usize, profile: &str| collectives.find_live(bucket, profile).is_some();
             let winners_live = choice
                 .buckets
                 .iter()
@@ -426,11 +423,7 @@ fn static_decisions(
         .iter()
         .enumerate()
         .map(|(index, bucket)| {
-            let live = |profile: &str| {
-                collectives
-                    .find(index, profile)
-                    .is_some_and(|id| collectives.entries()[id].dropped.is_none())
-            };
+            let live = |profile: &str| collectives.find_live(index, profile).is_some();
             let winner = if live(&bucket.default) {
                 bucket.default.clone()
             } else {

@@ -227,9 +227,7 @@ impl Served {
 /// or when that candidate does not run here.
 fn pieces_entry(collectives: &Collectives, choice: &Choice) -> Option<EntryId> {
     let winner = choice.above_ladder.pieces_winner()?;
-    collectives
-        .find(choice.buckets.last()?.decision.index, winner)
-        .filter(|&id| collectives.entries()[id].dropped.is_none())
+    collectives.find_live(choice.buckets.last()?.decision.index, winner)
 }
 
 /// A rank's serving handle. Collective to create: every rank starts it with the same packages

@@ -133,10 +133,7 @@ impl<'a> Bench<'a> {
             .enumerate()
             .map(|(bucket, chosen)| {
                 let profile = &chosen.decision.winner;
-                let live = collectives
-                    .find(bucket, profile)
-                    .is_some_and(|id| collectives.entries()[id].dropped.is_none());
-                if live {
+                if collectives.find_live(bucket, profile).is_some() {
                     profile.clone()
                 } else {
                     nccl_profile(ladder, bucket).unwrap_or_else(|| profile.clone())

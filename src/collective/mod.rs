@@ -417,6 +417,12 @@ impl Collectives {
             .position(|entry| entry.bucket == bucket && entry.profile == profile)
     }
 
+    /// The entry for `profile` in `bucket` when it runs here (not dropped).
+    pub fn find_live(&self, bucket: usize, profile: &str) -> Option<EntryId> {
+        self.find(bucket, profile)
+            .filter(|&id| self.entries[id].dropped.is_none())
+    }
+
     /// Drops entries (the same on every rank: pass what [`agree_drops`] returned).
     pub fn apply_drops(&mut self, drops: Vec<Option<DropReason>>) {
         for (entry, reason) in self.entries.iter_mut().zip(drops) {
