@@ -657,14 +657,19 @@ impl Collectives {
             .expect("custom entries come with the private output buffer")
     }
 
+    /// The private output buffer's device addresses.
+    fn private_range(&self) -> std::ops::Range<u64> {
+        let private = self.private();
+        private.address()..private.address() + private.len_bytes() as u64
+    }
+
     /// This rank's buffers as [`plan_operands`] sees them.
     fn layout(&self, peer: &PeerMemory) -> BufferLayout {
         let registered = peer.buffer().address();
-        let private = self.private();
         BufferLayout {
             input_region: registered..registered + self.input_region,
             scratch: registered + self.input_region..registered + peer.buffer().len_bytes() as u64,
-            private_output: private.address()..private.address() + private.len_bytes() as u64,
+            private_output: self.private_range(),
         }
     }
 
@@ -715,8 +720,12 @@ impl Collectives {
         plan: &OperandPlan,
     ) -> Result<(), RuntimeError> {
         if plan.bounce {
-            let private = &self.layout(peer).private_output;
-            let copies = moves(operands.output.address(), plan.output, bytes, private);
+            let copies = moves(
+                operands.output.address(),
+                plan.output,
+                bytes,
+                &self.private_range(),
+            );
             self.copy(stream, peer, operands, &copies)?;
         }
         Ok(())
