@@ -10,6 +10,7 @@
 mod copy_engine;
 mod drops;
 mod geometry;
+mod load;
 mod operands;
 
 use std::time::Duration;
@@ -17,24 +18,20 @@ use std::time::Duration;
 pub use copy_engine::{copy_engine_chunks, COPY_ENGINE_CHUNK_BYTES};
 use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
-use drops::qualified_wrong;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
+pub use load::{check_architecture, private_output_bytes};
 pub use operands::{
     moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
 
-use crate::abi::PARAMS_BYTES;
-use crate::agree::Topology;
-use crate::device::{check_candidate_residency, DropReason};
+use crate::device::DropReason;
 use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
-    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Geometry, Graph, LoadedKernel,
-    ModuleImage, Stream,
+    CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Geometry, Graph, LoadedKernel, Stream,
 };
 use crate::gpu::nccl::{Communicator, NcclDataType};
-use crate::kernels::{self, InputAccess};
-use crate::ladder::{Arch, Dtype, Ladder};
-use crate::package::Package;
+use crate::kernels::InputAccess;
+use crate::ladder::Dtype;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
 
 /// How an entry launches.
@@ -139,251 +136,7 @@ pub fn pieces(elements: usize, piece: usize) -> impl Iterator<Item = (usize, usi
         .map(move |first| (first, piece.min(elements - first)))
 }
 
-/// Bytes of the private output buffer each GPU allocates for a ladder's custom kernels: the
-/// largest message of any bucket with a candidate whose peers read this rank's input region
-/// until its launch ends (one-shot pull, the copy-engine one-shot), whose sum cannot go there;
-/// at least [`MOVE_CHUNK_BYTES`], the chunk of a move between overlapping ranges. Every other
-/// kernel writes a sum the caller's output cannot take into the input region. 0 when the
-/// ladder has no custom kernel.
-pub fn private_output_bytes(ladder: &Ladder) -> u64 {
-    if kernels::input_region_bytes(ladder) == 0 {
-        return 0;
-    }
-    let reads_until_end = |profile: &str| {
-        ladder
-            .profile(profile)
-            .and_then(|profile| kernels::kernel_for(profile, ladder.dtype, ladder.world_size))
-            .and_then(|spec| kernels::input_access(&spec))
-            == Some(InputAccess::Peers {
-                output_may_alias: false,
-            })
-    };
-    ladder
-        .buckets
-        .iter()
-        .filter(|bucket| bucket.candidates.iter().any(|id| reads_until_end(id)))
-        .map(|bucket| bucket.max_bytes.next_multiple_of(kernels::ALIGNMENT_BYTES))
-        .max()
-        .unwrap_or(0)
-        .max(MOVE_CHUNK_BYTES)
-}
-
-/// The largest message of the ladder, in elements.
-fn capacity_elements(ladder: &Ladder) -> usize {
-    let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes);
-    largest.div_ceil(ladder.dtype.size_bytes()) as usize
-}
-
-/// The package's architecture must be this rank's GPU's.
-pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), RuntimeError> {
-    let rank = runtime.rank();
-    let info = crate::gpu::driver::Driver::open()
-        .and_then(|driver| driver.describe(runtime.device().ordinal()))
-        .map_err(RuntimeError::driver(rank))?;
-    let (major, minor) = info.compute_capability;
-    if Arch::from_compute_capability(major, minor) == Some(package.arch()) {
-        return Ok(());
-    }
-    Err(RuntimeError::WrongArchitecture {
-        rank,
-        package: package.arch().to_string(),
-        device: info.arch_name(),
-    })
-}
-
 impl Collectives {
-    /// Loads `package` on this rank, after checking its architecture against the GPU.
-    /// Collective: every rank calls it for the same package.
-    pub fn new(runtime: &Runtime, package: &Package) -> Result<Collectives, RuntimeError> {
-        check_architecture(runtime, package)?;
-        let rank = runtime.rank();
-        // Every rank must load the same package, or their launches would differ.
-        runtime
-            .agree_on(package.identity().as_bytes(), "the package")
-            .map_err(|error| match error {
-                RuntimeError::Disagreement(disagreement) => RuntimeError::Setup {
-                    rank,
-                    message: format!(
-                        "rank {} loaded another package (identity {}) than this rank ({})",
-                        disagreement.other,
-                        String::from_utf8_lossy(&disagreement.theirs),
-                        package.identity()
-                    ),
-                },
-                error => error,
-            })?;
-        let ladder = package.ladder();
-        let capacity = capacity_elements(ladder);
-        // Profiles with communicator settings each run on their own split, made in ladder
-        // order on every rank.
-        let mut splits = Vec::new();
-        let mut split_of = Vec::new();
-        for profile in &ladder.profiles {
-            if profile.is_nccl() && (profile.max_ctas.is_some() || profile.min_ctas.is_some()) {
-                splits.push(runtime.split_nccl(profile.max_ctas, profile.min_ctas)?);
-                split_of.push((profile.id.clone(), splits.len() - 1));
-            }
-        }
-        let peer_reason = match runtime.topology() {
-            Topology::PeerKernels => None,
-            Topology::NcclOnly { reason } => Some(reason.clone()),
-        };
-        let has_custom = kernels::input_region_bytes(ladder) > 0;
-        let message_bytes = capacity * ladder.dtype.size_bytes() as usize;
-        // The input region holds the largest message of any bucket, so NCCL reads the same
-        // buffer as the custom kernels even where only NCCL takes a bucket.
-        let input_region = kernels::input_region_bytes(ladder)
-            .max((message_bytes as u64).next_multiple_of(kernels::REGION_ALIGNMENT_BYTES));
-        let input = if peer_reason.is_none() && has_custom {
-            let scratch = kernels::scratch_region_bytes(ladder);
-            Input::Peer(runtime.map_peer_memory((input_region + scratch) as usize)?)
-        } else {
-            Input::Plain(
-                runtime
-                    .device()
-                    .allocate(message_bytes.max(2))
-                    .map_err(RuntimeError::driver(rank))?,
-            )
-        };
-        let private = match &input {
-            Input::Peer(_) => Some(
-                runtime
-                    .device()
-                    .allocate(private_output_bytes(ladder) as usize)
-                    .map_err(RuntimeError::driver(rank))?,
-            ),
-            Input::Plain(_) => None,
-        };
-        let out_of_place = runtime
-            .device()
-            .allocate(message_bytes.max(2))
-            .map_err(RuntimeError::driver(rank))?;
-
-        // Each loaded kernel keeps its module loaded.
-        let mut modules = Vec::new();
-        if matches!(input, Input::Peer(_)) {
-            for (record, cubin) in package.kernels() {
-                let module = runtime
-                    .device()
-                    .load_module(ModuleImage::Cubin(cubin))
-                    .map_err(RuntimeError::driver(rank))?;
-                modules.push((record.name.clone(), module));
-            }
-        }
-        let mut entries = Vec::new();
-        for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
-            for id in &bucket.candidates {
-                let profile = ladder
-                    .profile(id)
-                    .expect("a validated ladder names only its profiles");
-                let mut entry = Entry {
-                    bucket: bucket_index,
-                    profile: profile.id.clone(),
-                    nccl: profile.is_nccl(),
-                    dropped: None,
-                    launch: None,
-                };
-                // A kernel the package's qualification found wrong stays out wherever it runs.
-                let found_wrong = qualified_wrong(package, bucket_index, &profile.id);
-                if let (Some(reason), false) = (found_wrong, profile.is_nccl()) {
-                    entry.dropped = Some(reason);
-                } else if profile.is_nccl() {
-                    let split = split_of
-                        .iter()
-                        .find(|(name, _)| *name == profile.id)
-                        .map(|(_, index)| *index);
-                    entry.launch = Some(Launch::Nccl { split });
-                } else if let Some(reason) = &peer_reason {
-                    entry.dropped = Some(DropReason::NoPeerAccess {
-                        message: reason.clone(),
-                    });
-                } else {
-                    let spec = kernels::kernel_for(profile, ladder.dtype, ladder.world_size)
-                        .expect("every custom profile has a kernel");
-                    let (_, module) = modules
-                        .iter()
-                        .find(|(name, _)| *name == spec.name)
-                        .expect("a verified package holds every kernel its ladder needs");
-                    let kernel = module
-                        .load(&spec.name, spec.cluster, PARAMS_BYTES)
-                        .map_err(RuntimeError::driver(rank))?;
-                    let geometry =
-                        geometry_for(bucket, profile).map_err(RuntimeError::driver(rank))?;
-                    let resident =
-                        resident_capacity(&kernel, geometry).map_err(RuntimeError::driver(rank))?;
-                    match check_candidate_residency(bucket, profile, resident) {
-                        Ok(()) => {
-                            entry.launch = Some(match spec.copy_engine_barriers() {
-                                Some([start, end]) => Launch::CopyEngine(CopyEngineKernels {
-                                    sum: kernel,
-                                    geometry,
-                                    start: module
-                                        .load(&start, false, PARAMS_BYTES)
-                                        .map_err(RuntimeError::driver(rank))?,
-                                    end: module
-                                        .load(&end, false, PARAMS_BYTES)
-                                        .map_err(RuntimeError::driver(rank))?,
-                                }),
-                                None => Launch::Custom {
-                                    input: kernels::input_access(&spec)
-                                        .expect("a kernel of this crate"),
-                                    kernel,
-                                    geometry,
-                                    scratch_offset: input_region
-                                        + kernels::scratch_offset_after_input(ladder, &spec),
-                                },
-                            });
-                        }
-                        Err(reason) => entry.dropped = Some(reason),
-                    }
-                }
-                entries.push(entry);
-            }
-        }
-        let copy_engine_slot = kernels::copy_engine_slot_bytes(ladder).filter(|_| {
-            entries
-                .iter()
-                .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine(_))))
-        });
-        let copy_engine = copy_engine_slot
-            .map(|slot_bytes| {
-                CopyEngine::new(
-                    runtime,
-                    slot_bytes,
-                    ladder.dtype.size_bytes(),
-                    runtime.timeout(),
-                )
-            })
-            .transpose()?;
-        let mut collectives = Collectives {
-            entries,
-            input,
-            private,
-            out_of_place: Some(out_of_place),
-            copy_engine,
-            capacity,
-            input_region,
-            dtype: ladder.dtype,
-            element_bytes: ladder.dtype.size_bytes(),
-            bucket_capacity: ladder
-                .buckets
-                .iter()
-                .map(|bucket| bucket.max_bytes.div_ceil(ladder.dtype.size_bytes()) as usize)
-                .collect(),
-            splits,
-            timeout: runtime.timeout(),
-            rank,
-        };
-        let local: Vec<Option<DropReason>> = collectives
-            .entries
-            .iter()
-            .map(|entry| entry.dropped.clone())
-            .collect();
-        let agreed = agree_drops(runtime, &local, "the residency agreement")?;
-        collectives.apply_drops(agreed);
-        Ok(collectives)
-    }
-
     /// The element type the package sums.
     pub fn dtype(&self) -> Dtype {
         self.dtype

@@ -123,6 +123,57 @@ fn source_files_import_one_way() {
     }
 }
 
+/// No source file is longer than 800 lines: Rust, CUDA, C, C++ and Python, in every folder of
+/// the repository that holds them (build output, environments and ignored folders aside).
+#[test]
+fn no_source_file_is_longer_than_800_lines() {
+    const MOST_LINES: usize = 800;
+    let mut long = Vec::new();
+    let mut folders = vec![root().to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder)
+            .unwrap_or_else(|error| panic!("cannot list {}: {error}", folder.display()))
+        {
+            let path = entry.expect("a directory entry").path();
+            let name = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .unwrap_or("");
+            if path.is_dir() {
+                if !name.starts_with('.')
+                    && !["target", "build", "dist", "gpu-carry", "__pycache__"].contains(&name)
+                {
+                    folders.push(path);
+                }
+                continue;
+            }
+            let source = ["rs", "cu", "cuh", "c", "cc", "h", "py"];
+            if !path
+                .extension()
+                .and_then(|extension| extension.to_str())
+                .is_some_and(|extension| source.contains(&extension))
+            {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
+            let lines = text.lines().count();
+            if lines > MOST_LINES {
+                long.push(format!(
+                    "{} ({lines} lines)",
+                    path.strip_prefix(root()).unwrap_or(&path).display()
+                ));
+            }
+        }
+    }
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "source files over {MOST_LINES} lines: {}",
+        long.join(", ")
+    );
+}
+
 /// The graph follows a path through a re-export to the file that defines the item, and finds
 /// the cycle that makes; without the cycle, none.
 #[test]
