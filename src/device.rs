@@ -260,6 +260,12 @@ pub enum DropReason {
         /// Which ranks and why.
         message: String,
     },
+    /// A symmetric NCCL profile's window cannot be made on some rank (its NCCL has no
+    /// symmetric windows, or the memory could not be allocated).
+    NoSymmetricWindow {
+        /// Which rank and why.
+        message: String,
+    },
 }
 
 impl fmt::Display for DropReason {
@@ -272,6 +278,9 @@ impl fmt::Display for DropReason {
             DropReason::CaptureFailed { message } => write!(formatter, "capture failed: {message}"),
             DropReason::NotExact { message } => write!(formatter, "not exact: {message}"),
             DropReason::NoPeerAccess { message } => write!(formatter, "no peer access: {message}"),
+            DropReason::NoSymmetricWindow { message } => {
+                write!(formatter, "no symmetric window: {message}")
+            }
         }
     }
 }
@@ -339,6 +348,7 @@ mod tests {
             blocks,
             max_ctas: None,
             min_ctas: None,
+            window: None,
         }
     }
 

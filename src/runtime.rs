@@ -10,7 +10,7 @@ use crate::agree::{self, RankRecord, Topology, RECORD_BYTES};
 use crate::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, DriverError, IpcHandle, PeerBuffer, Stream,
 };
-use crate::gpu::nccl::{CommConfig, Communicator, NcclError, UniqueId};
+use crate::gpu::nccl::{CommConfig, Communicator, NcclError, NcclMemory, UniqueId};
 use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
 /// How the ranks find each other.
@@ -397,6 +397,42 @@ impl Runtime {
         self.bootstrap
             .split(config, Instant::now() + self.timeout)
             .map_err(|error| timeout_names_peer(error, self.world))
+    }
+
+    /// Allocates `bytes` of NCCL memory on this rank's GPU for a symmetric window.
+    pub fn allocate_window_memory(&self, bytes: usize) -> Result<NcclMemory, RuntimeError> {
+        self.stream
+            .bind_current()
+            .map_err(RuntimeError::driver(self.rank))?;
+        Ok(NcclMemory::allocate(
+            bytes,
+            self.device.ordinal(),
+            self.rank,
+        )?)
+    }
+
+    /// Registers `memory` as this rank's part of a symmetric window of `communicator` (a split
+    /// of this runtime's), within the timeout. Collective: every rank registers the same size.
+    pub fn register_symmetric_window(
+        &self,
+        communicator: &Communicator,
+        memory: &NcclMemory,
+    ) -> Result<(), RuntimeError> {
+        self.stream
+            .bind_current()
+            .map_err(RuntimeError::driver(self.rank))?;
+        let watchdog = communicator.watchdog(Instant::now() + self.timeout);
+        let registered = communicator.register_symmetric_window(memory);
+        // A watchdog that fired also makes the registration fail: the timeout is the cause.
+        if watchdog.disarm() {
+            return Err(RuntimeError::Timeout {
+                rank: self.rank,
+                step: "registering a symmetric window".to_owned(),
+                seconds: self.timeout.as_secs_f64(),
+                who: missing_peers(self.rank, self.world),
+            });
+        }
+        Ok(registered?)
     }
 
     /// Every rank's record, in rank order.

@@ -24,6 +24,10 @@ pub struct Description {
     pub identity: String,
     /// The package's manifest, verified.
     pub manifest: Manifest,
+    /// Bytes of NCCL symmetric windows each GPU allocates, one per symmetric NCCL profile (the
+    /// largest message of the buckets naming it, in 2 MiB pages); NCCL maps them for every
+    /// peer, so the peer memory per GPU is this plus `manifest.peer_memory`.
+    pub symmetric_window_bytes: u64,
     /// The choice named by `--choice`, as read (made for this package); null without one.
     pub choice: Option<Choice>,
 }
@@ -36,6 +40,7 @@ impl Description {
             package: package.dir().display().to_string(),
             identity: package.identity().to_owned(),
             manifest: package.manifest().clone(),
+            symmetric_window_bytes: package.ladder().symmetric_windows_bytes(),
             choice: choice.cloned(),
         }
     }

@@ -79,7 +79,8 @@ fn encode_reason(reason: &DropReason) -> Vec<u8> {
         let message = match &mut reason {
             DropReason::CaptureFailed { message }
             | DropReason::NotExact { message }
-            | DropReason::NoPeerAccess { message } => message,
+            | DropReason::NoPeerAccess { message }
+            | DropReason::NoSymmetricWindow { message } => message,
             DropReason::NotResident { .. } => unreachable!("a residency reason is short"),
         };
         let keep = message.len().saturating_sub(64);

@@ -5,7 +5,7 @@
 use super::copy_engine::{CopyEngine, CopyEngineKernels};
 use super::drops::{agree_drops, qualified_wrong};
 use super::geometry::{geometry_for, resident_capacity};
-use super::{Collectives, Entry, Input, Launch, MOVE_CHUNK_BYTES};
+use super::{symmetric, Collectives, Entry, Input, Launch, MOVE_CHUNK_BYTES};
 use crate::abi::PARAMS_BYTES;
 use crate::agree::Topology;
 use crate::device::{check_candidate_residency, DropReason};
@@ -95,7 +95,7 @@ impl Collectives {
         let mut splits = Vec::new();
         let mut split_of = Vec::new();
         for profile in &ladder.profiles {
-            if profile.is_nccl() && (profile.max_ctas.is_some() || profile.min_ctas.is_some()) {
+            if profile.has_own_communicator() && !profile.is_nccl_symmetric() {
                 splits.push(runtime.split_nccl(profile.max_ctas, profile.min_ctas)?);
                 split_of.push((profile.id.clone(), splits.len() - 1));
             }
@@ -146,6 +146,7 @@ impl Collectives {
                 modules.push((record.name.clone(), module));
             }
         }
+        let mut windows = symmetric::allocate_windows(runtime, ladder, peer_reason.as_deref());
         let mut entries = Vec::new();
         for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
             for id in &bucket.candidates {
@@ -163,6 +164,19 @@ impl Collectives {
                 let found_wrong = qualified_wrong(package, bucket_index, &profile.id);
                 if let (Some(reason), false) = (found_wrong, profile.is_nccl()) {
                     entry.dropped = Some(reason);
+                } else if profile.is_nccl_symmetric() {
+                    let window = windows
+                        .iter()
+                        .position(|(name, _)| *name == profile.id)
+                        .expect("every symmetric profile a bucket names has a window");
+                    match &windows[window].1 {
+                        Ok(_) => entry.launch = Some(Launch::NcclSymmetric { window }),
+                        Err(message) => {
+                            entry.dropped = Some(DropReason::NoSymmetricWindow {
+                                message: message.clone(),
+                            });
+                        }
+                    }
                 } else if profile.is_nccl() {
                     let split = split_of
                         .iter()
@@ -247,6 +261,7 @@ impl Collectives {
                 .map(|bucket| bucket.max_bytes.div_ceil(ladder.dtype.size_bytes()) as usize)
                 .collect(),
             splits,
+            windows: Vec::new(),
             timeout: runtime.timeout(),
             rank,
         };
@@ -257,6 +272,14 @@ impl Collectives {
             .collect();
         let agreed = agree_drops(runtime, &local, "the residency agreement")?;
         collectives.apply_drops(agreed);
+        let entries = &collectives.entries;
+        let used = |id: &str| {
+            entries
+                .iter()
+                .any(|entry| entry.profile == id && entry.launch.is_some())
+        };
+        symmetric::register_windows(runtime, ladder, &mut windows, used)?;
+        collectives.windows = windows;
         Ok(collectives)
     }
 }

@@ -12,6 +12,7 @@ mod drops;
 mod geometry;
 mod load;
 mod operands;
+mod symmetric;
 
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
     CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Geometry, Graph, LoadedKernel, Stream,
 };
-use crate::gpu::nccl::{Communicator, NcclDataType};
+use crate::gpu::nccl::{Communicator, NcclDataType, NcclMemory};
 use crate::kernels::InputAccess;
 use crate::ladder::Dtype;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
@@ -50,7 +51,21 @@ enum Launch {
     CopyEngine(CopyEngineKernels),
     /// NCCL on the runtime's communicator (`None`) or on a profile's own split.
     Nccl { split: Option<usize> },
+    /// NCCL in a symmetric profile's window (an index into the windows).
+    NcclSymmetric { window: usize },
 }
+
+/// A symmetric NCCL profile's window on this rank ([`symmetric`] makes and uses it).
+#[derive(Debug)]
+struct SymmetricWindow {
+    // Dropped first: aborting the communicator releases the window before its memory is freed.
+    communicator: Option<Communicator>,
+    memory: NcclMemory,
+}
+
+/// The windows of a ladder's symmetric profiles on this rank, in ladder order: the profile id,
+/// and the window or why this rank cannot make it.
+type Windows = Vec<(String, Result<SymmetricWindow, String>)>;
 
 /// One candidate of one bucket on this rank.
 #[derive(Debug)]
@@ -79,6 +94,8 @@ enum Input {
 pub struct Collectives {
     // Dropped first: an aborted split's kernels end before the buffers wait for the device.
     splits: Vec<Communicator>,
+    // The symmetric profiles' windows with their communicators.
+    windows: Windows,
     entries: Vec<Entry>,
     // Buffers and communicators outlive nothing that uses them: graphs are the caller's, and
     // the caller keeps `Collectives` alive while replaying them.
@@ -232,6 +249,7 @@ impl Collectives {
     pub fn communicator<'a>(&'a self, runtime: &'a Runtime, id: EntryId) -> &'a Communicator {
         match &self.entries[id].launch {
             Some(Launch::Nccl { split: Some(index) }) => &self.splits[*index],
+            Some(Launch::NcclSymmetric { window }) => self.window(*window).communicator(),
             _ => runtime.communicator(),
         }
     }
@@ -322,6 +340,9 @@ impl Collectives {
                     nccl_type(self.dtype),
                 )
                 .map_err(RuntimeError::from),
+            Some(Launch::NcclSymmetric { window }) => {
+                self.enqueue_symmetric(stream, id, *window, elements, &operands)
+            }
             Some(Launch::Custom {
                 kernel,
                 geometry,
@@ -614,6 +635,11 @@ impl Collectives {
     pub fn abort_splits(&self) {
         for split in &self.splits {
             split.abort();
+        }
+        for (_, window) in &self.windows {
+            if let Ok(window) = window {
+                window.abort();
+            }
         }
     }
 

@@ -90,15 +90,21 @@ fn render(package: &Package, width: Option<usize>) -> String {
     }
     render_kernels(&mut out, manifest, width);
     let memory = manifest.peer_memory;
-    let _ = writeln!(
+    let ladder = package.ladder();
+    // NCCL maps every peer's symmetric window, so they count as peer memory.
+    let windows = ladder.symmetric_windows_bytes();
+    let total = memory.total_bytes().saturating_add(windows);
+    let _ = write!(
         out,
-        "\nPeer memory per GPU: {} ({} bytes): buffer {}, signal flags {}",
-        human_bytes(memory.total_bytes()),
-        memory.total_bytes(),
+        "\nPeer memory per GPU: {} ({total} bytes): buffer {}, signal flags {}",
+        human_bytes(total),
         human_bytes(memory.buffer_bytes),
         human_bytes(memory.signal_bytes)
     );
-    let ladder = package.ladder();
+    if windows > 0 {
+        let _ = write!(out, ",\n  NCCL symmetric windows {}", human_bytes(windows));
+    }
+    out.push('\n');
     if let Some(slot) = prepare::kernels::copy_engine_slot_bytes(ladder) {
         let bytes = slot * u64::from(ladder.world_size.saturating_sub(1));
         let _ = writeln!(

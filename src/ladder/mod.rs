@@ -235,6 +235,13 @@ pub struct Profile {
     /// NCCL communicator `minCTAs` (NCCL profiles only), 1 to 64, at most `max_ctas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ctas: Option<u32>,
+    /// `symmetric` (NCCL profiles only): NCCL sums in a buffer of its own from `ncclMemAlloc`,
+    /// registered on every rank as one symmetric window (`ncclCommWindowRegister` with
+    /// `NCCL_WIN_COLL_SYMMETRIC`), where it may run its symmetric-memory kernels; the message is
+    /// copied in and the sum copied out around an in-place `ncclAllReduce`. The window holds the
+    /// largest message of the buckets that name the profile, on its own communicator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
 }
 
 impl Profile {
@@ -248,11 +255,27 @@ impl Profile {
         self.schedule == Some(Schedule::Phased)
     }
 
+    /// Whether NCCL runs this profile in a symmetric window of its own.
+    pub fn is_nccl_symmetric(&self) -> bool {
+        self.is_nccl() && self.window == Some(Window::Symmetric)
+    }
+
+    /// Whether NCCL runs this profile on a communicator of its own: one with `max_ctas`,
+    /// `min_ctas` or a symmetric window.
+    pub fn has_own_communicator(&self) -> bool {
+        self.is_nccl()
+            && (self.max_ctas.is_some() || self.min_ctas.is_some() || self.window.is_some())
+    }
+
     /// The transfer direction, with its default.
     pub fn transfer_or_default(&self) -> Transfer {
         self.transfer.unwrap_or(Transfer::Pull)
     }
 }
+
+/// What a symmetric window is rounded up to: the 2 MiB of a large page, which `ncclMemAlloc`
+/// allocates at least.
+pub const SYMMETRIC_WINDOW_ALIGNMENT_BYTES: u64 = 2 << 20;
 
 /// Collective algorithms.
 #[derive(
@@ -304,6 +327,25 @@ impl Transfer {
             Transfer::Pull => "pull",
             Transfer::Push => "push",
             Transfer::CopyEngine => "copy_engine",
+        }
+    }
+}
+
+/// The memory an NCCL profile sums in.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Window {
+    /// A buffer from `ncclMemAlloc` registered as a symmetric window on every rank.
+    Symmetric,
+}
+
+impl Window {
+    /// The name used in ladders.
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::Symmetric => "symmetric",
         }
     }
 }
@@ -401,6 +443,34 @@ impl Ladder {
         }
     }
 
+    /// Bytes of the symmetric window each GPU allocates for profile `id`: the largest message of
+    /// the buckets that name it, rounded up to [`SYMMETRIC_WINDOW_ALIGNMENT_BYTES`]; 0 when it is
+    /// no symmetric NCCL profile or no bucket names it.
+    pub fn symmetric_window_bytes(&self, id: &str) -> u64 {
+        if !self.profile(id).is_some_and(Profile::is_nccl_symmetric) {
+            return 0;
+        }
+        self.buckets
+            .iter()
+            .filter(|bucket| bucket.candidates.iter().any(|candidate| candidate == id))
+            .map(|bucket| {
+                bucket
+                    .max_bytes
+                    .next_multiple_of(SYMMETRIC_WINDOW_ALIGNMENT_BYTES)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes of every symmetric window each GPU allocates (one per symmetric NCCL profile),
+    /// mapped by every peer through NCCL.
+    pub fn symmetric_windows_bytes(&self) -> u64 {
+        self.profiles
+            .iter()
+            .map(|profile| self.symmetric_window_bytes(&profile.id))
+            .sum()
+    }
+
     /// The bucket's plain NCCL candidate: `nccl` without communicator settings if it has one,
     /// else its first NCCL candidate; `None` when it has none.
     pub fn plain_nccl(&self, bucket: usize) -> Option<&Profile> {
@@ -410,7 +480,7 @@ impl Ladder {
             .filter_map(|id| self.profile(id))
             .filter(|profile| profile.is_nccl());
         let first = nccl.clone().next();
-        nccl.find(|profile| profile.max_ctas.is_none() && profile.min_ctas.is_none())
+        nccl.find(|profile| !profile.has_own_communicator())
             .or(first)
     }
 
@@ -424,5 +494,60 @@ impl Ladder {
     /// Whether any bucket is clustered.
     pub fn has_clustered_buckets(&self) -> bool {
         self.buckets.iter().any(Bucket::is_clustered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TP2 bf16 ladder whose buckets of 64 KiB, 3 MiB and 64 MiB name `symmetric` in the
+    /// first two and `symmetric_ctas` in the last, beside plain NCCL everywhere.
+    fn ladder_with_windows() -> Ladder {
+        serde_json::from_value(serde_json::json!({
+            "format_version": 1, "name": "windows", "collective": "all_reduce", "dtype": "bf16",
+            "world_size": 2, "targets": ["sm_90"],
+            "profiles": [
+                {"id": "nccl", "algorithm": "nccl"},
+                {"id": "symmetric", "algorithm": "nccl", "window": "symmetric"},
+                {"id": "symmetric_ctas", "algorithm": "nccl", "window": "symmetric", "max_ctas": 8},
+                {"id": "unused", "algorithm": "nccl", "window": "symmetric"}
+            ],
+            "buckets": [
+                {"max_bytes": 65536, "threads": 512, "blocks": 64,
+                 "candidates": ["nccl", "symmetric"], "default": "nccl"},
+                {"max_bytes": 3_145_728, "threads": 512, "blocks": 64,
+                 "candidates": ["symmetric", "nccl"], "default": "symmetric"},
+                {"max_bytes": 67_108_864, "threads": 512, "blocks": 64,
+                 "candidates": ["symmetric_ctas", "nccl"], "default": "nccl"}
+            ]
+        }))
+        .expect("the ladder parses")
+    }
+
+    #[test]
+    fn a_symmetric_window_holds_the_largest_message_naming_it_in_2_mib_pages() {
+        let ladder = ladder_with_windows();
+        assert_eq!(ladder.symmetric_window_bytes("symmetric"), 4 << 20);
+        assert_eq!(ladder.symmetric_window_bytes("symmetric_ctas"), 64 << 20);
+        assert_eq!(ladder.symmetric_window_bytes("unused"), 0);
+        assert_eq!(ladder.symmetric_window_bytes("nccl"), 0);
+        assert_eq!(ladder.symmetric_windows_bytes(), 68 << 20);
+    }
+
+    #[test]
+    fn a_symmetric_profile_has_its_own_communicator_and_is_no_plain_nccl() {
+        let ladder = ladder_with_windows();
+        let symmetric = ladder.profile("symmetric").expect("a profile");
+        assert!(symmetric.is_nccl_symmetric() && symmetric.has_own_communicator());
+        assert!(!ladder
+            .profile("nccl")
+            .expect("a profile")
+            .has_own_communicator());
+        // The plain NCCL candidate is the baseline even where a symmetric one comes first.
+        assert_eq!(
+            ladder.plain_nccl(1).map(|profile| profile.id.as_str()),
+            Some("nccl")
+        );
     }
 }

@@ -291,6 +291,7 @@ fn fixture_choice(dir: &Path) -> Choice {
             (_, "rsag_phased") => timed(7.0, 11.2, true),
             (_, "nccl") => timed(10.6, 11.3, false),
             (_, "nccl_4cta") => timed(10.9, 11.6, false),
+            (_, "nccl_symmetric") => timed(10.7, 11.4, false),
             other => panic!("no fate for {other:?}"),
         }
     })

@@ -275,11 +275,55 @@ library_api! {
     }
 }
 
+library_api! {
+    /// The entry points of symmetric windows (NCCL 2.27 and later), bound apart from [`Api`]: a
+    /// library without them still runs everything else.
+    pub(super) struct WindowApi from Library {
+        pub mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int = "ncclMemAlloc",
+        pub mem_free: unsafe extern "C" fn(*mut c_void) -> c_int = "ncclMemFree",
+        pub window_register: unsafe extern "C" fn(
+            sys::ncclComm_t,
+            *mut c_void,
+            usize,
+            *mut *mut c_void,
+            c_int,
+        ) -> c_int = "ncclCommWindowRegister",
+    }
+}
+
+/// The first NCCL with symmetric windows and the kernels that use them.
+pub(super) const SYMMETRIC_MIN_VERSION: (u32, u32) = (2, 27);
+
 /// The loaded library: kept for the life of the process.
 pub(super) struct Nccl {
     pub api: Api,
+    /// The symmetric-window entry points, or why the library has none.
+    pub windows: Result<WindowApi, String>,
     pub info: LibraryInfo,
     _library: Library,
+}
+
+/// Why NCCL of `version` has no symmetric windows, or `None` when it is new enough.
+fn symmetric_refusal(version: (u32, u32, u32)) -> Option<String> {
+    let (major, minor, patch) = version;
+    ((major, minor) < SYMMETRIC_MIN_VERSION).then(|| {
+        format!(
+            "NCCL {major}.{minor}.{patch} has no symmetric windows (ncclCommWindowRegister with \
+             NCCL_WIN_COLL_SYMMETRIC needs {}.{} or later)",
+            SYMMETRIC_MIN_VERSION.0, SYMMETRIC_MIN_VERSION.1
+        )
+    })
+}
+
+/// The symmetric-window entry points of a library of `version`, or why it has none.
+fn bind_windows(library: &Library, version: (u32, u32, u32)) -> Result<WindowApi, String> {
+    if let Some(refusal) = symmetric_refusal(version) {
+        return Err(refusal);
+    }
+    let (major, minor, patch) = version;
+    WindowApi::bind(library, |symbol, message| {
+        format!("NCCL {major}.{minor}.{patch} has no {symbol} ({message})")
+    })
 }
 
 /// Splits `ncclGetVersion`'s code (major x 10000 + minor x 100 + patch since 2.9).
@@ -325,6 +369,7 @@ fn open(location: &Location) -> Result<Nccl, NcclError> {
     let file = object_file_of(api.get_version as *const c_void).unwrap_or_else(|| path.into());
     Ok(Nccl {
         api,
+        windows: bind_windows(&library, version),
         info: LibraryInfo {
             path: file,
             found: location.found,
@@ -409,6 +454,19 @@ pub(super) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn symmetric_windows_need_nccl_2_27() {
+        let refusal = symmetric_refusal((2, 26, 6)).expect("2.26 is refused");
+        assert!(
+            refusal.starts_with("NCCL 2.26.6 has no symmetric windows"),
+            "{refusal}"
+        );
+        assert!(refusal.contains("2.27 or later"), "{refusal}");
+        assert_eq!(symmetric_refusal((2, 27, 3)), None);
+        assert_eq!(symmetric_refusal((2, 28, 9)), None);
+        assert_eq!(symmetric_refusal((3, 0, 0)), None);
+    }
     use crate::gpu::search::directory_with;
 
     /// A process with an optional NCCL loaded, the given Python prefixes, and a loader that

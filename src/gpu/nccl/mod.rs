@@ -6,6 +6,7 @@
 mod communicator;
 mod error;
 mod library;
+mod window;
 
 use std::path::PathBuf;
 
@@ -16,6 +17,7 @@ use library::{api, check};
 pub use communicator::{Communicator, Watchdog};
 pub use error::{NcclError, OVERRIDE_VARIABLE};
 pub use library::{Found, LibraryInfo};
+pub use window::{symmetric_windows, NcclMemory};
 
 /// The NCCL this process uses, found and opened on first use: one already loaded in the process,
 /// then `PREPARE_NCCL`, a Python environment's `nvidia-nccl-cu*` wheel, the loader's search.

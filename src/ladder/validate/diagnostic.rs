@@ -97,6 +97,8 @@ rules! {
     CtasOutOfRange => "ctas_out_of_range", Rules;
     /// `min_ctas` above `max_ctas`.
     MinCtasAboveMaxCtas => "min_ctas_above_max_ctas", Rules;
+    /// `window` on a profile that is not NCCL.
+    WindowWithoutNccl => "window_without_nccl", Rules;
     /// `blocks` on an NCCL or phased profile.
     BlocksNotApplicable => "blocks_not_applicable", Rules;
     /// A profile's `blocks` outside 1 to 1024.

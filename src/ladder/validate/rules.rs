@@ -274,6 +274,15 @@ impl Checker<'_> {
             }
         }
 
+        if let (Some(window), false) = (profile.window, algorithm == Algorithm::Nccl) {
+            self.report(
+                Rule::WindowWithoutNccl,
+                at("window"),
+                json_string(window.name()),
+                "no window field: it names the memory NCCL sums in, used only by nccl profiles",
+            );
+        }
+
         if let Some(blocks) = profile.blocks {
             if algorithm == Algorithm::Nccl || cluster_kernel {
                 let why = if algorithm == Algorithm::Nccl {

@@ -1,0 +1,146 @@
+//! Symmetric NCCL profiles (`"window": "symmetric"`): NCCL sums in a window of its own, memory
+//! from `ncclMemAlloc` that every rank registers on the profile's own communicator, so NCCL may
+//! run its symmetric-memory kernels there. A message is copied into the window, all-reduced in
+//! place and copied out, in window-sized pieces when it is larger than the window.
+//!
+//! Making a window takes two steps around the agreement on drops: each rank allocates its
+//! memory (a rank whose NCCL has no symmetric windows, or out of memory, drops the profile's
+//! entries, and the agreement drops them everywhere), then the ranks that all kept the profile
+//! split its communicator and register the window together.
+
+use super::{Collectives, EntryId, Operands, SymmetricWindow, Windows};
+use crate::gpu::driver::{DeviceMemory, Stream};
+use crate::gpu::nccl::{symmetric_windows, Communicator};
+use crate::ladder::Ladder;
+use crate::runtime::{Runtime, RuntimeError};
+
+/// Allocates the memory of every symmetric profile's window on this rank (no communicator
+/// yet): local, so a rank that cannot is dropped by the agreement, not stuck in a collective.
+/// Without peer access between the ranks (`peer_reason`) NCCL cannot map a window either.
+pub(super) fn allocate_windows(
+    runtime: &Runtime,
+    ladder: &Ladder,
+    peer_reason: Option<&str>,
+) -> Windows {
+    let rank = runtime.rank();
+    let support = match peer_reason {
+        Some(reason) => Err(format!("no peer access: {reason}")),
+        None => symmetric_windows(),
+    };
+    ladder
+        .profiles
+        .iter()
+        .filter(|profile| ladder.symmetric_window_bytes(&profile.id) > 0)
+        .map(|profile| {
+            let bytes = ladder.symmetric_window_bytes(&profile.id) as usize;
+            let window = support
+                .clone()
+                .and_then(|()| {
+                    runtime
+                        .allocate_window_memory(bytes)
+                        .map_err(|error| error.to_string())
+                })
+                .map(|memory| SymmetricWindow {
+                    communicator: None,
+                    memory,
+                })
+                .map_err(|reason| format!("rank {rank}: {reason}"));
+            (profile.id.clone(), window)
+        })
+        .collect()
+}
+
+/// After the agreement: splits a communicator for every window some entry still uses and
+/// registers the window on it, in ladder order on every rank; frees the others. Collective.
+pub(super) fn register_windows(
+    runtime: &Runtime,
+    ladder: &Ladder,
+    windows: &mut Windows,
+    used: impl Fn(&str) -> bool,
+) -> Result<(), RuntimeError> {
+    for (id, window) in windows.iter_mut() {
+        if !used(id) {
+            *window = Err("no entry uses it".to_owned());
+            continue;
+        }
+        let Ok(window) = window else {
+            unreachable!("a window some rank could not make drops every entry that uses it")
+        };
+        let profile = ladder.profile(id).expect("a window belongs to a profile");
+        let communicator = runtime.split_nccl(profile.max_ctas, profile.min_ctas)?;
+        runtime.register_symmetric_window(&communicator, &window.memory)?;
+        window.communicator = Some(communicator);
+    }
+    Ok(())
+}
+
+impl SymmetricWindow {
+    /// The profile's own communicator.
+    pub(super) fn communicator(&self) -> &Communicator {
+        self.communicator
+            .as_ref()
+            .expect("a window in use was registered on its communicator")
+    }
+
+    /// Aborts the profile's communicator, if it was made.
+    pub(super) fn abort(&self) {
+        if let Some(communicator) = &self.communicator {
+            communicator.abort();
+        }
+    }
+}
+
+impl Collectives {
+    /// The window of symmetric entry `id`.
+    pub(super) fn window(&self, index: usize) -> &SymmetricWindow {
+        self.windows[index]
+            .1
+            .as_ref()
+            .expect("a live symmetric entry has its window")
+    }
+
+    /// Enqueues a symmetric NCCL all-reduce of `elements` on `stream`: each window-sized piece
+    /// copied in, summed in place by NCCL, copied out.
+    pub(super) fn enqueue_symmetric(
+        &self,
+        stream: &Stream,
+        id: EntryId,
+        window: usize,
+        elements: usize,
+        operands: &Operands,
+    ) -> Result<(), RuntimeError> {
+        let window = self.window(window);
+        let element_bytes = self.element_bytes as usize;
+        let piece = window.memory.len_bytes() / element_bytes;
+        let bytes = elements as u64 * self.element_bytes;
+        if elements > piece && !operands.may_be_chunked(bytes) {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {}: a message larger than its symmetric window goes in pieces, \
+                     which needs its output to be its input or to lie apart from it; they \
+                     partly overlap",
+                    self.entries[id].profile, self.entries[id].bucket
+                ),
+            });
+        }
+        for (first, count) in super::pieces(elements, piece) {
+            let offset = first * element_bytes;
+            let length = count * element_bytes;
+            stream
+                .copy_device(&window.memory, 0, &operands.input, offset, length)
+                .map_err(RuntimeError::driver(self.rank))?;
+            window.communicator().all_reduce(
+                stream,
+                &window.memory,
+                &window.memory,
+                count,
+                super::nccl_type(self.dtype),
+            )?;
+            stream
+                .copy_device(&operands.output, offset, &window.memory, 0, length)
+                .map_err(RuntimeError::driver(self.rank))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! NCCL's symmetric windows (NCCL 2.27 and later): memory from `ncclMemAlloc` that every rank of
+//! a communicator registers as one window with `NCCL_WIN_COLL_SYMMETRIC`, so NCCL maps the
+//! peers' copies itself and may run its symmetric-memory kernels on it.
+//!
+//! A window is never deregistered here: `ncclCommWindowDeregister` is collective, and a rank
+//! that dropped its window while a peer was stopped would wait for ever. Aborting the
+//! communicator releases its windows, and [`NcclMemory`] is freed after that.
+
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+use cudarc::nccl::sys;
+
+use super::error::NcclError;
+use super::library::{self, check, WindowApi};
+use super::Communicator;
+use crate::gpu::driver::DeviceMemory;
+
+/// `NCCL_WIN_COLL_SYMMETRIC` in nccl.h: every rank registers a buffer of the same size.
+const WIN_COLL_SYMMETRIC: c_int = 0x01;
+
+/// Why this process's NCCL cannot make symmetric windows; `Ok` when it can.
+pub fn symmetric_windows() -> Result<(), String> {
+    window_api().map(|_| ())
+}
+
+fn window_api() -> Result<&'static WindowApi, String> {
+    let nccl = library::load().map_err(|error| error.to_string())?;
+    nccl.windows.as_ref().map_err(Clone::clone)
+}
+
+/// Device memory from `ncclMemAlloc` on one GPU, freed by `ncclMemFree` when dropped.
+#[derive(Debug)]
+pub struct NcclMemory {
+    address: u64,
+    bytes: usize,
+    ordinal: usize,
+}
+
+impl NcclMemory {
+    /// Allocates `bytes` on GPU `ordinal`, whose context must be current on this thread.
+    pub fn allocate(bytes: usize, ordinal: usize, rank: u32) -> Result<NcclMemory, NcclError> {
+        let windows = window_api().map_err(|message| NcclError::Call {
+            call: "ncclMemAlloc",
+            rank,
+            message,
+        })?;
+        let mut pointer: *mut c_void = ptr::null_mut();
+        // SAFETY: ncclMemAlloc writes one pointer through a pointer to a live local.
+        let result = unsafe { (windows.mem_alloc)(&raw mut pointer, bytes) };
+        check(
+            library::api()?,
+            "ncclMemAlloc",
+            rank,
+            result,
+            ptr::null_mut(),
+        )?;
+        Ok(NcclMemory {
+            address: pointer as u64,
+            bytes,
+            ordinal,
+        })
+    }
+}
+
+impl DeviceMemory for NcclMemory {
+    fn address(&self) -> u64 {
+        self.address
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+}
+
+impl Drop for NcclMemory {
+    fn drop(&mut self) {
+        // The memory exists only if the window entry points were bound.
+        if let Ok(windows) = window_api() {
+            // SAFETY: the pointer came from ncclMemAlloc and is freed once, here; work that
+            // used it was waited for by the owner, which drops the communicator first.
+            unsafe {
+                (windows.mem_free)(self.address as *mut c_void);
+            }
+        }
+    }
+}
+
+impl Communicator {
+    /// Registers `memory` as this rank's part of a symmetric window of this communicator.
+    /// Collective: every rank registers memory of the same size, and a blocking communicator
+    /// returns only when all have (the caller bounds it with a [`super::Watchdog`]).
+    pub fn register_symmetric_window(&self, memory: &NcclMemory) -> Result<(), NcclError> {
+        let rank = self.rank();
+        let windows = window_api().map_err(|message| NcclError::Call {
+            call: "ncclCommWindowRegister",
+            rank,
+            message,
+        })?;
+        let raw: sys::ncclComm_t = self.as_raw().cast();
+        let mut window: *mut c_void = ptr::null_mut();
+        // SAFETY: the communicator is live (its owner holds it), the memory came from
+        // ncclMemAlloc and outlives the communicator, and the call writes one handle through a
+        // pointer to a live local.
+        let result = unsafe {
+            (windows.window_register)(
+                raw,
+                memory.address as *mut c_void,
+                memory.bytes,
+                &raw mut window,
+                WIN_COLL_SYMMETRIC,
+            )
+        };
+        check(library::api()?, "ncclCommWindowRegister", rank, result, raw)
+    }
+}
