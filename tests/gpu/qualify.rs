@@ -176,3 +176,77 @@ fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
         .count();
     assert_eq!(copy_engine, 3, "{qualified:?}");
 }
+
+/// A ladder with NCCL's symmetric kernels as candidates: `nccl_symmetric` in both buckets (a
+/// 4 MiB window) and `nccl_symmetric_8` (its own communicator with `max_ctas` 8 and its own
+/// 4 MiB window) in the larger one, which has no plain NCCL, so start-up's timing above the
+/// ladder runs `nccl_symmetric` on twice the largest message, through its window in pieces.
+const SYMMETRIC_LADDER: &str = r#"{
+  "format_version": 1,
+  "name": "nccl_symmetric_tp2",
+  "collective": "all_reduce",
+  "dtype": "bf16",
+  "world_size": 2,
+  "targets": ["sm_90"],
+  "profiles": [
+    {"id": "one_shot_pull", "algorithm": "one_shot", "transfer": "pull"},
+    {"id": "nccl", "algorithm": "nccl"},
+    {"id": "nccl_symmetric", "algorithm": "nccl", "window": "symmetric"},
+    {"id": "nccl_symmetric_8", "algorithm": "nccl", "window": "symmetric", "max_ctas": 8}
+  ],
+  "buckets": [
+    {"max_bytes": 65536, "threads": 256, "blocks": 8, "candidates": ["one_shot_pull", "nccl", "nccl_symmetric"], "default": "one_shot_pull"},
+    {"max_bytes": 3145728, "threads": 512, "blocks": 64, "candidates": ["nccl_symmetric", "one_shot_pull", "nccl_symmetric_8"], "default": "one_shot_pull"}
+  ]
+}"#;
+
+#[test]
+#[ignore = "needs GPUs"]
+fn nccl_symmetric_candidates_qualify_exact_and_are_timed_at_start_up() {
+    require_gpus!(2);
+    let (dir, ladder_file) = written_ladder("nccl_symmetric_tp2.json", SYMMETRIC_LADDER);
+    let (_package_dir, out) = export_on_gpus(&ladder_file);
+    let qualified = every_candidate_qualified_exact(&out);
+    let symmetric = qualified
+        .iter()
+        .filter(|profile| profile.starts_with("nccl_symmetric"))
+        .count();
+    assert_eq!(symmetric, 3, "{qualified:?}");
+    let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
+    assert!(ok, "{shown}");
+    assert!(shown.contains("NCCL symmetric windows 8 MiB"), "{shown}");
+
+    let choice = dir.path().join("choice");
+    let (ok, text) = run(&[
+        "tune".as_ref(),
+        "--gpus".as_ref(),
+        "0,1".as_ref(),
+        "--timeout".as_ref(),
+        "30".as_ref(),
+        "--package".as_ref(),
+        out.as_os_str(),
+        "--cache-dir".as_ref(),
+        dir.path().join("cache").as_os_str(),
+        "--out".as_ref(),
+        choice.as_os_str(),
+    ]);
+    eprintln!("{text}");
+    assert!(ok, "tune failed");
+    let read = |rank: u32| std::fs::read(choice.join(format!("choice.rank{rank}.json"))).unwrap();
+    assert_eq!(read(0), read(1), "every rank writes the same choice");
+    let value: serde_json::Value = serde_json::from_slice(&read(0)).unwrap();
+    let timed: Vec<&str> = value["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|bucket| bucket["decision"]["candidates"].as_array().unwrap())
+        .filter(|candidate| candidate["status"] == "timed")
+        .map(|candidate| candidate["profile"].as_str().unwrap())
+        .collect();
+    for profile in ["nccl_symmetric", "nccl_symmetric_8"] {
+        assert!(timed.contains(&profile), "{profile} not timed: {value}");
+    }
+    // Above the ladder, the largest bucket's NCCL is `nccl_symmetric`: timed on 6 MiB through
+    // its 4 MiB window in two pieces.
+    assert!(value["above_ladder"].is_object(), "{value}");
+}
