@@ -239,7 +239,7 @@ fn nccl_symmetric_candidates_qualify_exact_and_are_timed_at_start_up() {
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|bucket| bucket["decision"]["candidates"].as_array().unwrap())
+        .flat_map(|bucket| bucket["candidates"].as_array().unwrap())
         .filter(|candidate| candidate["status"] == "timed")
         .map(|candidate| candidate["profile"].as_str().unwrap())
         .collect();
