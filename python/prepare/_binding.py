@@ -1,5 +1,5 @@
-"""The C ABI (include/prepare.h) through ctypes: status codes become exceptions carrying the
-library's last error. No torch here: pointers and streams are integers."""
+"""The C ABI (prepare.h, generated beside the library) through ctypes: status codes become
+exceptions carrying the library's last error. No torch here: pointers and streams are integers."""
 
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ pub use crate::abi::{
     BUFFER_ALIGNMENT_BYTES, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, SIGNAL_SETS, SIGNAL_WORDS,
     STATE_WORDS,
 };
+#[cfg(feature = "testing")]
+pub use scratch::scratch_layouts;
 pub use scratch::{
     copy_engine_slot_bytes, input_region_bytes, is_double_buffered, peer_buffer_bytes,
     scratch_bytes, scratch_offset_after_input, scratch_region_bytes, DOUBLE_BUFFER_CHUNK_BYTES,

@@ -1,6 +1,8 @@
 //! The scratch each kernel needs after the input region of the registered buffer, and where
 //! each kernel's region lies (kernels/prepare_layout.cuh, kernels/prepare_double_buffer.cuh).
 
+#[cfg(feature = "testing")]
+use super::spec::all_kernels;
 use super::spec::{kernel_for, kernel_named, KernelSpec, Scratch};
 use crate::abi::ALIGNMENT_BYTES;
 use crate::ladder::{Dtype, Ladder};
@@ -42,6 +44,21 @@ fn line_capacity(elements: u64, dtype: Dtype) -> u64 {
 /// Bytes of one rank's slot of a slice, tail included (`slot_bytes`).
 fn slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
     ((elements / dtype.per_vector()).div_ceil(world) + 1) * ALIGNMENT_BYTES
+}
+
+/// The name of every scratch layout (`Scratch`'s variants, as Rust spells them), sorted: the
+/// host emulation's harness (tests/host_emulation) has its C++ enum generated from this list.
+/// Every layout is some kernel's (a variant no kernel uses would be dead code), so the kernels'
+/// layouts are all of them.
+#[cfg(feature = "testing")]
+pub fn scratch_layouts() -> Vec<String> {
+    let mut names: Vec<String> = all_kernels(Dtype::Bf16, 2)
+        .iter()
+        .map(|spec| format!("{:?}", kernel_named(spec).scratch))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Scratch bytes a kernel needs for messages up to `max_bytes` at its world size; it grows with

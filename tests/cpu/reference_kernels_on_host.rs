@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use prepare::kernels::{all_kernels, headers, source};
+use prepare::kernels::{all_kernels, headers, scratch_layouts, source};
 use prepare::ladder::Dtype;
 
 use crate::support::mutations::{apply, Mutation};
@@ -126,9 +126,22 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
     }
 }
 
+/// Writes `scratch_layouts.h`, the harness's `enum class Scratch`: one enumerator per scratch
+/// layout of the kernel table, so a layout is named in Rust only.
+fn write_scratch_layouts(directory: &Path) {
+    let header = format!(
+        "// Generated from prepare::kernels::scratch_layouts by the test that builds the harness.\n\
+         #pragma once\n\
+         enum class Scratch {{\n    {},\n}};\n",
+        scratch_layouts().join(",\n    ")
+    );
+    std::fs::write(directory.join("scratch_layouts.h"), header).unwrap();
+}
+
 fn build(directory: &Path, thread_sanitizer: bool, mutation: Option<Mutation>) -> PathBuf {
     let emulation = root().join("tests/host_emulation");
     write_emulated_sources(directory, mutation);
+    write_scratch_layouts(directory);
     let binary = directory.join("harness");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let mut command = Command::new(&compiler);

@@ -5,7 +5,8 @@
 //! [`PrepareStatus::Internal`]). Nothing here needs a GPU to load: the driver and NCCL are
 //! opened on first use, and their absence is an error status, never a crash.
 //!
-//! `include/prepare.h` is generated from this file by cbindgen; a test fails when it is stale.
+//! The C header, `prepare.h`, is generated from this file by cbindgen when the crate builds
+//! (`build.rs`), into `include/` beside the library: `target/<profile>/include/prepare.h`.
 
 mod boundary;
 

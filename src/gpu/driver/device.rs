@@ -86,29 +86,26 @@ impl Driver {
     pub fn describe(self, ordinal: usize) -> Result<DeviceInfo, DriverError> {
         use sys::CUdevice_attribute as Attribute;
         let device = self.handle(ordinal)?;
-        let attribute = |attribute: sys::CUdevice_attribute, call| -> Result<i32, DriverError> {
+        let read = |attribute: sys::CUdevice_attribute, call| -> Result<i32, DriverError> {
             let mut value = 0;
             // SAFETY: `device` came from cuDeviceGet; writes one int to a live local.
             let result = unsafe { sys::cuDeviceGetAttribute(&raw mut value, attribute, device) };
             check(result, call, Some(ordinal))?;
             Ok(value)
         };
-        let major = attribute(
-            Attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)",
-        )?;
-        let minor = attribute(
-            Attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-            "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)",
-        )?;
-        let sm_count = attribute(
-            Attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
-        )?;
-        let cluster_launch = attribute(
-            Attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH,
-            "cuDeviceGetAttribute(CLUSTER_LAUNCH)",
-        )?;
+        // One attribute by its name, which also names the call in an error.
+        macro_rules! attribute {
+            ($name:ident) => {
+                read(
+                    Attribute::$name,
+                    concat!("cuDeviceGetAttribute(", stringify!($name), ")"),
+                )
+            };
+        }
+        let major = attribute!(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute!(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sm_count = attribute!(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let cluster_launch = attribute!(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)?;
         let name = cudarc::driver::result::device::get_name(device)
             .during("cuDeviceGetName", Some(ordinal))?;
         let uuid = cudarc::driver::result::device::get_uuid(device)

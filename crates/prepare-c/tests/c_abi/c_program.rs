@@ -1,11 +1,12 @@
-//! Compiles `tests/c/no_gpu.c` with the system's C compiler against `include/prepare.h`, links
-//! it to the cdylib this crate builds, and runs it: the C ABI's error paths with no GPU, no
-//! driver and no torchrun variables (a missing package, an invalid ladder, null arguments).
+//! Compiles `tests/c/no_gpu.c` with the system's C compiler against the generated `prepare.h`
+//! (`target/<profile>/include/`, where the build script writes it), links it to the cdylib
+//! this crate builds, and runs it: the C ABI's error paths with no GPU, no driver and no
+//! torchrun variables (a missing package, an invalid ladder, null arguments).
 //! Running at all shows the library loads on a machine without libcuda or NCCL.
 
 #![allow(clippy::print_stdout)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use prepare::compile::Compilation;
@@ -13,7 +14,7 @@ use prepare::hash::sha256_hex;
 use prepare::ladder::{Arch, Ladder};
 use prepare::package::{write_package, Manifest};
 
-use crate::{crate_dir, repository_file};
+use crate::{crate_dir, header_dir, library_dir, repository_file};
 
 /// A ladder whose only candidate is NCCL (a fixture of the tool's tests): its package holds no
 /// kernel, so it is written without NVRTC.
@@ -47,22 +48,6 @@ fn write_invalid_ladder(out: &Path) {
     std::fs::write(out.join("manifest.json"), manifest.to_bytes()).unwrap();
 }
 
-/// The directory holding this crate's cdylib: `cargo test` leaves it beside the test binary in
-/// `deps/` (the crate is also an rlib, so the test build makes it); `cargo build` puts it in
-/// the profile's directory above.
-fn library_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary has a path");
-    let deps = exe
-        .parent()
-        .expect("the test binary is in target/<profile>/deps");
-    let found = [Some(deps), deps.parent()]
-        .into_iter()
-        .flatten()
-        .find(|dir| dir.join("libprepare_c.so").is_file())
-        .map(Path::to_path_buf);
-    found.unwrap_or_else(|| panic!("no libprepare_c.so in {} or above it", deps.display()))
-}
-
 #[test]
 fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
     let crate_dir = crate_dir();
@@ -81,7 +66,7 @@ fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
         .arg(&program)
         .arg(crate_dir.join("tests/c/no_gpu.c"))
         .arg("-I")
-        .arg(repository_file("include"))
+        .arg(header_dir())
         .arg("-L")
         .arg(&library)
         .arg(format!("-Wl,-rpath,{}", library.display()))
