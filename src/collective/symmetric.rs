@@ -110,8 +110,9 @@ impl Collectives {
         operands: &Operands,
     ) -> Result<(), RuntimeError> {
         let window = self.window(window);
+        let memory = window.memory.range();
         let element_bytes = self.element_bytes as usize;
-        let piece = window.memory.len_bytes() / element_bytes;
+        let piece = memory.len_bytes() / element_bytes;
         let bytes = elements as u64 * self.element_bytes;
         if elements > piece && !operands.may_be_chunked(bytes) {
             return Err(RuntimeError::Setup {
@@ -128,17 +129,17 @@ impl Collectives {
             let offset = first * element_bytes;
             let length = count * element_bytes;
             stream
-                .copy_device(&window.memory, 0, &operands.input, offset, length)
+                .copy_device(&memory, 0, &operands.input, offset, length)
                 .map_err(RuntimeError::driver(self.rank))?;
             window.communicator().all_reduce(
                 stream,
-                &window.memory,
-                &window.memory,
+                &memory,
+                &memory,
                 count,
                 super::nccl_type(self.dtype),
             )?;
             stream
-                .copy_device(&operands.output, offset, &window.memory, 0, length)
+                .copy_device(&operands.output, offset, &memory, 0, length)
                 .map_err(RuntimeError::driver(self.rank))?;
         }
         Ok(())

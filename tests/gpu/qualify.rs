@@ -84,6 +84,40 @@ fn export_on_gpus_qualifies_every_candidate_and_show_lists_them() {
     assert!(shown.contains("Qualification"), "{shown}");
 }
 
+/// `prepare COMMAND` of `package` on GPUs 0 and 1 with a 30 s timeout, `--cache-dir cache`,
+/// `--out out` and `extra`.
+fn on_two_gpus(
+    command: &str,
+    package: &Path,
+    cache: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (bool, String) {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        command.as_ref(),
+        "--gpus".as_ref(),
+        "0,1".as_ref(),
+        "--timeout".as_ref(),
+        "30".as_ref(),
+        "--package".as_ref(),
+        package.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    run(&args)
+}
+
+/// A bf16 TP2 ladder for sm_90 named `name`, with these profiles and buckets (JSON arrays).
+fn tp2_ladder(name: &str, profiles: &str, buckets: &str) -> String {
+    format!(
+        r#"{{"format_version": 1, "name": "{name}", "collective": "all_reduce", "dtype": "bf16",
+  "world_size": 2, "targets": ["sm_90"], "profiles": {profiles}, "buckets": {buckets}}}"#
+    )
+}
+
 #[test]
 #[ignore = "needs GPUs"]
 fn bench_times_every_candidate_and_nccl_side_by_side() {
@@ -91,21 +125,13 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
     for (name, dir, package) in h200_tp2_packages() {
         let out = dir.path().join("bench");
         let cache = dir.path().join("cache");
-        let (ok, text) = run(&[
-            "bench".as_ref(),
-            "--gpus".as_ref(),
-            "0,1".as_ref(),
-            "--timeout".as_ref(),
-            "30".as_ref(),
-            "--package".as_ref(),
-            package.as_os_str(),
-            "--sizes".as_ref(),
-            "8K,256K,4M,64M".as_ref(),
-            "--cache-dir".as_ref(),
-            cache.as_os_str(),
-            "--out".as_ref(),
-            out.as_os_str(),
-        ]);
+        let (ok, text) = on_two_gpus(
+            "bench",
+            &package,
+            &cache,
+            &out,
+            &["--sizes", "8K,256K,4M,64M"],
+        );
         eprintln!("{name}:\n{text}");
         assert!(ok, "bench failed");
         let report: serde_json::Value =
@@ -143,93 +169,87 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
 
 /// A ladder whose large bucket has the copy-engine one-shot beside a barrier kernel and NCCL:
 /// chunks of 16 MiB, so its largest message takes four.
-const COPY_ENGINE_LADDER: &str = r#"{
-  "format_version": 1,
-  "name": "copy_engine_tp2",
-  "collective": "all_reduce",
-  "dtype": "bf16",
-  "world_size": 2,
-  "targets": ["sm_90"],
-  "profiles": [
+fn copy_engine_ladder() -> String {
+    tp2_ladder(
+        "copy_engine_tp2",
+        r#"[
     {"id": "one_shot_pull", "algorithm": "one_shot", "transfer": "pull"},
     {"id": "one_shot_copy_engine", "algorithm": "one_shot", "transfer": "copy_engine"},
     {"id": "one_shot_copy_engine_128", "algorithm": "one_shot", "transfer": "copy_engine", "blocks": 128},
     {"id": "nccl", "algorithm": "nccl"}
-  ],
-  "buckets": [
+  ]"#,
+        r#"[
     {"max_bytes": 65536, "threads": 256, "blocks": 8, "candidates": ["one_shot_pull", "one_shot_copy_engine", "nccl"], "default": "one_shot_pull"},
     {"max_bytes": 67108864, "threads": 512, "blocks": 64, "candidates": ["one_shot_pull", "one_shot_copy_engine", "one_shot_copy_engine_128", "nccl"], "default": "one_shot_pull"}
-  ]
-}"#;
+  ]"#,
+    )
+}
+
+/// Writes `ladder` as `file`, exports it on GPUs 0 and 1 (every candidate qualified exact, the
+/// multi-size sequence included) and asserts that `count` of the qualified candidates' profile
+/// ids contain `family`. Returns the ladder's and the package's directories and the package.
+fn qualified_family(
+    file: &str,
+    ladder: String,
+    family: &str,
+    count: usize,
+) -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
+    let (ladder_dir, ladder_file) = written_ladder(file, ladder);
+    let (package_dir, out) = export_on_gpus(&ladder_file);
+    let qualified = every_candidate_qualified_exact(&out);
+    let found = qualified.iter().filter(|profile| profile.contains(family));
+    assert_eq!(found.count(), count, "{qualified:?}");
+    (ladder_dir, package_dir, out)
+}
 
 #[test]
 #[ignore = "needs GPUs"]
 fn copy_engine_candidates_qualify_exact_in_graphs_beside_kernels_and_nccl() {
     require_gpus!(2);
-    let (_dir, ladder_file) = written_ladder("copy_engine_tp2.json", COPY_ENGINE_LADDER);
-    // The copy-engine candidates take part in the multi-size sequence too.
-    let (_package_dir, out) = export_on_gpus(&ladder_file);
-    let qualified = every_candidate_qualified_exact(&out);
-    let copy_engine = qualified
-        .iter()
-        .filter(|profile| profile.contains("copy_engine"))
-        .count();
-    assert_eq!(copy_engine, 3, "{qualified:?}");
+    qualified_family(
+        "copy_engine_tp2.json",
+        copy_engine_ladder(),
+        "copy_engine",
+        3,
+    );
 }
 
 /// A ladder with NCCL's symmetric kernels as candidates: `nccl_symmetric` in both buckets (a
 /// 4 MiB window) and `nccl_symmetric_8` (its own communicator with `max_ctas` 8 and its own
 /// 4 MiB window) in the larger one, which has no plain NCCL, so start-up's timing above the
 /// ladder runs `nccl_symmetric` on twice the largest message, through its window in pieces.
-const SYMMETRIC_LADDER: &str = r#"{
-  "format_version": 1,
-  "name": "nccl_symmetric_tp2",
-  "collective": "all_reduce",
-  "dtype": "bf16",
-  "world_size": 2,
-  "targets": ["sm_90"],
-  "profiles": [
+fn symmetric_ladder() -> String {
+    tp2_ladder(
+        "nccl_symmetric_tp2",
+        r#"[
     {"id": "one_shot_pull", "algorithm": "one_shot", "transfer": "pull"},
     {"id": "nccl", "algorithm": "nccl"},
     {"id": "nccl_symmetric", "algorithm": "nccl", "window": "symmetric"},
     {"id": "nccl_symmetric_8", "algorithm": "nccl", "window": "symmetric", "max_ctas": 8}
-  ],
-  "buckets": [
+  ]"#,
+        r#"[
     {"max_bytes": 65536, "threads": 256, "blocks": 8, "candidates": ["one_shot_pull", "nccl", "nccl_symmetric"], "default": "one_shot_pull"},
     {"max_bytes": 3145728, "threads": 512, "blocks": 64, "candidates": ["nccl_symmetric", "one_shot_pull", "nccl_symmetric_8"], "default": "one_shot_pull"}
-  ]
-}"#;
+  ]"#,
+    )
+}
 
 #[test]
 #[ignore = "needs GPUs"]
 fn nccl_symmetric_candidates_qualify_exact_and_are_timed_at_start_up() {
     require_gpus!(2);
-    let (dir, ladder_file) = written_ladder("nccl_symmetric_tp2.json", SYMMETRIC_LADDER);
-    let (_package_dir, out) = export_on_gpus(&ladder_file);
-    let qualified = every_candidate_qualified_exact(&out);
-    let symmetric = qualified
-        .iter()
-        .filter(|profile| profile.starts_with("nccl_symmetric"))
-        .count();
-    assert_eq!(symmetric, 3, "{qualified:?}");
+    let (dir, _package_dir, out) = qualified_family(
+        "nccl_symmetric_tp2.json",
+        symmetric_ladder(),
+        "nccl_symmetric",
+        3,
+    );
     let (ok, shown) = run(&["show".as_ref(), out.as_os_str()]);
     assert!(ok, "{shown}");
     assert!(shown.contains("NCCL symmetric windows 8 MiB"), "{shown}");
 
     let choice = dir.path().join("choice");
-    let (ok, text) = run(&[
-        "tune".as_ref(),
-        "--gpus".as_ref(),
-        "0,1".as_ref(),
-        "--timeout".as_ref(),
-        "30".as_ref(),
-        "--package".as_ref(),
-        out.as_os_str(),
-        "--cache-dir".as_ref(),
-        dir.path().join("cache").as_os_str(),
-        "--out".as_ref(),
-        choice.as_os_str(),
-    ]);
+    let (ok, text) = on_two_gpus("tune", &out, &dir.path().join("cache"), &choice, &[]);
     eprintln!("{text}");
     assert!(ok, "tune failed");
     let read = |rank: u32| std::fs::read(choice.join(format!("choice.rank{rank}.json"))).unwrap();

@@ -180,6 +180,16 @@ impl CallerMemory {
         }
     }
 
+    /// Memory another library allocated for this crate (NCCL's `ncclMemAlloc`): `bytes` at
+    /// `address` on GPU `ordinal`, which the library's allocation guarantees.
+    pub(crate) fn allocated_by_library(address: u64, bytes: usize, ordinal: usize) -> CallerMemory {
+        CallerMemory {
+            address,
+            bytes,
+            ordinal,
+        }
+    }
+
     /// The part from `offset` bytes on (empty past the end).
     #[must_use]
     pub fn offset(self, offset: u64) -> CallerMemory {

@@ -14,7 +14,7 @@ use cudarc::nccl::sys;
 use super::error::NcclError;
 use super::library::{self, check, WindowApi};
 use super::Communicator;
-use crate::gpu::driver::DeviceMemory;
+use crate::gpu::driver::{CallerMemory, DeviceMemory};
 
 /// `NCCL_WIN_COLL_SYMMETRIC` in nccl.h: every rank registers a buffer of the same size.
 const WIN_COLL_SYMMETRIC: c_int = 0x01;
@@ -32,9 +32,7 @@ fn window_api() -> Result<&'static WindowApi, String> {
 /// Device memory from `ncclMemAlloc` on one GPU, freed by `ncclMemFree` when dropped.
 #[derive(Debug)]
 pub struct NcclMemory {
-    address: u64,
-    bytes: usize,
-    ordinal: usize,
+    range: CallerMemory,
 }
 
 impl NcclMemory {
@@ -56,24 +54,13 @@ impl NcclMemory {
             ptr::null_mut(),
         )?;
         Ok(NcclMemory {
-            address: pointer as u64,
-            bytes,
-            ordinal,
+            range: CallerMemory::allocated_by_library(pointer as u64, bytes, ordinal),
         })
     }
-}
 
-impl DeviceMemory for NcclMemory {
-    fn address(&self) -> u64 {
-        self.address
-    }
-
-    fn len_bytes(&self) -> usize {
-        self.bytes
-    }
-
-    fn ordinal(&self) -> usize {
-        self.ordinal
+    /// The memory, for copies and collectives; valid while this lives.
+    pub fn range(&self) -> CallerMemory {
+        self.range
     }
 }
 
@@ -84,7 +71,7 @@ impl Drop for NcclMemory {
             // SAFETY: the pointer came from ncclMemAlloc and is freed once, here; work that
             // used it was waited for by the owner, which drops the communicator first.
             unsafe {
-                (windows.mem_free)(self.address as *mut c_void);
+                (windows.mem_free)(self.range.address() as *mut c_void);
             }
         }
     }
@@ -109,8 +96,8 @@ impl Communicator {
         let result = unsafe {
             (windows.window_register)(
                 raw,
-                memory.address as *mut c_void,
-                memory.bytes,
+                memory.range.address() as *mut c_void,
+                memory.range.len_bytes(),
                 &raw mut window,
                 WIN_COLL_SYMMETRIC,
             )

@@ -240,26 +240,52 @@ impl Checker<'_> {
             _ => {}
         }
 
-        let ctas = [
+        // Fields that configure NCCL, refused on every other profile.
+        let communicator = "it configures NCCL's communicator";
+        let nccl_only = [
+            (
+                "max_ctas",
+                profile.max_ctas.map(|v| v.to_string()),
+                Rule::CtasWithoutNccl,
+                communicator,
+            ),
+            (
+                "min_ctas",
+                profile.min_ctas.map(|v| v.to_string()),
+                Rule::CtasWithoutNccl,
+                communicator,
+            ),
+            (
+                "window",
+                profile.window.map(|window| json_string(window.name())),
+                Rule::WindowWithoutNccl,
+                "it names the memory NCCL sums in",
+            ),
+        ];
+        for (field, found, rule, what) in nccl_only {
+            if let (Some(found), false) = (found, algorithm == Algorithm::Nccl) {
+                self.report(
+                    rule,
+                    at(field),
+                    found,
+                    format!("no {field} field: {what}, used only by nccl profiles"),
+                );
+            }
+        }
+        for (field, value) in [
             ("max_ctas", profile.max_ctas),
             ("min_ctas", profile.min_ctas),
-        ];
-        for (field, value) in ctas {
-            let Some(value) = value else { continue };
-            if algorithm != Algorithm::Nccl {
-                self.report(
-                    Rule::CtasWithoutNccl,
-                    at(field),
-                    value.to_string(),
-                    format!("no {field} field: it configures NCCL's communicator, used only by nccl profiles"),
-                );
-            } else if !(1..=MAX_CTAS).contains(&value) {
-                self.report(
-                    Rule::CtasOutOfRange,
-                    at(field),
-                    value.to_string(),
-                    format!("1 to {MAX_CTAS} (NCCL's channel limit)"),
-                );
+        ] {
+            match value {
+                Some(value) if algorithm == Algorithm::Nccl && !(1..=MAX_CTAS).contains(&value) => {
+                    self.report(
+                        Rule::CtasOutOfRange,
+                        at(field),
+                        value.to_string(),
+                        format!("1 to {MAX_CTAS} (NCCL's channel limit)"),
+                    );
+                }
+                _ => {}
             }
         }
         if let (Some(max), Some(min)) = (profile.max_ctas, profile.min_ctas) {
@@ -272,15 +298,6 @@ impl Checker<'_> {
                     format!("at most max_ctas ({max})"),
                 );
             }
-        }
-
-        if let (Some(window), false) = (profile.window, algorithm == Algorithm::Nccl) {
-            self.report(
-                Rule::WindowWithoutNccl,
-                at("window"),
-                json_string(window.name()),
-                "no window field: it names the memory NCCL sums in, used only by nccl profiles",
-            );
         }
 
         if let Some(blocks) = profile.blocks {
