@@ -96,25 +96,15 @@ struct OneShotPushLl : LaunchCounter {
         const Workers workers = {threadIdx.x, blockDim.x};
         const unsigned char* input = params.input;
         unsigned char* output = static_cast<unsigned char*>(params.output);
-        // Peers in the order rank+1, rank+2, ... so ranks start on different peers.
-        for_each_owned(
-            message, workers,
-            [&](u64 v) {
-                const Vec16 x = load_vector(input, v);
-#pragma unroll
-                for (int k = 1; k < N; ++k) {
-                    send_vector_lines<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                         v, parity, slot_at_distance<N>(k), x, flag);
-                }
+        send_owned<N>(
+            params, params.scratch_offset, message, workers,
+            [&](u64 v) { return load_vector(input, v); },
+            [&](u64 e) { return e < elements ? load_element<T>(input, e) : 0u; },
+            [&](const PeerSlot& peer, u64 v, const Vec16& x) {
+                send_vector_lines<N>(peer.region, v, parity, peer.slot, x, flag);
             },
-            [&](u64 e) {
-                const unsigned int value = e < elements ? load_element<T>(input, e) : 0u;
-#pragma unroll
-                for (int k = 1; k < N; ++k) {
-                    send_word_line<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                      tail_line + e, parity, slot_at_distance<N>(k), value,
-                                      flag);
-                }
+            [&](const PeerSlot& peer, u64 e, unsigned int value) {
+                send_word_line<N>(peer.region, tail_line + e, parity, peer.slot, value, flag);
             });
         bool received = true;
         for_each_owned(
@@ -182,7 +172,6 @@ __device__ __forceinline__ unsigned char* slot_byte(unsigned char* region, u64 b
 template <typename T, int N>
 __device__ __forceinline__ void send_step(const AllReduceParams& params, const SimpleShare& share,
                                           u64 parity, u64 step, u64 flag) {
-    const unsigned int rank = params.rank;
     const unsigned char* input = params.input;
     const u64 first = share.begin + step * share.step_vectors;
     Vec16 x[kSimpleStepVectors];
@@ -195,13 +184,12 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
     }
 #pragma unroll
     for (int k = 1; k < N; ++k) {
-        unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
-        const unsigned int slot = slot_at_distance<N>(k);
+        const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
 #pragma unroll
         for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
             const u64 v = first + u * blockDim.x + threadIdx.x;
             if (v < share.end) {
-                store_vector(slot_byte<N>(region, v * 16, parity, slot), 0, x[u]);
+                store_vector(slot_byte<N>(peer.region, v * 16, parity, peer.slot), 0, x[u]);
             }
         }
     }
@@ -212,10 +200,10 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
                 const typename T::Bits value = load_element<T>(input, e);
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
-                    unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
-                    store_element<T>(slot_byte<N>(region, e * sizeof(typename T::Bits), parity,
-                                                  slot_at_distance<N>(k)),
-                                     0, value);
+                    const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
+                    store_element<T>(
+                        slot_byte<N>(peer.region, e * sizeof(typename T::Bits), parity, peer.slot),
+                        0, value);
                 }
             });
     }
