@@ -9,7 +9,7 @@
 // Every mode runs each kernel in every element type (bf16, fp16, fp32), instantiated at the
 // launch's world size as a package compiles it, unless it says otherwise. Modes:
 //   quick        every kernel, worlds 2, 3 and 8 (bf16) or 2 and 3 (fp16, fp32), sizes around
-//                every vector and slice edge,
+//                every vector and slice edge and one of several simple steps a slice,
 //                one launch at a time with exact scratch (guards catch overruns); a rank
 //                that never launches (peers time out naming it, then return at once);
 //                an invalid launch (refused with its code); those two in bf16 only
@@ -35,6 +35,7 @@
 #include "all_reduce_one_shot_copy_engine.cu"
 #include "all_reduce_one_shot_double_buffered.cu"
 #include "all_reduce_rsag.cu"
+#include "all_reduce_rsag_double_buffered.cu"
 #include "all_reduce_rsag_phased.cu"
 
 namespace {
@@ -49,11 +50,13 @@ enum class Scratch {
     // Double-buffered: a region of its own, after the shared one.
     DoubleBufferedLines,
     DoubleBufferedMessageSlots,
+    DoubleBufferedSliceSlotsTwice,
 };
 
 bool double_buffered(Scratch scratch) {
     return scratch == Scratch::DoubleBufferedLines ||
-           scratch == Scratch::DoubleBufferedMessageSlots;
+           scratch == Scratch::DoubleBufferedMessageSlots ||
+           scratch == Scratch::DoubleBufferedSliceSlotsTwice;
 }
 
 // The element types, in the order of every per-type table here.
@@ -133,6 +136,8 @@ const Kernel kKernels[] = {
      Scratch::DoubleBufferedMessageSlots, false, true},
     {"rsag_pull", entries<prepare::RsagPull>(), Scratch::Slice, false, false},
     {"rsag_push", entries<prepare::RsagPush>(), Scratch::PeerSliceSlotsThenMessage, false, true},
+    {"rsag_push_simple", entries<prepare::RsagPushSimple>(),
+     Scratch::DoubleBufferedSliceSlotsTwice, false, true},
     {"rsag_phased", entries<prepare::RsagPhased, true>(), Scratch::PeerSliceSlotsThenMessage, true,
      true},
     {"full_phased", entries<prepare::FullPhased, true>(), Scratch::PeerMessageSlots, true, true},
@@ -157,6 +162,8 @@ u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
         case Scratch::DoubleBufferedLines: return 2 * (world - 1) * round_up(lines * 16, chunk);
         case Scratch::DoubleBufferedMessageSlots:
             return 2 * (world - 1) * round_up(message, chunk);
+        case Scratch::DoubleBufferedSliceSlotsTwice:
+            return 2 * 2 * (world - 1) * round_up(slot, chunk);
     }
     return 0;
 }
@@ -529,8 +536,11 @@ void single_launches(const std::vector<unsigned>& worlds, unsigned variants) {
     for (unsigned world : worlds) {
         std::vector<Rank> ranks(world);
         std::vector<u64> sizes = {0, 1, 7, 8, 9, 15, 16, 17, 100, 1001};
+        // The slice edges; then slices of three steps and a bit for one block of 32 threads in
+        // the simple protocol (4 vectors a thread a step), so its stages overlap.
         for (u64 size : {per_vector() * world - 1, per_vector() * world,
-                         per_vector() * world + per_vector() - 1, 2 * per_vector() * world + 3})
+                         per_vector() * world + per_vector() - 1, 2 * per_vector() * world + 3,
+                         per_vector() * world * (3 * 4 * 32 + 5) + 3})
             sizes.push_back(size);
         for (const Kernel& kernel : kKernels) {
             for (u64 elements : sizes) {
