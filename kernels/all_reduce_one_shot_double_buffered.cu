@@ -31,42 +31,6 @@
 
 namespace prepare {
 
-// Vectors a thread moves in one step of the simple protocol. Every step ends with a release
-// that waits for the step's writes to land, so steps are as large as registers allow.
-constexpr unsigned int kSimpleStepVectors = 4;
-
-// Block b's part of the message in the simple protocol, the same on every rank.
-struct SimpleShare {
-    // Vectors [begin, end): an equal share, a whole multiple of the block's width.
-    u64 begin;
-    u64 end;
-    // Step width in vectors, and steps (at least one, so every block hears from every peer
-    // even with nothing to move).
-    u64 step_vectors;
-    u64 steps;
-    // The last block also moves the tail, in its last step, through for_each_owned.
-    bool tail_block;
-    Range tail;
-};
-
-template <typename T>
-__device__ __forceinline__ SimpleShare simple_share(u64 elements) {
-    SimpleShare share;
-    const u64 vectors = whole_vectors<T>(elements);
-    const u64 threads = blockDim.x;
-    const u64 equal = (vectors + gridDim.x - 1) / gridDim.x;
-    const u64 per_block = (equal + threads - 1) / threads * threads;
-    share.begin = min_u64(blockIdx.x * per_block, vectors);
-    share.end = min_u64(share.begin + per_block, vectors);
-    share.step_vectors = threads * kSimpleStepVectors;
-    share.steps = share.end > share.begin
-                      ? (share.end - share.begin + share.step_vectors - 1) / share.step_vectors
-                      : 1;
-    share.tail_block = blockIdx.x == gridDim.x - 1;
-    share.tail = {vectors, vectors, vectors * T::kPerVector, elements};
-    return share;
-}
-
 // Block b's part of the message in the ll protocol: an equal share of whole vectors (the last
 // block also the tail), so a small message spreads over every block's multiprocessor.
 template <typename T>
@@ -96,25 +60,15 @@ struct OneShotPushLl : LaunchCounter {
         const Workers workers = {threadIdx.x, blockDim.x};
         const unsigned char* input = params.input;
         unsigned char* output = static_cast<unsigned char*>(params.output);
-        // Peers in the order rank+1, rank+2, ... so ranks start on different peers.
-        for_each_owned(
-            message, workers,
-            [&](u64 v) {
-                const Vec16 x = load_vector(input, v);
-#pragma unroll
-                for (int k = 1; k < N; ++k) {
-                    send_vector_lines<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                         v, parity, slot_at_distance<N>(k), x, flag);
-                }
+        send_owned<N>(
+            params, params.scratch_offset, message, workers,
+            [&](u64 v) { return load_vector(input, v); },
+            [&](u64 e) { return e < elements ? load_element<T>(input, e) : 0u; },
+            [&](const PeerSlot& peer, u64 v, const Vec16& x) {
+                send_vector_lines<N>(peer.region, v, parity, peer.slot, x, flag);
             },
-            [&](u64 e) {
-                const unsigned int value = e < elements ? load_element<T>(input, e) : 0u;
-#pragma unroll
-                for (int k = 1; k < N; ++k) {
-                    send_word_line<N>(params.buffers[(rank + k) % N] + params.scratch_offset,
-                                      tail_line + e, parity, slot_at_distance<N>(k), value,
-                                      flag);
-                }
+            [&](const PeerSlot& peer, u64 e, unsigned int value) {
+                send_word_line<N>(peer.region, tail_line + e, parity, peer.slot, value, flag);
             });
         bool received = true;
         for_each_owned(
@@ -169,20 +123,12 @@ struct OneShotPushLl : LaunchCounter {
     }
 };
 
-// Where byte `byte` of peer slot `slot`, in the half of parity `parity`, lies in `region`.
-template <int N>
-__device__ __forceinline__ unsigned char* slot_byte(unsigned char* region, u64 byte, u64 parity,
-                                                    unsigned int slot) {
-    return region + double_buffer_offset<N>(byte, parity, slot);
-}
-
 // Sends step `step` of this block's share: this rank's vectors into its peer slot of every peer
 // (slot_at_distance), and the tail with the last block's last step; then raises the step's
 // flags.
 template <typename T, int N>
 __device__ __forceinline__ void send_step(const AllReduceParams& params, const SimpleShare& share,
                                           u64 parity, u64 step, u64 flag) {
-    const unsigned int rank = params.rank;
     const unsigned char* input = params.input;
     const u64 first = share.begin + step * share.step_vectors;
     Vec16 x[kSimpleStepVectors];
@@ -195,13 +141,12 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
     }
 #pragma unroll
     for (int k = 1; k < N; ++k) {
-        unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
-        const unsigned int slot = slot_at_distance<N>(k);
+        const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
 #pragma unroll
         for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
             const u64 v = first + u * blockDim.x + threadIdx.x;
             if (v < share.end) {
-                store_vector(slot_byte<N>(region, v * 16, parity, slot), 0, x[u]);
+                store_vector(slot_byte<N>(peer.region, v * 16, parity, peer.slot), 0, x[u]);
             }
         }
     }
@@ -212,53 +157,36 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
                 const typename T::Bits value = load_element<T>(input, e);
 #pragma unroll
                 for (int k = 1; k < N; ++k) {
-                    unsigned char* region = params.buffers[(rank + k) % N] + params.scratch_offset;
-                    store_element<T>(slot_byte<N>(region, e * sizeof(typename T::Bits), parity,
-                                                  slot_at_distance<N>(k)),
-                                     0, value);
+                    const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
+                    store_element<T>(
+                        slot_byte<N>(peer.region, e * sizeof(typename T::Bits), parity, peer.slot),
+                        0, value);
                 }
             });
     }
-    raise_step_flags<N>(params, flag);
+    raise_step_flags<N>(params, kSetStep, flag);
 }
 
 // Sums step `step` of this block's share (its flags were awaited) into the output.
 template <typename T, int N>
 __device__ __forceinline__ void sum_step(const AllReduceParams& params, const SimpleShare& share,
                                          u64 parity, u64 step) {
-    const unsigned int rank = params.rank;
-    const unsigned char* input = params.input;
-    unsigned char* own_region = params.buffers[rank] + params.scratch_offset;
     unsigned char* output = static_cast<unsigned char*>(params.output);
     const u64 first = share.begin + step * share.step_vectors;
 #pragma unroll 1
     for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
         const u64 v = first + u * blockDim.x + threadIdx.x;
         if (v < share.end) {
-            store_vector(output, v, sum_vectors_from<T, N>([&](int q) {
-                             return static_cast<unsigned int>(q) == rank
-                                        ? load_vector(input, v)
-                                        : load_vector(slot_byte<N>(own_region, v * 16, parity,
-                                                                   peer_slot<N>(q, rank)),
-                                                      0);
-                         }));
+            store_vector(output, v, sum_received_vector<T, N>(params, parity, v, v * 16));
         }
     }
     if (share.tail_block && step + 1 == share.steps) {
         for_each_owned(
             share.tail, Workers{threadIdx.x, blockDim.x}, [](u64) {},
             [&](u64 e) {
-                typename T::Bits x[N];
-#pragma unroll
-                for (int q = 0; q < N; ++q) {
-                    x[q] = static_cast<unsigned int>(q) == rank
-                               ? load_element<T>(input, e)
-                               : load_element<T>(
-                                     slot_byte<N>(own_region, e * sizeof(typename T::Bits),
-                                                  parity, peer_slot<N>(q, rank)),
-                                     0);
-                }
-                store_element<T>(output, e, sum_elements<T, N>(x));
+                store_element<T>(output, e,
+                                 sum_received_element<T, N>(params, parity, e,
+                                                            e * sizeof(typename T::Bits)));
             });
     }
 }
@@ -279,7 +207,7 @@ struct OneShotPushSimple : LaunchCounter {
                 send_step<T, N>(params, share, parity, step, flag_base | (step + 1));
             }
             if (step > 0) {
-                if (!wait_step_flags<N>(params, flags, flag_base | step)) {
+                if (!wait_step_flags<N>(params, flags, kSetStep, flag_base | step)) {
                     break;
                 }
                 sum_step<T, N>(params, share, parity, step - 1);

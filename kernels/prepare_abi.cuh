@@ -23,8 +23,8 @@
 #define PREPARE_MAX_RANKS 8
 #define PREPARE_MAX_BLOCKS 1024
 // Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end), and
-// the step flags of the double-buffered kernels.
-#define PREPARE_SIGNAL_SETS 5
+// the step flags of the double-buffered kernels (two sets: a second phase has its own).
+#define PREPARE_SIGNAL_SETS 6
 // signals[set][source_rank][block]
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
 #define PREPARE_STATE_WORDS (1 + 2 * PREPARE_MAX_BLOCKS)

@@ -14,11 +14,12 @@
 //     host places them after the shared scratch, prepare_abi.cuh), so a barrier kernel's launch
 //     that a peer is still running is never overwritten either.
 // A rank keeps one slot per peer (peer_slot in prepare_layout.cuh: slot d - 1 holds what rank
-// (rank + d) % world wrote), none for itself. The halves interleave in chunks, so a parity's
-// bytes are the same whatever the message size: byte i of peer slot s, parity p, lives at
-//   ((i / CHUNK * 2 + p) * (world - 1) + s) * CHUNK + i % CHUNK
-// and a region for slots of S bytes takes 2 * (world - 1) * round_up(S, CHUNK) bytes, mirrored
-// by `prepare::kernels::scratch_bytes`.
+// (rank + d) % world wrote), none for itself, for each of the kernel's F phases (1, or 2 for the
+// RSAG: phase f's peer slot s is slot f * (world - 1) + s). The halves interleave in chunks, so
+// a parity's bytes are the same whatever the message size: byte i of slot s, parity p, lives at
+//   ((i / CHUNK * 2 + p) * F * (world - 1) + s) * CHUNK + i % CHUNK
+// and a region for slots of S bytes takes 2 * F * (world - 1) * round_up(S, CHUNK) bytes,
+// mirrored by `prepare::kernels::scratch_bytes`.
 //
 // The counter has one copy per block number, state[PREPARE_STATE_LAUNCH_WORDS + b], all equal
 // between launches: block b reads its copy when it starts, and when it ends it writes the new
@@ -71,12 +72,12 @@ __device__ __forceinline__ void launch_end(const AllReduceParams& params, const 
     }
 }
 
-// Where byte `slot_byte` of peer slot `slot`, in the half of parity `parity`, lives in a
-// double-buffered region.
-template <int N>
+// Where byte `slot_byte` of slot `slot`, in the half of parity `parity`, lives in a
+// double-buffered region of a kernel with `Phases` phases (Phases * (N - 1) slots).
+template <int N, int Phases = 1>
 __device__ __forceinline__ u64 double_buffer_offset(u64 slot_byte, u64 parity, unsigned int slot) {
     const u64 chunk = slot_byte / PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
-    return ((chunk * 2 + parity) * (N - 1) + slot) * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES +
+    return ((chunk * 2 + parity) * (Phases * (N - 1)) + slot) * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES +
            slot_byte % PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
 }
 
@@ -170,28 +171,119 @@ __device__ __forceinline__ bool receive_lines(const AllReduceParams& params, Blo
 // raises that peer's step flag for (this rank, this block); the peer's same-numbered block
 // waits until the flag reaches the step's value.
 
-// Raises `flag` for (this rank, this block) at every peer once every thread's stores of the
-// step are issued; release is cumulative through bar.sync, as in block_barrier.
+// Vectors a thread moves in one step of the simple protocol. Every step ends with a release
+// that waits for the step's writes to land, so steps are as large as registers allow.
+constexpr unsigned int kSimpleStepVectors = 4;
+
+// Block b's part of the vectors in the simple protocol, the same on every rank.
+struct SimpleShare {
+    // Vectors [begin, end): an equal share, a whole multiple of the block's width.
+    u64 begin;
+    u64 end;
+    // Step width in vectors, and steps (at least one, so every block hears from every peer
+    // even with nothing to move).
+    u64 step_vectors;
+    u64 steps;
+    // The last block also moves the message's tail, in its last step, through for_each_owned.
+    bool tail_block;
+    Range tail;
+};
+
+// Block b's share of `vectors` vectors (the whole message, or the longest slice), with the
+// tail of a message of `elements`.
+template <typename T>
+__device__ __forceinline__ SimpleShare simple_share_of(u64 vectors, u64 elements) {
+    SimpleShare share;
+    const u64 threads = blockDim.x;
+    const u64 equal = (vectors + gridDim.x - 1) / gridDim.x;
+    const u64 per_block = (equal + threads - 1) / threads * threads;
+    share.begin = min_u64(blockIdx.x * per_block, vectors);
+    share.end = min_u64(share.begin + per_block, vectors);
+    share.step_vectors = threads * kSimpleStepVectors;
+    share.steps = share.end > share.begin
+                      ? (share.end - share.begin + share.step_vectors - 1) / share.step_vectors
+                      : 1;
+    share.tail_block = blockIdx.x == gridDim.x - 1;
+    const u64 whole = whole_vectors<T>(elements);
+    share.tail = {whole, whole, whole * T::kPerVector, elements};
+    return share;
+}
+
+// Block b's part of the whole message.
+template <typename T>
+__device__ __forceinline__ SimpleShare simple_share(u64 elements) {
+    return simple_share_of<T>(whole_vectors<T>(elements), elements);
+}
+
+// Where byte `byte` of slot `slot`, in the half of parity `parity`, lies in `region` (a
+// kernel with `Phases` phases).
+template <int N, int Phases = 1>
+__device__ __forceinline__ unsigned char* slot_byte(unsigned char* region, u64 byte, u64 parity,
+                                                    unsigned int slot) {
+    return region + double_buffer_offset<N, Phases>(byte, parity, slot);
+}
+
+// Where rank q's part of slot byte `byte` lies in this rank's region (q not this rank), in the
+// slots of phase `phase` of a kernel with `Phases` phases.
+template <int N, int Phases = 1>
+__device__ __forceinline__ const unsigned char* received_byte(const AllReduceParams& params,
+                                                              int q, u64 byte, u64 parity,
+                                                              unsigned int phase = 0) {
+    return slot_byte<N, Phases>(
+        params.buffers[params.rank] + params.scratch_offset, byte, parity,
+        phase * (N - 1) + peer_slot<N>(static_cast<unsigned int>(q), params.rank));
+}
+
+// The rank-ordered sum of one vector: this rank's part from `input` at vector `input_vector`,
+// every peer's from its peer slot of this rank's region (phase 0) at slot byte `byte`.
+template <typename T, int N, int Phases = 1>
+__device__ __forceinline__ Vec16 sum_received_vector(const AllReduceParams& params, u64 parity,
+                                                     u64 input_vector, u64 byte) {
+    return sum_vectors_from<T, N>([&](int q) {
+        return static_cast<unsigned int>(q) == params.rank
+                   ? load_vector(params.input, input_vector)
+                   : load_vector(received_byte<N, Phases>(params, q, byte, parity), 0);
+    });
+}
+
+// The rank-ordered sum of element `e`, every peer's part at slot byte `byte` (phase 0).
+template <typename T, int N, int Phases = 1>
+__device__ __forceinline__ typename T::Bits sum_received_element(const AllReduceParams& params,
+                                                                 u64 parity, u64 e, u64 byte) {
+    typename T::Bits x[N];
+#pragma unroll
+    for (int q = 0; q < N; ++q) {
+        x[q] = static_cast<unsigned int>(q) == params.rank
+                   ? load_element<T>(params.input, e)
+                   : load_element<T>(received_byte<N, Phases>(params, q, byte, parity), 0);
+    }
+    return sum_elements<T, N>(x);
+}
+
+// Raises `flag` in flag set `set` (kSetStep, or kSetGatherStep for a second phase) for (this
+// rank, this block) at every peer once every thread's stores of the step are issued; release
+// is cumulative through bar.sync, as in block_barrier.
 template <int N>
-__device__ __forceinline__ void raise_step_flags(const AllReduceParams& params, u64 flag) {
+__device__ __forceinline__ void raise_step_flags(const AllReduceParams& params, unsigned int set,
+                                                 u64 flag) {
     __syncthreads();
     const unsigned int peer = threadIdx.x;
     if (peer < N && peer != params.rank) {
-        store_release_system(signal_word(params.signals[peer], kSetStep, params.rank, blockIdx.x),
+        store_release_system(signal_word(params.signals[peer], set, params.rank, blockIdx.x),
                              flag);
     }
 }
 
-// Waits until every peer's step flag for this block reached `flag`. Every thread calls it;
-// false (the same in every thread) means a peer timed out.
+// Waits until every peer's step flag in set `set` for this block reached `flag`. Every thread
+// calls it; false (the same in every thread) means a peer timed out.
 template <int N>
 __device__ __forceinline__ bool wait_step_flags(const AllReduceParams& params, BlockFlags& flags,
-                                                u64 flag) {
+                                                unsigned int set, u64 flag) {
     // Every thread has read the previous outcome before anyone may change it.
     __syncthreads();
     const unsigned int peer = threadIdx.x;
     if (peer < N && peer != params.rank) {
-        const u64* word = signal_word(params.signals[params.rank], kSetStep, peer, blockIdx.x);
+        const u64* word = signal_word(params.signals[params.rank], set, peer, blockIdx.x);
         if (!spin_until(flags.deadline, [&] { return load_acquire_system(word) >= flag; })) {
             record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
             flags.timed_out = 1;

@@ -88,6 +88,19 @@ __device__ __forceinline__ unsigned int slot_at_distance(int k) {
     return N - 1 - k;
 }
 
+// Where this rank's data goes at the peer at distance k (rank + k): that peer's buffer from
+// `offset` (a scratch region), and the peer slot this rank takes there (slot_at_distance).
+struct PeerSlot {
+    unsigned char* region;
+    unsigned int slot;
+};
+
+template <int N>
+__device__ __forceinline__ PeerSlot peer_at_distance(const AllReduceParams& params, int k,
+                                                     u64 offset) {
+    return {params.buffers[(params.rank + k) % N] + offset, slot_at_distance<N>(k)};
+}
+
 template <typename T>
 __device__ __forceinline__ u64 message_bytes(u64 elements) {
     return (elements * sizeof(typename T::Bits) + 15) / 16 * 16;
@@ -147,32 +160,50 @@ __device__ __forceinline__ void copy_slice_to_owner(const AllReduceParams& param
                   slice.begin_vector, slice, workers);
 }
 
+// Sends the part of `range` this thread owns to every peer's buffer from `offset`, peers in the
+// order rank+1, rank+2, ... (so ranks start on different peers), each vector or element read
+// once: load_vector_op(v) and load_element_op(e) read it, then send_vector_op(peer, v, x) and
+// send_element_op(peer, e, value) write it at each peer (its PeerSlot).
+template <int N, typename LoadVector, typename LoadElement, typename SendVector,
+          typename SendElement>
+__device__ __forceinline__ void send_owned(const AllReduceParams& params, u64 offset,
+                                           const Range& range, const Workers& workers,
+                                           LoadVector load_vector_op, LoadElement load_element_op,
+                                           SendVector send_vector_op,
+                                           SendElement send_element_op) {
+    for_each_owned(
+        range, workers,
+        [&](u64 v) {
+            const Vec16 x = load_vector_op(v);
+#pragma unroll
+            for (int k = 1; k < N; ++k) {
+                send_vector_op(peer_at_distance<N>(params, k, offset), v, x);
+            }
+        },
+        [&](u64 e) {
+            const auto value = load_element_op(e);
+#pragma unroll
+            for (int k = 1; k < N; ++k) {
+                send_element_op(peer_at_distance<N>(params, k, offset), e, value);
+            }
+        });
+}
+
 // Copies the part of `range` this thread owns from `source` (indexed like the message) to every
 // peer's buffer, at `offset` plus this rank's peer slot there times `slot` (0: the same offset
-// at every peer), indexed like the message; peers in the order rank+1, rank+2, ..., each vector
-// or element read once.
+// at every peer), indexed like the message (send_owned).
 template <typename T, int N>
 __device__ __forceinline__ void scatter_owned(const AllReduceParams& params,
                                               const unsigned char* source, u64 offset, u64 slot,
                                               const Range& range, const Workers& workers) {
-    const auto destination = [&](int k) {
-        return params.buffers[(params.rank + k) % N] + offset + slot_at_distance<N>(k) * slot;
-    };
-    for_each_owned(
-        range, workers,
-        [&](u64 v) {
-            const Vec16 value = load_vector(source, v);
-#pragma unroll
-            for (int k = 1; k < N; ++k) {
-                store_vector(destination(k), v, value);
-            }
+    send_owned<N>(
+        params, offset, range, workers, [&](u64 v) { return load_vector(source, v); },
+        [&](u64 e) { return load_element<T>(source, e); },
+        [&](const PeerSlot& peer, u64 v, const Vec16& x) {
+            store_vector(peer.region + peer.slot * slot, v, x);
         },
-        [&](u64 e) {
-            const typename T::Bits value = load_element<T>(source, e);
-#pragma unroll
-            for (int k = 1; k < N; ++k) {
-                store_element<T>(destination(k), e, value);
-            }
+        [&](const PeerSlot& peer, u64 e, typename T::Bits value) {
+            store_element<T>(peer.region + peer.slot * slot, e, value);
         });
 }
 

@@ -20,8 +20,10 @@ enum : unsigned int {
     kSetData = 1,
     kSetGather = 2,
     kSetEnd = 3,
-    // The double-buffered kernels' step flags (prepare_double_buffer.cuh).
+    // The double-buffered kernels' step flags (prepare_double_buffer.cuh); a kernel with a
+    // second phase (the RSAG's gather) raises that phase's in the next set.
     kSetStep = 4,
+    kSetGatherStep = kSetStep + 1,
 };
 
 __device__ __forceinline__ u64 global_timer_ns() {

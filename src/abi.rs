@@ -36,8 +36,9 @@ pub struct AllReduceParams {
 pub const MAX_RANKS: usize = 8;
 /// Blocks a kernel may launch.
 pub const MAX_BLOCKS: usize = 1024;
-/// Flag sets per rank: the barriers' and the double-buffered kernels' step flags.
-pub const SIGNAL_SETS: usize = 5;
+/// Flag sets per rank: the barriers' and the double-buffered kernels' step flags (two sets: a
+/// second phase has its own).
+pub const SIGNAL_SETS: usize = 6;
 /// 64-bit signal words per rank.
 pub const SIGNAL_WORDS: usize = SIGNAL_SETS * MAX_RANKS * MAX_BLOCKS;
 /// Bytes of signal flags per rank (peer-mapped, like the buffer).

@@ -81,6 +81,9 @@ pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
         Scratch::DoubleBufferedMessageSlots => {
             double_buffered_bytes(message_bytes(elements, dtype), peers)
         }
+        Scratch::DoubleBufferedSliceSlotsTwice => {
+            2 * double_buffered_bytes(slice_slot_bytes(elements, dtype, world), peers)
+        }
     }
 }
 
@@ -224,7 +227,12 @@ mod tests {
             3 * 257 * 16 + 16384
         );
         assert_eq!(scratch("all_reduce_one_shot_push_fp32", 2, 20), 32);
-        for name in ["rsag_push", "one_shot_push_ll", "one_shot_push_simple"] {
+        for name in [
+            "rsag_push",
+            "one_shot_push_ll",
+            "one_shot_push_simple",
+            "rsag_push_simple",
+        ] {
             assert_eq!(
                 scratch(&format!("all_reduce_{name}_fp16"), 5, 1000),
                 scratch(&format!("all_reduce_{name}_bf16"), 5, 1000)
@@ -264,6 +272,25 @@ mod tests {
             scratch("all_reduce_one_shot_push_simple_bf16", 3, 18),
             2 * 2 * DOUBLE_BUFFER_CHUNK_BYTES
         );
+        // The RSAG's two regions, each two halves of a slice slot per peer: 1 MiB at 4 ranks is
+        // 65536 vectors, slices of 16384 and slots of 16385 vectors, 33 chunks; half the
+        // one-shot's scratch. At two ranks a slot is half the message and a chunk.
+        assert_eq!(
+            scratch("all_reduce_rsag_push_simple_bf16", 4, 1 << 20),
+            2 * 2 * 3 * 33 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        assert_eq!(
+            scratch("all_reduce_one_shot_push_simple_bf16", 4, 1 << 20),
+            2 * 3 * (1 << 20)
+        );
+        assert_eq!(
+            scratch("all_reduce_rsag_push_simple_bf16", 2, 1 << 20),
+            2 * 2 * ((1 << 19) + DOUBLE_BUFFER_CHUNK_BYTES)
+        );
+        assert!(is_double_buffered(&spec(
+            "all_reduce_rsag_push_simple_fp32",
+            8
+        )));
         // An empty message still has its one line.
         assert_eq!(line_count(0), 1);
         assert_eq!(line_count(8), 2);

@@ -3,7 +3,7 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 6] = [
+const SOURCES: [(&str, &str); 7] = [
     (
         "all_reduce_full_phased.cu",
         include_str!("../../kernels/all_reduce_full_phased.cu"),
@@ -23,6 +23,10 @@ const SOURCES: [(&str, &str); 6] = [
     (
         "all_reduce_rsag.cu",
         include_str!("../../kernels/all_reduce_rsag.cu"),
+    ),
+    (
+        "all_reduce_rsag_double_buffered.cu",
+        include_str!("../../kernels/all_reduce_rsag_double_buffered.cu"),
     ),
     (
         "all_reduce_rsag_phased.cu",

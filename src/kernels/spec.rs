@@ -57,6 +57,9 @@ pub(super) enum Scratch {
     DoubleBufferedLines,
     /// Double-buffered: two halves of one message-sized slot per peer; a region of its own.
     DoubleBufferedMessageSlots,
+    /// Double-buffered, two phases: two halves of one slice-sized slot per peer for the
+    /// reduce-scatter, then as many for the all-gather; a region of its own.
+    DoubleBufferedSliceSlotsTwice,
 }
 
 impl Scratch {
@@ -64,7 +67,9 @@ impl Scratch {
     pub(super) fn is_double_buffered(self) -> bool {
         matches!(
             self,
-            Scratch::DoubleBufferedLines | Scratch::DoubleBufferedMessageSlots
+            Scratch::DoubleBufferedLines
+                | Scratch::DoubleBufferedMessageSlots
+                | Scratch::DoubleBufferedSliceSlotsTwice
         )
     }
 }
@@ -101,7 +106,7 @@ pub enum InputAccess {
 }
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 9] = [
+const KERNELS: [Kernel; 10] = [
     Kernel {
         name: "all_reduce_full_phased",
         source: "all_reduce_full_phased.cu",
@@ -183,6 +188,14 @@ const KERNELS: [Kernel; 9] = [
         barriers: None,
         input: InputAccess::Local,
     },
+    Kernel {
+        name: "all_reduce_rsag_push_simple",
+        source: "all_reduce_rsag_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedSliceSlotsTwice,
+        barriers: None,
+        input: InputAccess::Local,
+    },
 ];
 
 impl Kernel {
@@ -226,11 +239,15 @@ pub fn kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelS
                 return None
             }
         },
-        (Algorithm::Rsag, None) => match profile.transfer_or_default() {
-            Transfer::Pull => "all_reduce_rsag_pull",
-            Transfer::Push => "all_reduce_rsag_push",
-            // Validation refuses it: only the one-shot has a copy-engine form.
-            Transfer::CopyEngine => return None,
+        (Algorithm::Rsag, None) => match (profile.transfer_or_default(), profile.protocol) {
+            (Transfer::Pull, None) => "all_reduce_rsag_pull",
+            (Transfer::Push, None) => "all_reduce_rsag_push",
+            (Transfer::Push, Some(Protocol::Simple)) => "all_reduce_rsag_push_simple",
+            // Validation refuses them: only the one-shot has a copy-engine form, and the RSAG's
+            // one protocol is push's simple.
+            (Transfer::CopyEngine, _)
+            | (Transfer::Pull, Some(_))
+            | (Transfer::Push, Some(Protocol::Barrier | Protocol::Ll)) => return None,
         },
         // The phased kernels always write to their peers; `transfer` does not apply.
         (Algorithm::Rsag, Some(Schedule::Phased)) => "all_reduce_rsag_phased",
@@ -341,6 +358,53 @@ pub(super) mod tests {
             }
         }
         insta::assert_snapshot!(table);
+    }
+
+    #[test]
+    fn protocols_map_to_the_double_buffered_kernels() {
+        // (algorithm, transfer, protocol, kernel); validation refuses every combination that has
+        // none.
+        let table = [
+            (
+                "one_shot",
+                "push",
+                "barrier",
+                Some("all_reduce_one_shot_push_fp16"),
+            ),
+            (
+                "one_shot",
+                "push",
+                "ll",
+                Some("all_reduce_one_shot_push_ll_fp16"),
+            ),
+            (
+                "one_shot",
+                "push",
+                "simple",
+                Some("all_reduce_one_shot_push_simple_fp16"),
+            ),
+            (
+                "rsag",
+                "push",
+                "simple",
+                Some("all_reduce_rsag_push_simple_fp16"),
+            ),
+            ("rsag", "push", "barrier", None),
+            ("rsag", "push", "ll", None),
+            ("rsag", "pull", "simple", None),
+            ("rsag", "pull", "barrier", None),
+        ];
+        for (algorithm, transfer, protocol, kernel) in table {
+            let profile = serde_json::json!({
+                "id": "p", "algorithm": algorithm, "transfer": transfer, "protocol": protocol
+            });
+            let spec = kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Fp16, 4);
+            assert_eq!(
+                spec.map(|spec| spec.name).as_deref(),
+                kernel,
+                "{algorithm} {transfer} {protocol}"
+            );
+        }
     }
 
     #[test]

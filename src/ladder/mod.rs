@@ -214,7 +214,8 @@ pub struct Profile {
     /// How a one-shot push orders its peer traffic: `barrier` (the default) starts with a barrier
     /// and uses the shared scratch; `ll` carries flags in the data (16-byte lines of 8 data bytes
     /// and two flags), `simple` raises a flag after each step of data. Both `ll` and `simple` are
-    /// double-buffered and have no barrier at all (one-shot push only).
+    /// double-buffered and have no barrier at all (one-shot push only). An RSAG push takes
+    /// `simple` alone: a flag after each step of each phase, no barrier between them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
     /// `phased` (RSAG and full only): in phase k rank r talks only to peer (r+k) mod n; a cluster

@@ -30,8 +30,9 @@ pub enum Mutation {
     /// `all_reduce_one_shot_push_ll_<dtype>` takes each line as it finds it, without waiting for
     /// the launch's flag: a race that shows only when a peer is late.
     NoLineWait,
-    /// `all_reduce_one_shot_push_simple_<dtype>` sums a step without waiting for the peers' step
-    /// flags: a race that shows only when a peer is late.
+    /// `all_reduce_one_shot_push_simple_<dtype>` and `all_reduce_rsag_push_simple_<dtype>` take a
+    /// step without waiting for the peers' step flags: a race that shows only when a peer is
+    /// late.
     NoStepWait,
     /// `all_reduce_one_shot_copy_engine_start_<dtype>` does not wait for the peers, so the copies
     /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
@@ -174,25 +175,32 @@ impl Mutation {
     }
 
     /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
-    /// a shared header.
+    /// a shared header (no algorithm named).
     pub fn kernels(self) -> Vec<String> {
-        let (algorithm, dtypes): (Option<&str>, &[Dtype]) = match self {
-            Mutation::NoStartBarrier => (Some("all_reduce_one_shot_pull"), &Dtype::ALL),
-            Mutation::NoLineWait => (Some("all_reduce_one_shot_push_ll"), &Dtype::ALL),
-            Mutation::NoStepWait => (Some("all_reduce_one_shot_push_simple"), &Dtype::ALL),
-            Mutation::NoCopyStart => (Some("all_reduce_one_shot_copy_engine"), &Dtype::ALL),
-            Mutation::Truncate => (None, &[Dtype::Bf16, Dtype::Fp16]),
-            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (None, &Dtype::ALL),
+        let (algorithms, dtypes): (&[&str], &[Dtype]) = match self {
+            Mutation::NoStartBarrier => (&["all_reduce_one_shot_pull"], &Dtype::ALL),
+            Mutation::NoLineWait => (&["all_reduce_one_shot_push_ll"], &Dtype::ALL),
+            Mutation::NoStepWait => (
+                &[
+                    "all_reduce_one_shot_push_simple",
+                    "all_reduce_rsag_push_simple",
+                ],
+                &Dtype::ALL,
+            ),
+            Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
+            Mutation::Truncate => (&[], &[Dtype::Bf16, Dtype::Fp16]),
+            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (&[], &Dtype::ALL),
         };
         let mut names: Vec<String> = dtypes
             .iter()
             .flat_map(|dtype| all_kernels(*dtype, 2))
             .map(|spec| spec.name)
             .filter(|name| {
-                algorithm.is_none_or(|algorithm| {
-                    name.strip_prefix(algorithm)
-                        .is_some_and(|rest| rest.matches('_').count() == 1)
-                })
+                algorithms.is_empty()
+                    || algorithms.iter().any(|algorithm| {
+                        name.strip_prefix(algorithm)
+                            .is_some_and(|rest| rest.matches('_').count() == 1)
+                    })
             })
             .collect();
         names.sort();

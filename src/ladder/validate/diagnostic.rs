@@ -79,7 +79,8 @@ rules! {
     TransferNotApplicable => "transfer_not_applicable", Rules;
     /// `"transfer": "copy_engine"` on a profile that is not one-shot.
     CopyEngineNotOneShot => "copy_engine_not_one_shot", Rules;
-    /// `protocol` on a profile that is not one-shot, or `ll`/`simple` on one that is not push.
+    /// `protocol` on a profile that is not one-shot or RSAG, `ll`/`simple` on one that is not
+    /// push, or `barrier`/`ll` on an RSAG.
     ProtocolNotApplicable => "protocol_not_applicable", Rules;
     /// `schedule: phased` on a profile that is not RSAG or full.
     ScheduleNotApplicable => "schedule_not_applicable", Rules;

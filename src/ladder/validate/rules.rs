@@ -186,13 +186,20 @@ impl Checker<'_> {
         if let Some(protocol) = profile.protocol {
             let double_buffered = protocol != Protocol::Barrier;
             let push = profile.transfer == Some(Transfer::Push);
-            if algorithm != Algorithm::OneShot || phased || (double_buffered && !push) {
+            let applies = !phased
+                && match algorithm {
+                    Algorithm::OneShot => push || !double_buffered,
+                    Algorithm::Rsag => push && protocol == Protocol::Simple,
+                    Algorithm::Full | Algorithm::Nccl => false,
+                };
+            if !applies {
                 self.report(
                     Rule::ProtocolNotApplicable,
                     at("protocol"),
                     json_string(protocol.name()),
-                    "no protocol field, or a one_shot profile with \"transfer\": \"push\" and no \
-                     schedule (only one-shot push has the ll and simple protocols)",
+                    "no protocol field, a one_shot profile with \"transfer\": \"push\" and no \
+                     schedule, or \"simple\" on an rsag one (one-shot push has the ll and simple \
+                     protocols, RSAG push only simple)",
                 );
             }
         }
