@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sourced by the GPU scripts (gpu-tests.sh, gpu-bench.sh) on the GPU machine, with `carry` set
-# to the folder scripts/build-gpu-tests.sh gathered. It sets up NVRTC (CUDA's lib64), says which
-# NCCL the tool should find (PyTorch's wheel, which it finds by itself), requires GPUs
+# Sourced by the GPU scripts (gpu-tests.sh, gpu-bench.sh, gpu-world.sh) on the GPU machine, with
+# `carry` set to the folder scripts/build-gpu-tests.sh gathered. It sets up NVRTC (CUDA's lib64),
+# says which NCCL the tool should find (PyTorch's wheel, which it finds by itself), requires GPUs
 # (PREPARE_REQUIRE_GPU=1, so a run that finds none fails) and keeps NVLink multicast off.
 export PREPARE_REQUIRE_GPU=1
 # NVLink multicast can take a shared host's GPUs out of service: never turn it on.

@@ -1,17 +1,39 @@
-//! Guards GPU runs: with `PREPARE_REQUIRE_GPU=1` a run that finds no GPU fails here, so the
-//! ignored GPU tests can never pass by skipping. Not ignored: it always asks the driver.
+//! Guards GPU runs: with `PREPARE_REQUIRE_GPU=1` a run that finds no GPU, or fewer than the
+//! world it chose with `PREPARE_TEST_WORLD`, fails here, so the ignored GPU tests can never pass
+//! by skipping. Not ignored: it always asks the driver.
 
 use prepare::gpu::driver::{visible_devices, DriverError};
 
-use super::support::{gpu_required, verdict};
+use super::support::{chosen_world, gpu_required, parse_world, verdict};
 
 #[test]
 fn a_run_that_requires_gpus_finds_one() {
     let probe = visible_devices();
-    eprintln!("driver probe: {probe:?}");
-    if let Err(message) = verdict(gpu_required(), 1, &probe) {
+    let needed = chosen_world().unwrap_or(1);
+    eprintln!("driver probe: {probe:?}; {needed} GPU(s) needed");
+    if let Err(message) = verdict(gpu_required(), needed, &probe) {
         panic!("{message}");
     }
+}
+
+#[test]
+fn the_test_world_is_2_4_or_8() {
+    assert_eq!(parse_world(None), Ok(2));
+    for world in ["2", "4", "8"] {
+        assert_eq!(parse_world(Some(world)), Ok(world.parse().unwrap()));
+    }
+    insta::assert_snapshot!(
+        ["3", "16", "0", "four", ""]
+            .map(|value| parse_world(Some(value)).unwrap_err())
+            .join("\n"),
+        @r#"
+        PREPARE_TEST_WORLD must be 2, 4 or 8, not "3"
+        PREPARE_TEST_WORLD must be 2, 4 or 8, not "16"
+        PREPARE_TEST_WORLD must be 2, 4 or 8, not "0"
+        PREPARE_TEST_WORLD must be 2, 4 or 8, not "four"
+        PREPARE_TEST_WORLD must be 2, 4 or 8, not ""
+        "#
+    );
 }
 
 #[test]

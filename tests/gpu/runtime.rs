@@ -1,16 +1,17 @@
 //! The GPU runtime on real GPUs: `prepare check` on two GPUs (bootstrap, agreement, IPC peer
 //! memory, NCCL and every custom candidate exact), and the faults that must never hang: a rank
-//! that never starts, a rank killed or stopped during an NCCL or a custom collective, another
-//! "host" turning peer kernels off, and a kernel whose peer never arrives.
+//! that never starts, a rank killed or stopped during an NCCL or a custom collective (these at
+//! the test world, `PREPARE_TEST_WORLD`, 2 by default), another "host" turning peer kernels
+//! off, and a kernel whose peer never arrives.
 
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
 use super::support::{
-    arch_of, assert_rank_1_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
-    h200_tp2_packages, ladder, launch_on_two_gpus, printed, require_gpus, start_rank,
-    survivor_names_the_victim, written_ladder,
+    arch_of, assert_missed, check_on_two_gpus, export, export_file, free_port, gpu_tests,
+    h200_ladder, h200_tp2_packages, ladder, launch_on_two_gpus, printed, require_gpus,
+    require_world, start_rank, start_ranks, survivors_name_the_victim, written_ladder, Survivor,
 };
 
 #[test]
@@ -44,17 +45,33 @@ fn check_passes_on_two_gpus_with_every_h200_tp2_candidate_exact() {
 #[test]
 #[ignore = "needs GPUs"]
 fn a_rank_that_never_starts_ends_the_other_within_the_timeout_naming_it() {
-    require_gpus!(2);
-    let rank = start_rank("check", 0, free_port(), "one", &["--timeout", "5"]);
-    let (code, lines, elapsed) = rank.finish(Duration::from_secs(40));
-    eprintln!("a rank that never starts: rank 0 exited after {elapsed:?}");
-    assert_rank_1_missed(code, &lines, elapsed);
+    let world = require_world!();
+    let missing = world as u32 - 1;
+    let started = Instant::now();
+    let ranks = start_ranks(world, "check", 0..missing, free_port(), &["--timeout", "5"]);
+    for rank in ranks {
+        let survivor = rank.number;
+        let (code, lines, _) = rank.finish(Duration::from_secs(40));
+        let survivor = Survivor {
+            rank: survivor,
+            code,
+            lines,
+            elapsed: started.elapsed(),
+        };
+        eprintln!(
+            "rank {missing} never started: rank {} exited after {:?}",
+            survivor.rank, survivor.elapsed
+        );
+        assert_missed(&survivor, missing, world);
+    }
 }
 
+/// Ranks 0 to N - 1 of the test world soak `collective` with its H200 ladder's package; the last
+/// is sent `signal`: every other rank must exit naming it.
 fn fault_during_soak(collective: &str, signal: Signal) {
-    require_gpus!(2);
+    let world = require_world!();
     let port = free_port();
-    let (_dir, tp2) = export("h200_nvlink_tp2.json");
+    let (_dir, package) = export(&h200_ladder(world));
     let args = [
         "--timeout",
         "5",
@@ -63,13 +80,12 @@ fn fault_during_soak(collective: &str, signal: Signal) {
         "--soak-collective",
         collective,
         "--package",
-        tp2.to_str().unwrap(),
+        package.to_str().unwrap(),
     ];
-    let survivor = start_rank("check", 0, port, "one", &args);
-    let victim = start_rank("check", 1, port, "one", &args);
-    survivor.wait_for("soak:", Duration::from_secs(90));
-    victim.wait_for("soak:", Duration::from_secs(10));
-    survivor_names_the_victim(survivor, victim, signal, &format!("the {collective} soak"));
+    let ranks = start_ranks(world, "check", 0..world as u32, port, &args);
+    ranks[0].wait_for("soak:", Duration::from_secs(90));
+    ranks[world - 1].wait_for("soak:", Duration::from_secs(10));
+    survivors_name_the_victim(ranks, signal, &format!("the {collective} soak"));
 }
 
 gpu_tests! {

@@ -38,13 +38,17 @@ pub fn verdict(
     }
 }
 
+/// Whether `needed` GPUs are visible: `false` (skip) when there are fewer and GPUs are not
+/// required; a panic when they are.
+pub fn enough_gpus(needed: usize) -> bool {
+    verdict(gpu_required(), needed, &visible_devices())
+        .unwrap_or_else(|message| panic!("{message}"))
+}
+
 /// GPUs 0 to `N - 1` opened, or `None` (skip) when there are fewer and GPUs are not required.
 pub fn gpus<const N: usize>() -> Option<(Driver, [Device; N])> {
-    let probe = visible_devices();
-    match verdict(gpu_required(), N, &probe) {
-        Ok(true) => {}
-        Ok(false) => return None,
-        Err(message) => panic!("{message}"),
+    if !enough_gpus(N) {
+        return None;
     }
     let driver = Driver::open().expect("the driver opened for the probe");
     let devices =
@@ -64,6 +68,68 @@ macro_rules! require_gpus {
     };
 }
 pub(crate) use require_gpus;
+
+/// The variable that sets the world size of the GPU tests that run at any world: the fault
+/// tests and the planted mutations.
+pub const WORLD_VARIABLE: &str = "PREPARE_TEST_WORLD";
+
+/// The world sizes the tests run at: those of the shipped H200 ladders.
+pub const WORLDS: [usize; 3] = [2, 4, 8];
+
+/// The world size `value` of [`WORLD_VARIABLE`] asks for: 2 when unset, else 2, 4 or 8.
+pub fn parse_world(value: Option<&str>) -> Result<usize, String> {
+    let Some(value) = value else {
+        return Ok(2);
+    };
+    value
+        .parse()
+        .ok()
+        .filter(|world| WORLDS.contains(world))
+        .ok_or_else(|| format!("{WORLD_VARIABLE} must be 2, 4 or 8, not {value:?}"))
+}
+
+/// The world size [`WORLD_VARIABLE`] chose, read once; `None` when it is unset. Panics naming
+/// the variable when it is set to anything but 2, 4 or 8.
+pub fn chosen_world() -> Option<usize> {
+    static CHOSEN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let value = std::env::var_os(WORLD_VARIABLE)?;
+        let world = parse_world(Some(&value.to_string_lossy()));
+        Some(world.unwrap_or_else(|message| panic!("{message}")))
+    })
+}
+
+/// The world size of the tests that run at any world ([`chosen_world`], else 2).
+pub fn test_world() -> usize {
+    chosen_world().unwrap_or(2)
+}
+
+/// The test world ([`test_world`]) for the calling test, which returns (skips) when fewer GPUs
+/// are visible, unless `PREPARE_REQUIRE_GPU=1` makes that a failure. Its ranks run on GPUs 0 to
+/// `world - 1`.
+macro_rules! require_world {
+    () => {{
+        let world = $crate::gpu::support::test_world();
+        if !$crate::gpu::support::enough_gpus(world) {
+            return;
+        }
+        world
+    }};
+}
+pub(crate) use require_world;
+
+/// The shipped H200 ladder for `world` ranks: `h200_nvlink_tp<world>.json`.
+pub fn h200_ladder(world: usize) -> String {
+    format!("h200_nvlink_tp{world}.json")
+}
+
+/// GPUs 0 to `world - 1` as `--gpus` and `PREPARE_GPUS` take them: `0,1,2,3`.
+pub fn gpu_list(world: usize) -> String {
+    (0..world)
+        .map(|gpu| gpu.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// GPU tests that each make one call, with their own arguments: `name => call;`, each name
 /// with its doc comment if it has one.
@@ -147,11 +213,16 @@ pub fn printed(output: &Output) -> String {
 
 /// `prepare check` of `package` on GPUs 0 and 1 with `--timeout SECONDS` and `flags`.
 pub fn check_on_two_gpus(package: &Path, seconds: u32, flags: &[&str]) -> Output {
+    check_on_gpus(2, package, seconds, flags)
+}
+
+/// `prepare check` of `package` on GPUs 0 to `world - 1` with `--timeout SECONDS` and `flags`.
+pub fn check_on_gpus(world: usize, package: &Path, seconds: u32, flags: &[&str]) -> Output {
     Command::new(prepare_bin())
         .args([
             "check",
             "--gpus",
-            "0,1",
+            &gpu_list(world),
             "--timeout",
             &seconds.to_string(),
             "--package",
@@ -258,6 +329,8 @@ pub fn launch_on_two_gpus(
 
 /// A rank started by hand, its output lines arriving on a channel.
 pub struct Rank {
+    /// Its number in the world.
+    pub number: u32,
     /// The process.
     pub child: Child,
     /// Its stdout and stderr lines.
@@ -267,15 +340,42 @@ pub struct Rank {
 /// Starts rank `rank` of two by hand (the torchrun variables set), running `prepare COMMAND
 /// ARGS` on GPU `rank`, with `host` as its host identity.
 pub fn start_rank(command: &str, rank: u32, port: u16, host: &str, args: &[&str]) -> Rank {
+    start_rank_of(2, command, rank, port, host, args)
+}
+
+/// Starts ranks `ranks` of a world of `world` by hand (see [`start_rank_of`]), all with one
+/// host identity.
+pub fn start_ranks(
+    world: usize,
+    command: &str,
+    ranks: std::ops::Range<u32>,
+    port: u16,
+    args: &[&str],
+) -> Vec<Rank> {
+    ranks
+        .map(|rank| start_rank_of(world, command, rank, port, "one", args))
+        .collect()
+}
+
+/// Starts rank `rank` of `world` by hand (the torchrun variables set), running `prepare COMMAND
+/// ARGS` on GPU `rank` of GPUs 0 to `world - 1`, with `host` as its host identity.
+pub fn start_rank_of(
+    world: usize,
+    command: &str,
+    rank: u32,
+    port: u16,
+    host: &str,
+    args: &[&str],
+) -> Rank {
     let mut child = Command::new(prepare_bin())
         .arg(command)
         .args(args)
         .env("RANK", rank.to_string())
         .env("LOCAL_RANK", rank.to_string())
-        .env("WORLD_SIZE", "2")
+        .env("WORLD_SIZE", world.to_string())
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
-        .env("PREPARE_GPUS", "0,1")
+        .env("PREPARE_GPUS", gpu_list(world))
         .env("PREPARE_HOST_ID", host)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -294,7 +394,11 @@ pub fn start_rank(command: &str, rank: u32, port: u16, host: &str, args: &[&str]
             }
         });
     }
-    Rank { child, lines }
+    Rank {
+        number: rank,
+        child,
+        lines,
+    }
 }
 
 impl Rank {
@@ -368,53 +472,96 @@ fn dump_threads(pid: u32) {
     }
 }
 
-/// Sends `signal` to `victim` (already past the point to fault), waits for `survivor` to
-/// exit and ends the victim. Returns the survivor's exit code, its remaining lines and the time
-/// from the fault to its exit.
-pub fn inject_fault(
-    survivor: Rank,
-    mut victim: Rank,
-    signal: nix::sys::signal::Signal,
-) -> (Option<i32>, Vec<String>, Duration) {
+/// How a survivor of a fault ended: its rank, exit code, remaining lines and the time from the
+/// fault to its exit.
+pub struct Survivor {
+    pub rank: u32,
+    pub code: Option<i32>,
+    pub lines: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Sends `signal` to the last of `ranks`, the victim (every rank already past the point to
+/// fault), waits for each other rank, the survivors, to exit and ends the victim. The survivors
+/// are awaited in turn, so each one's time is when it was seen to have exited: at most later
+/// than it did.
+pub fn inject_fault(mut ranks: Vec<Rank>, signal: nix::sys::signal::Signal) -> Vec<Survivor> {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
 
+    let mut victim = ranks.pop().expect("a victim");
     std::thread::sleep(Duration::from_millis(300));
     let pid = Pid::from_raw(i32::try_from(victim.child.id()).unwrap());
     kill(pid, signal).unwrap();
     let injected = Instant::now();
-    let (code, lines, _) = survivor.finish(Duration::from_secs(60));
-    let elapsed = injected.elapsed();
+    let survivors = ranks
+        .into_iter()
+        .map(|survivor| {
+            let rank = survivor.number;
+            let (code, lines, _) = survivor.finish(Duration::from_secs(60));
+            let elapsed = injected.elapsed();
+            Survivor {
+                rank,
+                code,
+                lines,
+                elapsed,
+            }
+        })
+        .collect();
     let _ = kill(pid, Signal::SIGKILL);
     let _ = victim.child.wait();
-    (code, lines, elapsed)
+    survivors
 }
 
-/// Sends `signal` to `victim` during `what` (see [`inject_fault`]): `survivor`, rank 0, must exit
-/// with 3 naming rank 1 as the rank that did not arrive, within 20 s of the fault. Returns its
-/// remaining lines.
-pub fn survivor_names_the_victim(
-    survivor: Rank,
-    victim: Rank,
-    signal: nix::sys::signal::Signal,
-    what: &str,
-) -> Vec<String> {
-    let (code, lines, elapsed) = inject_fault(survivor, victim, signal);
-    eprintln!("{signal:?} during {what}: rank 0 exited {elapsed:?} after the fault");
-    assert_rank_1_missed(code, &lines, elapsed);
-    lines
+/// Sends `signal` to the last of `ranks` during `what` (see [`inject_fault`]): every other rank
+/// must exit with 3 naming the victim as the rank that did not arrive, within 20 s of the fault
+/// ([`assert_missed`]).
+pub fn survivors_name_the_victim(ranks: Vec<Rank>, signal: nix::sys::signal::Signal, what: &str) {
+    let world = ranks.len();
+    let victim = ranks.last().expect("a victim").number;
+    for survivor in inject_fault(ranks, signal) {
+        eprintln!(
+            "{signal:?} to rank {victim} during {what}: rank {} exited {:?} after the fault",
+            survivor.rank, survivor.elapsed
+        );
+        assert_missed(&survivor, victim, world);
+    }
 }
 
-/// How rank 0 ended when rank 1 did not take part: it exited with 3, naming rank 1 as the rank
-/// that did not arrive, within 20 s.
-pub fn assert_rank_1_missed(code: Option<i32>, lines: &[String], elapsed: Duration) {
-    assert_eq!(code, Some(3), "{lines:#?}");
+/// What NCCL lets a rank say when a peer of more than one did not arrive.
+const NCCL_DOES_NOT_SAY: &str = "one of the other ranks did not arrive (NCCL does not say which)";
+
+/// How a survivor of a world of `world` ended when rank `victim` did not take part: it exited
+/// with 3 within 20 s, naming the victim as the rank that did not arrive and no other rank. In
+/// a world of more than two, a rank whose wait was in NCCL cannot know which peer is missing
+/// and says so instead; the log shows which way each survivor ended.
+pub fn assert_missed(survivor: &Survivor, victim: u32, world: usize) {
+    let Survivor {
+        rank,
+        code,
+        lines,
+        elapsed,
+    } = survivor;
+    assert_eq!(*code, Some(3), "rank {rank}: {lines:#?}");
+    let says = |text: &str| lines.iter().any(|line| line.contains(text));
+    let named = says(&format!("rank {victim} did not arrive"));
+    let unnamed = world > 2 && says(NCCL_DOES_NOT_SAY);
     assert!(
-        lines
-            .iter()
-            .any(|line| line.contains("rank 1 did not arrive")),
-        "{lines:#?}"
+        named || unnamed,
+        "rank {rank} did not name rank {victim}: {lines:#?}"
     );
+    if !named {
+        eprintln!("rank {rank}: NCCL did not say which rank was missing");
+    }
+    for other in (0..world as u32).filter(|other| ![*rank, victim].contains(other)) {
+        assert!(
+            !says(&format!("rank {other} did not arrive")),
+            "rank {rank} blamed rank {other}, not rank {victim}: {lines:#?}"
+        );
+    }
     // The timeout is 5 s; a kernel's waits and the stream's bound add at most two more.
-    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+    assert!(
+        *elapsed < Duration::from_secs(20),
+        "rank {rank}: {elapsed:?}"
+    );
 }

@@ -1,7 +1,8 @@
 //! Startup selection on real GPUs: `prepare tune` on both H200 TP2 packages writes
 //! byte-identical choice files on both ranks; a second run hits the cache and times nothing; a
 //! changed `NCCL_*` setting misses it; `--retune` and static tuning; a rank killed or stopped
-//! during timing ends the other within the timeout with nothing written; and the library
+//! during timing ends the others within the timeout with nothing written, at the test world
+//! (`PREPARE_TEST_WORLD`, 2 by default); and the library
 //! handle serving from a server's own graphs (examples/serve.rs).
 
 use std::path::{Path, PathBuf};
@@ -11,8 +12,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::support::{
-    export, free_port, gpu_tests, h200_tp2_packages, launch_on_two_gpus, prepare_bin, printed,
-    require_gpus, start_rank, survivor_names_the_victim,
+    export, free_port, gpu_tests, h200_ladder, h200_tp2_packages, launch_on_two_gpus, prepare_bin,
+    printed, require_gpus, require_world, start_ranks, survivors_name_the_victim,
 };
 
 /// Runs `prepare tune` on GPUs 0 and 1 with `args`, extra environment `env`; returns whether it
@@ -115,10 +116,12 @@ fn tune_agrees_caches_and_misses_on_a_changed_nccl_setting() {
     }
 }
 
+/// Ranks 0 to N - 1 of the test world tune its H200 ladder's package; the last is sent
+/// `signal` while rank 0 times: every other rank must exit naming it, with nothing written.
 fn fault_during_timing(signal: Signal) {
-    require_gpus!(2);
+    let world = require_world!();
     let port = free_port();
-    let (_dir, package) = export("h200_nvlink_tp2.json");
+    let (_dir, package) = export(&h200_ladder(world));
     let scratch = tempfile::tempdir().unwrap();
     let cache = scratch.path().join("cache");
     let out = scratch.path().join("out");
@@ -135,10 +138,9 @@ fn fault_during_timing(signal: Signal) {
         "--out",
         out.to_str().unwrap(),
     ];
-    let survivor = start_rank("tune", 0, port, "one", &args);
-    let victim = start_rank("tune", 1, port, "one", &args);
-    survivor.wait_for("timing:", Duration::from_secs(120));
-    survivor_names_the_victim(survivor, victim, signal, "timing");
+    let ranks = start_ranks(world, "tune", 0..world as u32, port, &args);
+    ranks[0].wait_for("timing:", Duration::from_secs(120));
+    survivors_name_the_victim(ranks, signal, "timing");
     assert!(
         entries(&out).is_empty(),
         "a choice was written: {:?}",
