@@ -219,7 +219,7 @@ step_exact() {
 # gpu_tests FILTER...: the GPU tests the filters keep (scripts/gpu-tests.sh), at this world.
 gpu_tests() {
     run env PREPARE_TEST_WORLD="$world" PREPARE_TEST_SECONDS="${PREPARE_TEST_SECONDS:-$seconds}" \
-        bash "$carry/scripts/gpu-tests.sh" gpu::guard:: "$@"
+        bash "$carry/scripts/gpu-tests.sh" gpu::guard::a_run_that_requires_gpus_finds_one "$@"
     local status=$? passed
     passed=$(sed -n 's/^test result: .* \([0-9]*\) passed;.*/\1/p' "$log" | awk '{ n += $1 } END { print n + 0 }')
     note "$passed test(s) passed at $world ranks; $(grep -c '^test .* FAILED$' "$log") failed"
