@@ -28,13 +28,12 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            #[allow(clippy::print_stderr)]
-            {
-                // Errors quote files (a ladder's keys, a manifest's names): escaped for the
-                // terminal.
-                let message = format!("{:#}", failure.error());
-                eprintln!("error: {}", prepare::files::escape_control(&message));
-            }
+            // Errors quote files (a ladder's keys, a manifest's names): escaped for the
+            // terminal. The line goes out in one write: stderr is unbuffered, and a rank ended
+            // by its launcher between two writes would leave half a line.
+            let message = format!("{:#}", failure.error());
+            let line = format!("error: {}\n", prepare::files::escape_control(&message));
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             ExitCode::from(failure.exit_code())
         }
     }
