@@ -404,11 +404,7 @@ impl Runtime {
         self.stream
             .bind_current()
             .map_err(RuntimeError::driver(self.rank))?;
-        Ok(NcclMemory::allocate(
-            bytes,
-            self.device.ordinal(),
-            self.rank,
-        )?)
+        Ok(NcclMemory::allocate(&self.device, bytes, self.rank)?)
     }
 
     /// Registers `memory` as this rank's part of a symmetric window of `communicator` (a split

@@ -91,7 +91,7 @@ impl SymmetricWindow {
 }
 
 impl Collectives {
-    /// The window of symmetric entry `id`.
+    /// The window at `index` of the windows, which a live symmetric entry names.
     pub(super) fn window(&self, index: usize) -> &SymmetricWindow {
         self.windows[index]
             .1

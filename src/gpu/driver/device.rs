@@ -246,7 +246,7 @@ impl Device {
     /// fill still uses what it gives back: how the memory and modules of this layer are freed
     /// on drop. Errors cannot be reported from a drop; they only arise on a context that is
     /// already broken, which the calls that broke it reported.
-    pub(super) fn release_after_work(&self, release: impl FnOnce()) {
+    pub(crate) fn release_after_work(&self, release: impl FnOnce()) {
         if self.bind().is_ok() {
             // SAFETY: the context is current (bound above); waiting for its work has no
             // precondition.

@@ -14,7 +14,7 @@ use cudarc::nccl::sys;
 use super::error::NcclError;
 use super::library::{self, check, WindowApi};
 use super::Communicator;
-use crate::gpu::driver::{CallerMemory, DeviceMemory};
+use crate::gpu::driver::{CallerMemory, Device, DeviceMemory};
 
 /// `NCCL_WIN_COLL_SYMMETRIC` in nccl.h: every rank registers a buffer of the same size.
 const WIN_COLL_SYMMETRIC: c_int = 0x01;
@@ -29,15 +29,17 @@ fn window_api() -> Result<&'static WindowApi, String> {
     nccl.windows.as_ref().map_err(Clone::clone)
 }
 
-/// Device memory from `ncclMemAlloc` on one GPU, freed by `ncclMemFree` when dropped.
+/// Device memory from `ncclMemAlloc` on one GPU, freed by `ncclMemFree` when dropped, once the
+/// GPU's queued work is done (as [`crate::gpu::driver::DeviceBuffer`] is freed).
 #[derive(Debug)]
 pub struct NcclMemory {
     range: CallerMemory,
+    device: Device,
 }
 
 impl NcclMemory {
-    /// Allocates `bytes` on GPU `ordinal`, whose context must be current on this thread.
-    pub fn allocate(bytes: usize, ordinal: usize, rank: u32) -> Result<NcclMemory, NcclError> {
+    /// Allocates `bytes` on `device`, whose context must be current on this thread.
+    pub fn allocate(device: &Device, bytes: usize, rank: u32) -> Result<NcclMemory, NcclError> {
         let windows = window_api().map_err(|message| NcclError::Call {
             call: "ncclMemAlloc",
             rank,
@@ -54,7 +56,8 @@ impl NcclMemory {
             ptr::null_mut(),
         )?;
         Ok(NcclMemory {
-            range: CallerMemory::allocated_by_library(pointer as u64, bytes, ordinal),
+            range: CallerMemory::allocated_by_library(pointer as u64, bytes, device.ordinal()),
+            device: device.clone(),
         })
     }
 
@@ -68,11 +71,14 @@ impl Drop for NcclMemory {
     fn drop(&mut self) {
         // The memory exists only if the window entry points were bound.
         if let Ok(windows) = window_api() {
-            // SAFETY: the pointer came from ncclMemAlloc and is freed once, here; work that
-            // used it was waited for by the owner, which drops the communicator first.
-            unsafe {
-                (windows.mem_free)(self.range.address() as *mut c_void);
-            }
+            self.device.release_after_work(|| {
+                // SAFETY: the pointer came from ncclMemAlloc and is freed once, here, with the
+                // GPU idle; the owner drops the window's communicator first, which releases the
+                // window.
+                unsafe {
+                    (windows.mem_free)(self.range.address() as *mut c_void);
+                }
+            });
         }
     }
 }
