@@ -23,8 +23,10 @@
 //         gather   once every peer's gather flag for step s arrived, each peer's reduced part of
 //                  its slice is copied from its gather slot to the output.
 //       Scratch: double-buffered (prepare_double_buffer.cuh) with two phases, a scatter slot
-//       and a gather slot per peer, each a slice with its tail, (ceil(vectors / world) + 1) * 16
-//       bytes: 2 * 2 * (world - 1) * round_up((ceil(vectors / world) + 1) * 16, 8 KiB). That is
+//       and a gather slot per peer, each a slice with its tail, ceil(ceil(elements / P) / world)
+//       * 16 bytes (the tail counted as a vector; the last slice, which it follows, is the
+//       shorter one whenever it makes the share longer): 2 * 2 * (world - 1) * round_up(that,
+//       8 KiB). That is
 //       about 4 * (world - 1) / world message sizes against the simple one-shot's
 //       2 * (world - 1): the same at two ranks, less beyond.
 // Why no barrier is needed is prepare_double_buffer.cuh's argument for the simple one-shot:

@@ -46,6 +46,15 @@ fn slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
     ((elements / dtype.per_vector()).div_ceil(world) + 1) * ALIGNMENT_BYTES
 }
 
+/// Bytes of one slot of a slice in the double-buffered RSAG, whose slots interleave in chunks
+/// so that no offset depends on a slot's size: the tail counted as one more vector, a world's
+/// share of the vectors, rounded up. The longest slice with its tail always fits: slices take
+/// ceil(vectors / world) whole vectors, and when the tail makes that share one vector longer,
+/// the last slice, which the tail follows, is one vector shorter than the others.
+fn tight_slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
+    elements.div_ceil(dtype.per_vector()).div_ceil(world) * ALIGNMENT_BYTES
+}
+
 /// The name of every scratch layout (`Scratch`'s variants, as Rust spells them), sorted: the
 /// host emulation's harness (tests/host_emulation) has its C++ enum generated from this list.
 /// Every layout is some kernel's (a variant no kernel uses would be dead code), so the kernels'
@@ -82,7 +91,7 @@ pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
             double_buffered_bytes(message_bytes(elements, dtype), peers)
         }
         Scratch::DoubleBufferedSliceSlotsTwice => {
-            2 * double_buffered_bytes(slice_slot_bytes(elements, dtype, world), peers)
+            2 * double_buffered_bytes(tight_slice_slot_bytes(elements, dtype, world), peers)
         }
     }
 }
@@ -273,10 +282,15 @@ mod tests {
             2 * 2 * DOUBLE_BUFFER_CHUNK_BYTES
         );
         // The RSAG's two regions, each two halves of a slice slot per peer: 1 MiB at 4 ranks is
-        // 65536 vectors, slices of 16384 and slots of 16385 vectors, 33 chunks; half the
-        // one-shot's scratch. At two ranks a slot is half the message and a chunk.
+        // 65536 vectors, slices and slots of 16384 vectors, 32 chunks; half the one-shot's
+        // scratch. Four vectors more make every slot one vector longer: 33 chunks. At two ranks
+        // a slot is half the message.
         assert_eq!(
             scratch("all_reduce_rsag_push_simple_bf16", 4, 1 << 20),
+            2 * 2 * 3 * 32 * DOUBLE_BUFFER_CHUNK_BYTES
+        );
+        assert_eq!(
+            scratch("all_reduce_rsag_push_simple_bf16", 4, (1 << 20) + 16 * 4),
             2 * 2 * 3 * 33 * DOUBLE_BUFFER_CHUNK_BYTES
         );
         assert_eq!(
@@ -285,7 +299,7 @@ mod tests {
         );
         assert_eq!(
             scratch("all_reduce_rsag_push_simple_bf16", 2, 1 << 20),
-            2 * 2 * ((1 << 19) + DOUBLE_BUFFER_CHUNK_BYTES)
+            2 * 2 * (1 << 19)
         );
         assert!(is_double_buffered(&spec(
             "all_reduce_rsag_push_simple_fp32",
@@ -463,6 +477,7 @@ mod tests {
                     (end - begin) * 16
                 };
                 proptest::prop_assert!(used <= slice_slot_bytes(elements, dtype, world));
+                proptest::prop_assert!(used <= tight_slice_slot_bytes(elements, dtype, world));
             }
             proptest::prop_assert_eq!(next, elements);
             // Scratch grows with the message, so the bucket's largest message sizes it.

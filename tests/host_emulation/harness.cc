@@ -144,6 +144,7 @@ u64 round_up(u64 value, u64 multiple) {
 u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
     const u64 message = round_up(elements * element_bytes(), 16);
     const u64 slot = ((elements / per_vector() + world - 1) / world + 1) * 16;
+    const u64 tight_slot = ((elements + per_vector() - 1) / per_vector() + world - 1) / world * 16;
     // Room for every message up to `elements` (a smaller one can take more lines).
     const u64 lines = 2 * (elements / per_vector()) + per_vector() - 1;
     const u64 chunk = PREPARE_DOUBLE_BUFFER_CHUNK_BYTES;
@@ -156,7 +157,7 @@ u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
         case Scratch::DoubleBufferedMessageSlots:
             return 2 * (world - 1) * round_up(message, chunk);
         case Scratch::DoubleBufferedSliceSlotsTwice:
-            return 2 * 2 * (world - 1) * round_up(slot, chunk);
+            return 2 * 2 * (world - 1) * round_up(tight_slot, chunk);
     }
     return 0;
 }
