@@ -91,7 +91,8 @@ impl Collectives {
         let ladder = package.ladder();
         let capacity = capacity_elements(ladder);
         // Profiles with communicator settings each run on their own split, made in ladder
-        // order on every rank.
+        // order on every rank; a symmetric profile's comes with its window, after the drop
+        // agreement (symmetric.rs).
         let mut splits = Vec::new();
         let mut split_of = Vec::new();
         for profile in &ladder.profiles {
