@@ -403,14 +403,7 @@ impl Collectives {
         entry_for: impl Fn(u64) -> EntryId,
     ) -> Result<(), RuntimeError> {
         let bytes = elements as u64 * self.element_bytes;
-        if !operands.may_be_chunked(bytes) {
-            return Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: "a message in pieces needs its output to be its input or to lie \
-                          apart from it; they partly overlap"
-                    .to_owned(),
-            });
-        }
+        self.check_chunkable(&operands, bytes, "a message in pieces")?;
         for (first, count) in pieces(elements, self.piece_elements()) {
             let offset = first as u64 * self.element_bytes;
             let length = count as u64 * self.element_bytes;
@@ -422,6 +415,26 @@ impl Collectives {
             self.enqueue_operands(runtime, stream, entry_for(length), count, piece)?;
         }
         Ok(())
+    }
+
+    /// Refuses `what`, a message of `bytes` to go in consecutive pieces, when its output partly
+    /// overlaps its input: one piece would overwrite a later piece's input.
+    fn check_chunkable(
+        &self,
+        operands: &Operands,
+        bytes: u64,
+        what: &str,
+    ) -> Result<(), RuntimeError> {
+        if operands.may_be_chunked(bytes) {
+            return Ok(());
+        }
+        Err(RuntimeError::Setup {
+            rank: self.rank,
+            message: format!(
+                "{what} needs its output to be its input or to lie apart from it; they partly \
+                 overlap"
+            ),
+        })
     }
 
     /// This rank's private output buffer; it exists wherever a custom kernel runs.

@@ -30,9 +30,9 @@ pub(super) fn allocate_windows(
     ladder
         .profiles
         .iter()
-        .filter(|profile| ladder.symmetric_window_bytes(&profile.id) > 0)
-        .map(|profile| {
-            let bytes = ladder.symmetric_window_bytes(&profile.id) as usize;
+        .map(|profile| (profile, ladder.symmetric_window_bytes(&profile.id) as usize))
+        .filter(|&(_, bytes)| bytes > 0)
+        .map(|(profile, bytes)| {
             let window = support
                 .clone()
                 .and_then(|()| {
@@ -114,16 +114,13 @@ impl Collectives {
         let element_bytes = self.element_bytes as usize;
         let piece = memory.len_bytes() / element_bytes;
         let bytes = elements as u64 * self.element_bytes;
-        if elements > piece && !operands.may_be_chunked(bytes) {
-            return Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: format!(
-                    "{} in bucket {}: a message larger than its symmetric window goes in pieces, \
-                     which needs its output to be its input or to lie apart from it; they \
-                     partly overlap",
-                    self.entries[id].profile, self.entries[id].bucket
-                ),
-            });
+        if elements > piece {
+            let entry = &self.entries[id];
+            let what = format!(
+                "{} in bucket {}: a message larger than its symmetric window goes in pieces, and",
+                entry.profile, entry.bucket
+            );
+            self.check_chunkable(operands, bytes, &what)?;
         }
         for (first, count) in super::pieces(elements, piece) {
             let offset = first * element_bytes;
