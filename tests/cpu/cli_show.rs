@@ -331,7 +331,7 @@ fn show_prints_a_choice_after_the_package() {
     });
 }
 
-/// Every bucket of the shipped H200 TP2 ladder (7 to 10 candidates each), with every kind of
+/// Every bucket of the shipped H200 TP2 ladder (4 to 10 candidates each), with every kind of
 /// reason: one table of decisions, one of timings with the bucket index on each bucket's first
 /// row.
 #[test]
@@ -369,6 +369,7 @@ fn show_prints_a_choice_for_every_shipped_bucket_readably() {
             "rsag_pull" => (7.6, 400_000.0, 0.02),
             "rsag_push" => (7.4, 380_000.0, 0.02),
             "rsag_pull_wide" => (8.2, 415_000.0, 0.02),
+            "rsag_simple_256" => (9.5, 430_000.0, 0.02),
             "nccl" => (10.0, 300_000.0, 0.02),
             other => panic!("no fate for {other}"),
         };
