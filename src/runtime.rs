@@ -408,11 +408,12 @@ impl Runtime {
     }
 
     /// Registers `memory` as this rank's part of a symmetric window of `communicator` (a split
-    /// of this runtime's), within the timeout. Collective: every rank registers the same size.
+    /// of this runtime's), within the timeout; the communicator keeps the memory until its abort
+    /// has returned. Collective: every rank registers the same size.
     pub fn register_symmetric_window(
         &self,
         communicator: &Communicator,
-        memory: &NcclMemory,
+        memory: NcclMemory,
     ) -> Result<(), RuntimeError> {
         self.stream
             .bind_current()

@@ -58,9 +58,13 @@ enum Launch {
 /// A symmetric NCCL profile's window on this rank ([`symmetric`] makes and uses it).
 #[derive(Debug)]
 struct SymmetricWindow {
-    // Dropped first: aborting the communicator releases the window before its memory is freed.
+    /// The profile's own communicator, once the window is registered on it.
     communicator: Option<Communicator>,
-    memory: NcclMemory,
+    /// The memory until it is registered; then the communicator keeps it until its abort has
+    /// returned, which releases the window.
+    memory: Option<NcclMemory>,
+    /// Where the memory is, for the copies into and out of the window.
+    range: CallerMemory,
 }
 
 /// The windows of a ladder's symmetric profiles on this rank, in ladder order: the profile id,
@@ -306,17 +310,7 @@ impl Collectives {
             });
         }
         let bytes = elements as u64 * self.element_bytes;
-        for (what, memory) in [("input", &operands.input), ("output", &operands.output)] {
-            if (memory.len_bytes() as u64) < bytes {
-                return Err(RuntimeError::Setup {
-                    rank: self.rank,
-                    message: format!(
-                        "the {what} holds {} bytes, the message {bytes}",
-                        memory.len_bytes()
-                    ),
-                });
-            }
-        }
+        self.check_lengths(&operands, bytes)?;
         match &entry.launch {
             None => Err(RuntimeError::Setup {
                 rank: self.rank,
@@ -402,7 +396,8 @@ impl Collectives {
         operands: Operands,
         entry_for: impl Fn(u64) -> EntryId,
     ) -> Result<(), RuntimeError> {
-        let bytes = elements as u64 * self.element_bytes;
+        // Saturating: no operand holds that many bytes, so the length check refuses it.
+        let bytes = (elements as u64).saturating_mul(self.element_bytes);
         self.check_chunkable(&operands, bytes, "a message in pieces")?;
         for (first, count) in pieces(elements, self.piece_elements()) {
             let offset = first as u64 * self.element_bytes;
@@ -417,14 +412,33 @@ impl Collectives {
         Ok(())
     }
 
-    /// Refuses `what`, a message of `bytes` to go in consecutive pieces, when its output partly
-    /// overlaps its input: one piece would overwrite a later piece's input.
+    /// Refuses a message of `bytes` whose input or output holds fewer bytes.
+    fn check_lengths(&self, operands: &Operands, bytes: u64) -> Result<(), RuntimeError> {
+        for (what, memory) in [("input", &operands.input), ("output", &operands.output)] {
+            if (memory.len_bytes() as u64) < bytes {
+                return Err(RuntimeError::Setup {
+                    rank: self.rank,
+                    message: format!(
+                        "the {what} holds {} bytes, the message {bytes}",
+                        memory.len_bytes()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses `what`, a message of `bytes` to go in consecutive pieces, before any piece is
+    /// enqueued (a refusal after some would leave the peers waiting for the rest): when its input
+    /// or output is shorter than the message, or its output partly overlaps its input, where
+    /// one piece would overwrite a later piece's input.
     fn check_chunkable(
         &self,
         operands: &Operands,
         bytes: u64,
         what: &str,
     ) -> Result<(), RuntimeError> {
+        self.check_lengths(operands, bytes)?;
         if operands.may_be_chunked(bytes) {
             return Ok(());
         }

@@ -42,7 +42,8 @@ pub(super) fn allocate_windows(
                 })
                 .map(|memory| SymmetricWindow {
                     communicator: None,
-                    memory,
+                    range: memory.range(),
+                    memory: Some(memory),
                 })
                 .map_err(|reason| format!("rank {rank}: {reason}"));
             (profile.id.clone(), window)
@@ -68,7 +69,8 @@ pub(super) fn register_windows(
         };
         let profile = ladder.profile(id).expect("a window belongs to a profile");
         let communicator = runtime.split_nccl(profile.max_ctas, profile.min_ctas)?;
-        runtime.register_symmetric_window(&communicator, &window.memory)?;
+        let memory = window.memory.take().expect("a window is registered once");
+        runtime.register_symmetric_window(&communicator, memory)?;
         window.communicator = Some(communicator);
     }
     Ok(())
@@ -110,7 +112,7 @@ impl Collectives {
         operands: &Operands,
     ) -> Result<(), RuntimeError> {
         let window = self.window(window);
-        let memory = window.memory.range();
+        let memory = window.range;
         let element_bytes = self.element_bytes as usize;
         let piece = memory.len_bytes() / element_bytes;
         let bytes = elements as u64 * self.element_bytes;

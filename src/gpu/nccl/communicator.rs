@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,25 @@ const POLL_INTERVAL: Duration = Duration::from_micros(200);
 struct Handle {
     raw: sys::ncclComm_t,
     aborted: AtomicBool,
+    kept: Mutex<Kept>,
+}
+
+/// What a communicator keeps until its abort has returned (memory registered with it), and
+/// whether it has.
+#[derive(Default)]
+struct Kept {
+    released: bool,
+    values: Vec<Box<dyn Send>>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Kept")
+            .field("released", &self.released)
+            .field("values", &self.values.len())
+            .finish()
+    }
 }
 
 // SAFETY: NCCL documents ncclCommAbort as callable from another thread to stop a communicator
@@ -42,13 +61,21 @@ struct RawComm(sys::ncclComm_t);
 unsafe impl Send for RawComm {}
 
 impl Handle {
+    fn new(raw: sys::ncclComm_t) -> Arc<Handle> {
+        Arc::new(Handle {
+            raw,
+            aborted: AtomicBool::new(false),
+            kept: Mutex::new(Kept::default()),
+        })
+    }
+
     /// Aborts the communicator, at most once. NCCL raises its kernels' abort flag at once, so
     /// work on a stream that waits for a missing peer ends; but ncclCommAbort then returns only
     /// when every CUDA graph that captured an operation of the communicator is destroyed. The
     /// caller may hold such graphs (the timing's, a server's), so the abort runs on a thread of
     /// its own and the caller waits for it only [`ABORT_WAIT`]: it goes on, drops its graphs,
-    /// and the abort completes.
-    fn abort(&self) {
+    /// and the abort completes. What the communicator keeps is dropped once it has.
+    fn abort(self: &Arc<Self>) {
         if self.aborted.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -57,6 +84,7 @@ impl Handle {
             return;
         };
         let raw = RawComm(self.raw);
+        let handle = Arc::clone(self);
         let (done, finished) = std::sync::mpsc::channel();
         let spawned = thread::Builder::new()
             .name("nccl-abort".to_owned())
@@ -67,18 +95,40 @@ impl Handle {
                 unsafe {
                     (api.comm_abort)(raw.0);
                 }
+                handle.release_kept();
                 let _ = done.send(());
             });
-        match spawned {
-            Ok(_) => {
-                let _ = finished.recv_timeout(ABORT_WAIT);
-            }
+        if spawned.is_ok() {
+            let _ = finished.recv_timeout(ABORT_WAIT);
+        } else {
             // No thread to spare: abort here, which may wait for the graphs.
             // SAFETY: as above.
-            Err(_) => unsafe {
+            unsafe {
                 (api.comm_abort)(self.raw);
-            },
+            }
+            self.release_kept();
         }
+    }
+
+    /// Keeps `value` until the abort has returned; drops it now if it already has.
+    fn keep(&self, value: Box<dyn Send>) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.released {
+            drop(kept);
+            drop(value);
+        } else {
+            kept.values.push(value);
+        }
+    }
+
+    /// Drops what was kept, after the abort returned.
+    fn release_kept(&self) {
+        let values = {
+            let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+            kept.released = true;
+            std::mem::take(&mut kept.values)
+        };
+        drop(values);
     }
 }
 
@@ -134,10 +184,7 @@ impl Communicator {
             )
         };
         let communicator = Communicator {
-            handle: Arc::new(Handle {
-                raw,
-                aborted: AtomicBool::new(false),
-            }),
+            handle: Handle::new(raw),
             rank,
             world,
             nonblocking,
@@ -249,10 +296,7 @@ impl Communicator {
             });
         }
         let child = Communicator {
-            handle: Arc::new(Handle {
-                raw: child,
-                aborted: AtomicBool::new(false),
-            }),
+            handle: Handle::new(child),
             rank,
             world: self.world,
             nonblocking: config.nonblocking,
@@ -279,10 +323,7 @@ impl Communicator {
         nonblocking: bool,
     ) -> Communicator {
         Communicator {
-            handle: Arc::new(Handle {
-                raw: raw.cast(),
-                aborted: AtomicBool::new(false),
-            }),
+            handle: Handle::new(raw.cast()),
             rank,
             world,
             nonblocking,
@@ -316,6 +357,13 @@ impl Communicator {
     /// Aborts the communicator: pending and later operations fail.
     pub fn abort(&self) {
         self.handle.abort();
+    }
+
+    /// Keeps `value` (memory registered with this communicator) until the communicator's abort
+    /// has returned, so it outlives NCCL's use of it; a communicator never aborted (one adopted
+    /// from a server) drops it with itself.
+    pub(super) fn keep_until_aborted(&self, value: impl Send + 'static) {
+        self.handle.keep(Box::new(value));
     }
 
     /// Whether the communicator was aborted.
@@ -486,9 +534,7 @@ impl Watchdog {
             let fired = Arc::clone(&fired);
             thread::spawn(move || {
                 let (disarmed, wake) = &*state;
-                let mut disarmed = disarmed
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut disarmed = disarmed.lock().unwrap_or_else(PoisonError::into_inner);
                 while !*disarmed {
                     let now = Instant::now();
                     if now >= deadline {
@@ -498,7 +544,7 @@ impl Watchdog {
                     }
                     disarmed = wake
                         .wait_timeout(disarmed, deadline - now)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .unwrap_or_else(PoisonError::into_inner)
                         .0;
                 }
             })
@@ -523,9 +569,7 @@ impl Watchdog {
 
     fn stop(&mut self) {
         let (disarmed, wake) = &*self.state;
-        *disarmed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        *disarmed.lock().unwrap_or_else(PoisonError::into_inner) = true;
         wake.notify_all();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -536,5 +580,50 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::Handle;
+
+    /// Counts its drops.
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn what_a_communicator_keeps_lives_until_its_abort_returned() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        // Never aborted here, so the raw handle is never used.
+        let handle = Handle::new(std::ptr::null_mut());
+        handle.keep(Box::new(Counted(Arc::clone(&drops))));
+        handle.keep(Box::new(Counted(Arc::clone(&drops))));
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            0,
+            "kept until the abort returns"
+        );
+        handle.release_kept();
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "dropped once it has");
+        // Kept after the abort returned: nothing holds it back any more.
+        handle.keep(Box::new(Counted(Arc::clone(&drops))));
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_communicator_never_aborted_drops_what_it_keeps_with_itself() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let handle = Handle::new(std::ptr::null_mut());
+        handle.keep(Box::new(Counted(Arc::clone(&drops))));
+        drop(handle);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! A window is never deregistered here: `ncclCommWindowDeregister` is collective, and a rank
 //! that dropped its window while a peer was stopped would wait for ever. Aborting the
-//! communicator releases its windows, and [`NcclMemory`] is freed after that.
+//! communicator releases its windows; registering hands the [`NcclMemory`] to the
+//! communicator, which frees it once its abort has returned (which may be after the owner
+//! dropped it: an abort waits for the graphs that captured the communicator).
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
@@ -73,8 +75,8 @@ impl Drop for NcclMemory {
         if let Ok(windows) = window_api() {
             self.device.release_after_work(|| {
                 // SAFETY: the pointer came from ncclMemAlloc and is freed once, here, with the
-                // GPU idle; the owner drops the window's communicator first, which releases the
-                // window.
+                // GPU idle; memory registered as a window is dropped only once its
+                // communicator's abort has returned, which released the window.
                 unsafe {
                     (windows.mem_free)(self.range.address() as *mut c_void);
                 }
@@ -84,10 +86,12 @@ impl Drop for NcclMemory {
 }
 
 impl Communicator {
-    /// Registers `memory` as this rank's part of a symmetric window of this communicator.
-    /// Collective: every rank registers memory of the same size, and a blocking communicator
-    /// returns only when all have (the caller bounds it with a [`super::Watchdog`]).
-    pub fn register_symmetric_window(&self, memory: &NcclMemory) -> Result<(), NcclError> {
+    /// Registers `memory` as this rank's part of a symmetric window of this communicator, which
+    /// keeps it from then on (the caller keeps [`NcclMemory::range`] for its copies, valid while
+    /// the communicator lives). Collective: every rank registers memory of the same size, and a
+    /// blocking communicator returns only when all have (the caller bounds it with a
+    /// [`super::Watchdog`]).
+    pub fn register_symmetric_window(&self, memory: NcclMemory) -> Result<(), NcclError> {
         let rank = self.rank();
         let windows = window_api().map_err(|message| NcclError::Call {
             call: "ncclCommWindowRegister",
@@ -97,8 +101,8 @@ impl Communicator {
         let raw: sys::ncclComm_t = self.as_raw().cast();
         let mut window: *mut c_void = ptr::null_mut();
         // SAFETY: the communicator is live (its owner holds it), the memory came from
-        // ncclMemAlloc and outlives the communicator, and the call writes one handle through a
-        // pointer to a live local.
+        // ncclMemAlloc and the communicator keeps it (below) until its abort has returned, and
+        // the call writes one handle through a pointer to a live local.
         let result = unsafe {
             (windows.window_register)(
                 raw,
@@ -108,6 +112,9 @@ impl Communicator {
                 WIN_COLL_SYMMETRIC,
             )
         };
+        // Kept whether or not the call succeeded: a failed registration may have got far enough
+        // for NCCL to use the memory until the abort.
+        self.keep_until_aborted(memory);
         check(library::api()?, "ncclCommWindowRegister", rank, result, raw)
     }
 }
