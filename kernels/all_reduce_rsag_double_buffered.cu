@@ -24,8 +24,8 @@
 //                  its slice is copied from its gather slot to the output.
 //       Scratch: double-buffered (prepare_double_buffer.cuh) with two phases, a scatter slot
 //       and a gather slot per peer, each a slice with its tail, ceil(ceil(elements / P) / world)
-//       * 16 bytes (the tail counted as a vector; the last slice, which it follows, is the
-//       shorter one whenever it makes the share longer): 2 * 2 * (world - 1) * round_up(that,
+//       * 16 bytes (the tail counted as a vector; the last slice, which it follows, holds at
+//       most that share less one whole vectors): 2 * 2 * (world - 1) * round_up(that,
 //       8 KiB). That is
 //       about 4 * (world - 1) / world message sizes against the simple one-shot's
 //       2 * (world - 1): the same at two ranks, less beyond.

@@ -48,9 +48,9 @@ fn slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
 
 /// Bytes of one slot of a slice in the double-buffered RSAG, whose slots interleave in chunks
 /// so that no offset depends on a slot's size: the tail counted as one more vector, a world's
-/// share of the vectors, rounded up. The longest slice with its tail always fits: slices take
-/// ceil(vectors / world) whole vectors, and when the tail makes that share one vector longer,
-/// the last slice, which the tail follows, is one vector shorter than the others.
+/// share of the vectors, rounded up. Every slice with its tail fits: the slices before the last
+/// take ceil(vectors / world) whole vectors each, never more than the share, and the last one,
+/// which the tail follows, at most the share less one.
 fn tight_slice_slot_bytes(elements: u64, dtype: Dtype, world: u64) -> u64 {
     elements.div_ceil(dtype.per_vector()).div_ceil(world) * ALIGNMENT_BYTES
 }
