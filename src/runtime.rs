@@ -418,18 +418,12 @@ impl Runtime {
         self.stream
             .bind_current()
             .map_err(RuntimeError::driver(self.rank))?;
-        let watchdog = communicator.watchdog(Instant::now() + self.timeout);
-        let registered = communicator.register_symmetric_window(memory);
-        // A watchdog that fired also makes the registration fail: the timeout is the cause.
-        if watchdog.disarm() {
-            return Err(RuntimeError::Timeout {
-                rank: self.rank,
-                step: "registering a symmetric window".to_owned(),
-                seconds: self.timeout.as_secs_f64(),
-                who: missing_peers(self.rank, self.world),
-            });
-        }
-        Ok(registered?)
+        self.bounded(
+            communicator,
+            &self.stream,
+            "registering a symmetric window",
+            || Ok(communicator.register_symmetric_window(memory)?),
+        )
     }
 
     /// Every rank's record, in rank order.

@@ -279,24 +279,23 @@ impl Checker<'_> {
                 );
             }
         }
+        let in_range = |value| (1..=MAX_CTAS).contains(&value);
         for (field, value) in [
             ("max_ctas", profile.max_ctas),
             ("min_ctas", profile.min_ctas),
         ] {
-            match value {
-                Some(value) if algorithm == Algorithm::Nccl && !(1..=MAX_CTAS).contains(&value) => {
-                    self.report(
-                        Rule::CtasOutOfRange,
-                        at(field),
-                        value.to_string(),
-                        format!("1 to {MAX_CTAS} (NCCL's channel limit)"),
-                    );
-                }
-                _ => {}
+            if let Some(value) =
+                value.filter(|&value| algorithm == Algorithm::Nccl && !in_range(value))
+            {
+                self.report(
+                    Rule::CtasOutOfRange,
+                    at(field),
+                    value.to_string(),
+                    format!("1 to {MAX_CTAS} (NCCL's channel limit)"),
+                );
             }
         }
         if let (Some(max), Some(min)) = (profile.max_ctas, profile.min_ctas) {
-            let in_range = |value| (1..=MAX_CTAS).contains(&value);
             if algorithm == Algorithm::Nccl && in_range(max) && in_range(min) && min > max {
                 self.report(
                     Rule::MinCtasAboveMaxCtas,
