@@ -71,6 +71,20 @@ pub fn read_limited(path: &Path, limit: Limit) -> io::Result<Vec<u8>> {
     read_opened(file, limit)
 }
 
+/// Opens the directory at `path` (links followed) without blocking: a FIFO, a device or a file
+/// there is refused at once (`Not a directory`) instead of being opened as one, so that a FIFO
+/// without a writer cannot hold the tool.
+pub fn open_directory(path: &Path) -> io::Result<File> {
+    let directory = File::options()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    if !directory.metadata()?.is_dir() {
+        return Err(io::Error::from(io::ErrorKind::NotADirectory));
+    }
+    Ok(directory)
+}
+
 /// Reads the file `name` in the directory open as `directory` (relative to that handle, so a
 /// directory renamed meanwhile is still the one read), as [`read_limited`] does. Links are not
 /// followed.
@@ -296,6 +310,22 @@ mod tests {
             read_limited(&scratch.path().join("link"), LADDER).unwrap(),
             b"x"
         );
+    }
+
+    #[test]
+    fn only_a_directory_opens_as_one() {
+        let scratch = tempfile::tempdir().unwrap();
+        assert!(open_directory(scratch.path())
+            .unwrap()
+            .metadata()
+            .unwrap()
+            .is_dir());
+        let file = scratch.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        for path in [file.as_path(), Path::new("/dev/null")] {
+            let error = open_directory(path).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::NotADirectory, "{error}");
+        }
     }
 
     #[test]

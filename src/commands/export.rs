@@ -123,7 +123,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         None => None,
         Some(gpus) => Some(qualify_on(args, &text, &ladder, &compilation, arch, gpus)?),
     };
-    let summary = package::write_qualified_package(
+    let written = package::write_qualified_package(
         &args.out,
         &text,
         &ladder,
@@ -131,8 +131,17 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         arch,
         qualification.clone(),
         args.force,
-    )
-    .map_err(write_failure)?;
+    );
+    let summary = match written {
+        // Another export wrote it meanwhile: up to date if it is the package this one writes.
+        Err(error @ PackageError::Exists { .. }) => {
+            return match existing_package(args, &text, &ladder, arch, qualified_on)? {
+                Some(existing) => up_to_date(args, &text, &ladder, &compilation, &existing),
+                None => Err(write_failure(error)),
+            };
+        }
+        written => written.map_err(write_failure)?,
+    };
     let replaced = if summary.replaced {
         " (replaced the previous package)"
     } else {

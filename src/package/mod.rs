@@ -16,6 +16,7 @@
 mod check;
 mod compare;
 mod manifest;
+mod parent;
 mod read;
 mod write;
 

@@ -28,21 +28,21 @@ pub fn open_package(dir: &Path) -> Result<Package, PackageError> {
 }
 
 fn open_observed(dir: &Path, after_manifest: &dyn Fn()) -> Result<Package, PackageError> {
-    let handle = fs::File::open(dir).map_err(|source| PackageError::Io {
-        action: "open the package",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let metadata = handle.metadata().map_err(|source| PackageError::Io {
-        action: "open the package",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    if !metadata.is_dir() {
-        return Err(PackageError::NotADirectory {
-            path: dir.to_path_buf(),
-        });
-    }
+    let handle = match files::open_directory(dir) {
+        Ok(handle) => handle,
+        Err(error) if error.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(PackageError::NotADirectory {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(source) => {
+            return Err(PackageError::Io {
+                action: "open the package",
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
     open_through(dir, &handle, after_manifest).map_err(|error| {
         // A file that went missing or changed may be a package swapped in meanwhile, not a
         // damaged one: said as such, never as a false report about a file.

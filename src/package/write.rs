@@ -18,6 +18,7 @@ use super::manifest::{
     BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord, Manifest,
     Qualification,
 };
+use super::parent::{create_and_lock, remove_created};
 use super::{
     kernel_file, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
     PACKAGE_FORMAT_VERSION,
@@ -59,12 +60,12 @@ pub fn write_qualified_package(
     let manifest = build_manifest(ladder_text, ladder, compilation, arch, qualification)?;
     let manifest_bytes = manifest.to_bytes();
 
-    // Missing parent directories are made, and removed again if the export fails, so that a
-    // failed export leaves nothing behind.
-    let created = create_missing_directories(&parent)?;
+    // Missing parent directories are made, and those this export made are removed again if it
+    // fails while they are empty, so that a failed export leaves nothing behind and never
+    // removes what another wrote there meanwhile.
+    let (created, lock) = create_and_lock(&parent)?;
     let mut exists = false;
-    let written = lock_directory(&parent).and_then(|_lock| {
-        remove_leftovers(&parent, &name)?;
+    let written = remove_leftovers(&parent, &name).and_then(|()| {
         // Checked again under the lock: another export may have written it meanwhile.
         exists = check_output(out, force)?;
         write_and_install(
@@ -79,10 +80,11 @@ pub fn write_qualified_package(
         )
     });
     if written.is_err() {
-        if let Some(created) = created {
-            let _ = fs::remove_dir_all(created);
-        }
+        // Under the lock, so that an export waiting for it finds its directory gone and makes
+        // it again rather than write into a removed one.
+        remove_created(&created);
     }
+    drop(lock);
     written?;
 
     Ok(PackageSummary {
@@ -93,23 +95,6 @@ pub fn write_qualified_package(
         buckets: manifest.buckets.len(),
         replaced: exists,
     })
-}
-
-/// Makes `directory` and its missing ancestors; returns the outermost one it made.
-fn create_missing_directories(directory: &Path) -> Result<Option<PathBuf>, PackageError> {
-    let mut outermost = None;
-    let mut missing = directory;
-    while !missing.exists() {
-        outermost = Some(missing.to_path_buf());
-        match missing.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => missing = parent,
-            _ => break,
-        }
-    }
-    if outermost.is_some() {
-        fs::create_dir_all(directory).map_err(|source| io_error("create", directory, source))?;
-    }
-    Ok(outermost)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -155,22 +140,15 @@ fn write_and_install(
     sync_directory(parent)
 }
 
-/// Test builds end the process here when `PREPARE_FAULT` names `step`, as a kill would, so that
-/// tests can see what each step leaves behind; release builds never read it.
+/// Builds with the `testing` feature (the tests') end the process here when `PREPARE_FAULT`
+/// names `step`, as a kill would, so that tests can see what each step leaves behind; other
+/// builds never read it.
 fn fault_point(step: &str) {
-    if cfg!(debug_assertions)
+    if cfg!(feature = "testing")
         && std::env::var_os("PREPARE_FAULT").is_some_and(|fault| fault == step)
     {
         std::process::abort();
     }
-}
-
-/// An exclusive advisory lock on `dir`, held while a package is staged and swapped there and
-/// released when dropped.
-fn lock_directory(dir: &Path) -> Result<nix::fcntl::Flock<File>, PackageError> {
-    let handle = File::open(dir).map_err(|source| io_error("open", dir, source))?;
-    nix::fcntl::Flock::lock(handle, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, errno)| io_error("lock", dir, errno.into()))
 }
 
 /// Removes what killed exports to `parent/name` left: staging directories, and replaced
@@ -699,14 +677,14 @@ fn sync_directory(path: &Path) -> Result<(), PackageError> {
     // Directories are synced so that renames and new entries survive a crash; only Unix lets a
     // directory be opened for that.
     if cfg!(unix) {
-        File::open(path)
+        crate::files::open_directory(path)
             .and_then(|directory| directory.sync_all())
             .map_err(|source| io_error("sync", path, source))?;
     }
     Ok(())
 }
 
-fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> PackageError {
+pub(super) fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> PackageError {
     PackageError::Io {
         action,
         path: path.to_path_buf(),

@@ -510,3 +510,23 @@ fn missing_parent_directories_are_made() {
     write_package(&out, LADDER, &ladder, &compiled, Arch::Sm120, false).unwrap();
     open_package(&out).unwrap();
 }
+
+#[test]
+fn a_failed_write_removes_the_empty_directories_it_made_and_nothing_above() {
+    let ladder = ladder(LADDER);
+    let compiled = compilation(&ladder, Arch::Sm120);
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("there")).unwrap();
+    // A name the staging directory's longer name cannot have: the write fails after making the
+    // directories.
+    let out = dir.path().join("there/not/yet").join("n".repeat(250));
+    let error = write_package(&out, LADDER, &ladder, &compiled, Arch::Sm120, false).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("cannot create a staging directory in "),
+        "{error}"
+    );
+    assert_eq!(names(dir.path()), ["there"]);
+    assert!(names(&dir.path().join("there")).is_empty());
+}

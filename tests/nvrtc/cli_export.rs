@@ -244,9 +244,10 @@ fn another_compilation_at_the_output_is_refused_naming_the_kernels() {
     assert_eq!(files(&out), before, "the package there stays as it was");
 }
 
-/// A kill at each step of `--force` (injected by `PREPARE_FAULT`, which debug builds read)
-/// leaves `--out` holding a whole package, the old one or the new one, never nothing; the next
-/// export to the same place removes what the killed one left.
+/// A kill at each step of `--force` (injected by `PREPARE_FAULT`, which builds with the
+/// `testing` feature read, in either profile) leaves `--out` holding a whole package, the old
+/// one or the new one, never nothing; the next export to the same place removes what the killed
+/// one left.
 #[test]
 fn a_kill_at_any_step_of_force_leaves_a_whole_package_in_place() {
     require_nvrtc!();
@@ -283,4 +284,96 @@ fn a_kill_at_any_step_of_force_leaves_a_whole_package_in_place() {
         exported(scratch.path(), "h200_nvlink_tp2", "pkg", true);
         assert_eq!(names(scratch.path()), ["pkg"], "{step}: leftovers removed");
     }
+}
+
+/// Exports racing to one new directory, several levels deep so that making it takes a while:
+/// every round leaves the package, one export writes it and the other finds it up to date, and
+/// nothing else is left behind.
+#[test]
+fn two_exports_to_one_new_directory_keep_one_package() {
+    require_nvrtc!();
+    let scratch = tempfile::tempdir().unwrap();
+    let ladder = repository::root().join("tests/fixtures/ladders/valid/minimal.json");
+    let binary = assert_cmd::cargo::cargo_bin("prepare");
+    let rounds = 24;
+    let mut lost = Vec::new();
+    for round in 0..rounds {
+        let out = format!("race{round}/{}pkg", "level/".repeat(200));
+        let racers: Vec<_> = (0..2)
+            .map(|_| {
+                std::process::Command::new(&binary)
+                    .current_dir(scratch.path())
+                    .args(export_args(
+                        ladder.to_str().unwrap(),
+                        &out,
+                        &["--arch", "sm_90"],
+                    ))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outputs: Vec<_> = racers
+            .into_iter()
+            .map(|racer| racer.wait_with_output().unwrap())
+            .collect();
+        let said = || {
+            outputs
+                .iter()
+                .map(|output| {
+                    format!(
+                        "{:?} {}{}",
+                        output.status.code(),
+                        String::from_utf8_lossy(&output.stdout).replace(&out, "OUT"),
+                        String::from_utf8_lossy(&output.stderr).replace(&out, "OUT")
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        match open_package(&scratch.path().join(&out)) {
+            Ok(package) => assert_eq!(package.ladder().name, "minimal"),
+            Err(error) => {
+                lost.push(format!("round {round}: {error}: {:?}", said()));
+                continue;
+            }
+        }
+        let mut headlines: Vec<String> = outputs
+            .iter()
+            .map(|output| {
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                assert!(
+                    output.status.success() && output.stderr.is_empty(),
+                    "round {round}: {:?}",
+                    said()
+                );
+                stdout
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .replace(&out, "OUT")
+            })
+            .collect();
+        headlines.sort();
+        assert_eq!(
+            headlines,
+            [
+                "Exported `minimal` for sm_90 to OUT",
+                "Up to date: `minimal` for sm_90 at OUT is the package this export writes; \
+                 nothing was written",
+            ],
+            "round {round}"
+        );
+        assert_eq!(
+            names(scratch.path().join(&out).parent().unwrap()),
+            ["pkg"],
+            "round {round}: nothing but the package is left"
+        );
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {rounds} rounds left no package:\n{}",
+        lost.len(),
+        lost.join("\n")
+    );
 }
