@@ -6,7 +6,7 @@
 //! the crate.
 
 use std::borrow::Cow;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::fs::File;
 use std::io::{self, Read as _, Write as _};
 use std::os::fd::AsFd;
@@ -207,6 +207,29 @@ pub fn escape_control(text: &str) -> Cow<'_, str> {
     Cow::Owned(escaped)
 }
 
+/// JSON text made safe for a terminal as [`escape_control`] makes text, in JSON's own syntax
+/// (`\u007f`): serializers escape the control characters JSON requires them to (below U+0020),
+/// not DEL and the C1 controls, and a raw control character in JSON text can only be inside a
+/// string, where this escape means the same character.
+pub fn escape_control_json(json: &str) -> Cow<'_, str> {
+    if !json
+        .chars()
+        .any(|character| character.is_control() && !matches!(character, '\n' | '\t'))
+    {
+        return Cow::Borrowed(json);
+    }
+    let mut escaped = String::with_capacity(json.len() + 16);
+    for character in json.chars() {
+        if character.is_control() && !matches!(character, '\n' | '\t') {
+            // Every control character is in the Basic Multilingual Plane: one escape each.
+            let _ = write!(escaped, "\\u{:04x}", u32::from(character));
+        } else {
+            escaped.push(character);
+        }
+    }
+    Cow::Owned(escaped)
+}
+
 /// Checks that files can be made in `dir` (or in the directory that would hold it, when it
 /// does not exist yet): a directory the process may write and enter.
 pub fn check_writable_directory(dir: &Path) -> io::Result<()> {
@@ -359,6 +382,22 @@ mod tests {
             escape_control("a\u{1b}[2Jb\u{7}c\r\u{9b}d\u{7f}"),
             "a\\u{1b}[2Jb\\u{7}c\\u{d}\\u{9b}d\\u{7f}"
         );
+    }
+
+    #[test]
+    fn json_keeps_its_syntax_when_escaped() {
+        let value = serde_json::json!({ "name": "a\u{1b}b\u{7f}c\u{9b}d\re\tf\ng" });
+        let text = serde_json::to_string_pretty(&value).unwrap();
+        let escaped = escape_control_json(&text);
+        assert!(!escaped
+            .chars()
+            .any(|character| character.is_control() && character != '\n'));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&escaped).unwrap(),
+            value
+        );
+        assert!(escaped.contains(r"b\u007fc\u009bd"), "{escaped}");
+        assert!(matches!(escape_control_json("{}"), Cow::Borrowed(_)));
     }
 
     #[test]

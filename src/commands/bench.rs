@@ -125,9 +125,10 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
     let sizes = args.sizes.clone().unwrap_or_else(|| default_sizes(ladder));
     let runtime = args.target.start_rank(&package)?;
     let leader = runtime.rank() == 0;
+    // Lines name the paths given: escaped for the terminal.
     let log = |line: String| {
         if leader {
-            println!("{line}");
+            println!("{}", prepare::files::escape_control(&line));
         }
     };
     let mut collectives = Collectives::new(&runtime, &package).map_err(Failure::runtime)?;

@@ -149,7 +149,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     };
     let headline = format!(
         "Exported `{}` for {} to {}{replaced}",
-        prepare::files::escape_control(&ladder.name),
+        ladder.name,
         summary.arch,
         summary.dir.display()
     );
@@ -298,7 +298,7 @@ fn up_to_date(
     };
     let headline = format!(
         "Up to date: `{}` for {} at {} is the package this export writes; nothing was written",
-        prepare::files::escape_control(&ladder.name),
+        ladder.name,
         summary.arch,
         summary.dir.display()
     );
@@ -312,7 +312,8 @@ fn print_summary(
     qualification: Option<&Qualification>,
 ) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{headline}")
+    // The ladder's name and the path given come from the user: escaped for the terminal.
+    writeln!(out, "{}", prepare::files::escape_control(headline))
         .and_then(|()| writeln!(out, "  identity  {}", summary.identity))
         .and_then(|()| writeln!(out, "  kernels   {}", summary.kernels))
         .and_then(|()| writeln!(out, "  buckets   {}", summary.buckets))

@@ -56,10 +56,16 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         }
         plain(&text)
     };
-    // Names, versions and a choice's text come from files: escaped for the terminal.
+    // Names, versions and a choice's text come from files: escaped for the terminal, in JSON's
+    // own syntax inside JSON.
+    let output = if args.json {
+        prepare::files::escape_control_json(&output)
+    } else {
+        prepare::files::escape_control(&output)
+    };
     std::io::stdout()
         .lock()
-        .write_all(prepare::files::escape_control(&output).as_bytes())
+        .write_all(output.as_bytes())
         .context("cannot write to standard output")
         .map_err(Failure::runtime)
 }

@@ -214,11 +214,17 @@ fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
             choice.buckets.len()
         );
         if let Some(entry) = &selection.cache_entry {
-            println!("cache entry {}", entry.display());
+            println!(
+                "cache entry {}",
+                prepare::files::escape_control(&entry.display().to_string())
+            );
         }
     }
     match &selection.choice_file {
-        Some(file) => println!("choice sha256 {digest} written to {}", file.display()),
+        Some(file) => println!(
+            "choice sha256 {digest} written to {}",
+            prepare::files::escape_control(&file.display().to_string())
+        ),
         None => println!("choice sha256 {digest} (no --out: not written)"),
     }
     Ok(())

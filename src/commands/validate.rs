@@ -115,10 +115,16 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     } else {
         verdicts.iter().map(human).collect()
     };
-    // Diagnostics quote the ladder's keys and values: escaped for the terminal.
+    // Diagnostics quote the ladder's keys and values: escaped for the terminal, in JSON's own
+    // syntax inside JSON.
+    let text = if args.json {
+        prepare::files::escape_control_json(&text)
+    } else {
+        prepare::files::escape_control(&text)
+    };
     std::io::stdout()
         .lock()
-        .write_all(prepare::files::escape_control(&text).as_bytes())
+        .write_all(text.as_bytes())
         .map_err(|error| {
             Failure::runtime(anyhow::Error::new(error).context("cannot write the report"))
         })?;

@@ -256,6 +256,37 @@ fn a_fifo_as_ladder_manifest_or_choice_is_refused_without_blocking() {
     }
 }
 
+/// A FIFO named where a package directory is expected (`show`, `--package`, `export --out`) is
+/// refused at once: opened as a directory it would block until a writer came.
+#[test]
+fn a_fifo_as_a_package_directory_or_an_output_is_refused_without_blocking() {
+    let (scratch, _) = scratch_with_package();
+    mkfifo(&scratch.path().join("f"));
+    let on_package: [(&str, &[&str]); 3] = [
+        ("tune", &["--gpus", "0,1"]),
+        ("check", &["--gpus", "0,1"]),
+        ("bench", &["--gpus", "0,1"]),
+    ];
+    for (command, flags) in on_package {
+        let run = run_on_package(scratch.path(), command, Path::new("f"), flags);
+        assert_fails_naming(run, 1, "f is not a package directory");
+    }
+    assert_fails_naming(
+        run_bounded(scratch.path(), &["show", "f"]),
+        1,
+        "error: f is not a package directory\n",
+    );
+    for force in [&[][..], &["--force"]] {
+        let run = run_bounded(
+            scratch.path(),
+            &[&EXPORT[..], &["--arch", "sm_120", "--out", "f"], force].concat(),
+        );
+        assert_fails_naming(run, 1, "refusing to replace f: it is not a directory; ");
+    }
+    let fifo = fs::symlink_metadata(scratch.path().join("f")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&fifo.file_type()));
+}
+
 #[test]
 fn devices_and_huge_files_are_refused_naming_the_limit() {
     let (scratch, out) = scratch_with_package();

@@ -11,6 +11,7 @@ mod cli_validate;
 mod compile_missing_library;
 mod decision;
 mod decision_properties;
+mod json_output_proptest;
 mod launch;
 mod nccl_library;
 mod package;

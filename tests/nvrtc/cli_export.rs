@@ -377,3 +377,27 @@ fn two_exports_to_one_new_directory_keep_one_package() {
         lost.join("\n")
     );
 }
+
+/// The path given to `--out` is printed escaped, as ladder names are, in the line that names
+/// the package written and in the one that finds it up to date.
+#[test]
+fn an_output_with_control_characters_is_printed_escaped() {
+    require_nvrtc!();
+    let scratch = tempfile::tempdir().unwrap();
+    let ladder = repository::root().join("tests/fixtures/ladders/valid/minimal.json");
+    let out = "y\u{1b}]0;title\u{7}";
+    for headline in [
+        "Exported `minimal` for sm_90 to y\\u{1b}]0;title\\u{7}\n",
+        "Up to date: `minimal` for sm_90 at y\\u{1b}]0;title\\u{7} is the package this export \
+         writes; nothing was written\n",
+    ] {
+        let (code, stdout, stderr) = export(scratch.path(), &ladder, "sm_90", out, false);
+        assert_eq!((code, stderr.as_str()), (0, ""));
+        assert!(stdout.starts_with(headline), "{stdout:?}");
+        assert!(
+            !stdout.contains(['\u{1b}', '\u{7}']),
+            "a raw control character: {stdout:?}"
+        );
+    }
+    assert_eq!(names(scratch.path()), [out]);
+}
