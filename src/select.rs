@@ -163,11 +163,11 @@ fn topology_text(topology: &Topology) -> String {
 }
 
 /// A cached choice that fits: it parses, is in this tool's choice format (an entry of an older
-/// format is a miss, and is timed again and replaced), names this package, fingerprint and
-/// policy, was timed, and has one entry per bucket whose winner is one of the bucket's
-/// candidates, was timed there (not excluded), is exact when the policy asks for exactness, and
-/// was not dropped by the package's qualification. An entry is a file anyone may have edited,
-/// so it is checked as strictly as a choice made here.
+/// format is a miss, and is timed again and replaced), passes [`Choice::check_package`] (this
+/// package, one entry per bucket, each winner one of its bucket's candidates), names this
+/// fingerprint and policy, was timed, and each winner was timed there (not excluded), is exact
+/// when the policy asks for exactness, and was not dropped by the package's qualification. An
+/// entry is a file anyone may have edited, so it is checked as strictly as a choice made here.
 pub fn cached_choice(
     bytes: &[u8],
     package: &Package,
@@ -177,8 +177,12 @@ pub fn cached_choice(
     let choice: Choice = serde_json::from_slice(bytes).ok()?;
     let ladder = package.ladder();
     let qualification = package.manifest().qualification.as_ref();
+    // The package's own check first (its identity, its buckets, winners among their
+    // candidates), as for a choice file; then what a cache entry must also be.
     let fits = choice.format_version == crate::tune::choice::CHOICE_FORMAT_VERSION
-        && choice.package == package.identity()
+        && choice
+            .check_package(std::path::Path::new(key), package.id())
+            .is_ok()
         && choice.fingerprint == key
         && choice.tuning == Tuning::Runtime
         && choice.policy == *policy
@@ -203,9 +207,7 @@ pub fn cached_choice(
                                 Outcome::Dropped(_) => false,
                             })
                     });
-                decision.index == index
-                    && chosen.max_bytes == bucket.max_bytes
-                    && bucket.candidates.contains(winner)
+                chosen.max_bytes == bucket.max_bytes
                     && timed.is_some_and(|result| {
                         matches!(result.outcome, CandidateOutcome::Timed { .. })
                             && result.exact == decision.bit_exact

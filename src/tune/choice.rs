@@ -241,6 +241,24 @@ impl Choice {
                     theirs.max_bytes
                 )));
             }
+            let winner = &ours.decision.winner;
+            if !theirs
+                .candidates
+                .iter()
+                .any(|candidate| &candidate.profile == winner)
+            {
+                let candidates: Vec<&str> = theirs
+                    .candidates
+                    .iter()
+                    .map(|candidate| candidate.profile.as_str())
+                    .collect();
+                return Err(invalid(format!(
+                    "/buckets/{position}/decision/winner: `{winner}` is not one of bucket {}'s \
+                     candidates ({})",
+                    theirs.index,
+                    candidates.join(", ")
+                )));
+            }
         }
         Ok(())
     }

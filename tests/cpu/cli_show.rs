@@ -543,3 +543,27 @@ fn show_refuses_what_is_not_a_package() {
     );
     drop(scratch);
 }
+
+#[test]
+fn show_refuses_a_choice_whose_winner_is_not_a_candidate_of_its_bucket() {
+    let (scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let mut choice = fixture_choice(&out);
+    choice.buckets[0].decision.winner = "no_such_profile".to_owned();
+    let path = write_choice(scratch.path(), 0, &choice).unwrap();
+    let (code, stdout, stderr) = run(&[
+        "show",
+        out.to_str().unwrap(),
+        "--choice",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: {} is not a valid choice: /buckets/0/decision/winner: `no_such_profile` is \
+             not one of bucket 0's candidates (",
+            path.display()
+        )),
+        "{stderr}"
+    );
+}
