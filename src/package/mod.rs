@@ -354,6 +354,8 @@ pub enum FileProblemKind {
     Extra,
     /// It is listed but is not a regular file (a directory, a link).
     NotAFile,
+    /// Its name is not UTF-8 (the path holds it escaped), so it is no file of the package.
+    NotUtf8,
     /// Reading it failed.
     Unreadable(String),
 }
@@ -375,6 +377,7 @@ impl fmt::Display for FileProblem {
                 write!(formatter, "{path}: not part of the package")
             }
             FileProblemKind::NotAFile => write!(formatter, "{path}: not a regular file"),
+            FileProblemKind::NotUtf8 => write!(formatter, "{path}: its name is not UTF-8"),
             FileProblemKind::Unreadable(error) => write!(formatter, "{path}: unreadable: {error}"),
         }
     }

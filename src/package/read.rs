@@ -182,6 +182,10 @@ fn verify_files(
     for (relative, kind) in listing {
         let is_listed = relative == MANIFEST_FILE || expected.contains_key(&relative);
         match kind {
+            EntryKind::NotUtf8 => problems.push(FileProblem {
+                path: relative,
+                kind: FileProblemKind::NotUtf8,
+            }),
             EntryKind::File if is_listed => {
                 present.insert(relative);
             }
@@ -270,6 +274,8 @@ enum EntryKind {
     File,
     Directory,
     Other,
+    /// Its name, escaped in the listing, is not UTF-8.
+    NotUtf8,
 }
 
 /// Every entry under the directory `relative` of the package open as `root`, links not
@@ -294,11 +300,21 @@ fn list(
     let mut names = Vec::new();
     for entry in directory.iter() {
         let entry = entry.map_err(fail)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(name) = entry.file_name().to_str() else {
+            // No package file has such a name, and it cannot be named in a message as it is.
+            let escaped = entry.file_name().to_bytes().escape_ascii().to_string();
+            let path = if relative.is_empty() {
+                escaped
+            } else {
+                format!("{relative}/{escaped}")
+            };
+            entries.push((path, EntryKind::NotUtf8));
+            continue;
+        };
         if name == "." || name == ".." {
             continue;
         }
-        names.push(name);
+        names.push(name.to_owned());
     }
     for name in names {
         let path = if relative.is_empty() {

@@ -530,3 +530,19 @@ fn a_failed_write_removes_the_empty_directories_it_made_and_nothing_above() {
     assert_eq!(names(dir.path()), ["there"]);
     assert!(names(&dir.path().join("there")).is_empty());
 }
+
+#[test]
+fn a_file_name_that_is_not_utf8_is_named_escaped() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let (_scratch, out) = scratch();
+    write_fixture(&out, Arch::Sm120);
+    let name = std::ffi::OsStr::from_bytes(b"bad\xff\x1b");
+    fs::write(out.join("kernels").join(name), b"").unwrap();
+    let error = open_package(&out).unwrap_err().to_string();
+    assert!(
+        error.ends_with(
+            "does not match its manifest:\n  kernels/bad\\xff\\x1b: its name is not UTF-8"
+        ),
+        "{error}"
+    );
+}
