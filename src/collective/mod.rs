@@ -22,7 +22,8 @@ pub use drops::agree_drops;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
 pub use load::{check_architecture, private_output_bytes};
 pub use operands::{
-    moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
+    check_entry, moves, plan_operands, BufferLayout, OperandError, OperandPlan, Operands,
+    PlannedCopy, MOVE_CHUNK_BYTES,
 };
 
 use crate::device::DropReason;
@@ -297,33 +298,12 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         let entry = &self.entries[id];
         // Scratch is sized by each bucket's largest message; a larger one would overrun it.
-        // NCCL has no scratch of ours and takes any size.
-        let largest = self.bucket_capacity[entry.bucket];
-        if elements == 0 || (elements > largest && !entry.nccl) {
-            return Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: format!(
-                    "{} in bucket {}: a message of {elements} elements is outside the bucket's \
-                     1..={largest}",
-                    entry.profile, entry.bucket
-                ),
-            });
-        }
         let bytes = elements as u64 * self.element_bytes;
-        self.check_lengths(&operands, bytes)?;
+        check_entry(entry, elements, self.bucket_capacity[entry.bucket])
+            .and_then(|()| operands.check_lengths(bytes))
+            .map_err(self.operand_error())?;
         match &entry.launch {
-            None => Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: format!(
-                    "{} in bucket {} was dropped: {}",
-                    entry.profile,
-                    entry.bucket,
-                    entry
-                        .dropped
-                        .as_ref()
-                        .map_or_else(|| "unknown".to_owned(), ToString::to_string)
-                ),
-            }),
+            None => unreachable!("check_entry refuses an entry without a launch"),
             Some(Launch::Nccl { .. }) => self
                 .communicator(runtime, id)
                 .all_reduce(
@@ -398,7 +378,10 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         // Saturating: no operand holds that many bytes, so the length check refuses it.
         let bytes = (elements as u64).saturating_mul(self.element_bytes);
-        self.check_chunkable(&operands, bytes, "a message in pieces")?;
+        // Before any piece is enqueued: a refusal after some would leave the peers waiting.
+        operands
+            .check_chunkable(bytes, "a message in pieces")
+            .map_err(self.operand_error())?;
         for (first, count) in pieces(elements, self.piece_elements()) {
             let offset = first as u64 * self.element_bytes;
             let length = count as u64 * self.element_bytes;
@@ -412,43 +395,10 @@ impl Collectives {
         Ok(())
     }
 
-    /// Refuses a message of `bytes` whose input or output holds fewer bytes.
-    fn check_lengths(&self, operands: &Operands, bytes: u64) -> Result<(), RuntimeError> {
-        for (what, memory) in [("input", &operands.input), ("output", &operands.output)] {
-            if (memory.len_bytes() as u64) < bytes {
-                return Err(RuntimeError::Setup {
-                    rank: self.rank,
-                    message: format!(
-                        "the {what} holds {} bytes, the message {bytes}",
-                        memory.len_bytes()
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses `what`, a message of `bytes` to go in consecutive pieces, before any piece is
-    /// enqueued (a refusal after some would leave the peers waiting for the rest): when its input
-    /// or output is shorter than the message, or its output partly overlaps its input, where
-    /// one piece would overwrite a later piece's input.
-    fn check_chunkable(
-        &self,
-        operands: &Operands,
-        bytes: u64,
-        what: &str,
-    ) -> Result<(), RuntimeError> {
-        self.check_lengths(operands, bytes)?;
-        if operands.may_be_chunked(bytes) {
-            return Ok(());
-        }
-        Err(RuntimeError::Setup {
-            rank: self.rank,
-            message: format!(
-                "{what} needs its output to be its input or to lie apart from it; they partly \
-                 overlap"
-            ),
-        })
+    /// An operand mistake as this rank's error.
+    pub(super) fn operand_error(&self) -> impl FnOnce(OperandError) -> RuntimeError {
+        let rank = self.rank;
+        move |source| RuntimeError::Operands { rank, source }
     }
 
     /// This rank's private output buffer; it exists wherever a custom kernel runs.
