@@ -174,12 +174,9 @@ fn quiet_panics_inside_calls() {
 /// Runs a call's body: its failure or a caught panic becomes a status and the last error.
 pub(crate) fn guard(body: impl FnOnce() -> Result<(), Failure>) -> PrepareStatus {
     quiet_panics_inside_calls();
-    let enter = |step: fn(usize) -> usize| {
-        let _ = INSIDE.try_with(|calls| calls.set(step(calls.get())));
-    };
-    enter(|calls| calls + 1);
+    let _ = INSIDE.try_with(|calls| calls.set(calls.get() + 1));
     let result = catch_unwind(AssertUnwindSafe(body));
-    enter(|calls| calls.saturating_sub(1));
+    let _ = INSIDE.try_with(|calls| calls.set(calls.get().saturating_sub(1)));
     match result {
         Ok(Ok(())) => PrepareStatus::Ok,
         Ok(Err(failure)) => {
