@@ -13,8 +13,10 @@ use crate::gpu::driver::{
 use crate::gpu::nccl::{CommConfig, Communicator, NcclError, NcclMemory, UniqueId};
 use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
-mod setup;
-pub use setup::{timeout_from_seconds, timeout_in_range, MAX_TIMEOUT};
+mod operand_error;
+mod timeout;
+pub use operand_error::OperandError;
+pub use timeout::{timeout_from_seconds, timeout_in_range, MAX_TIMEOUT};
 
 /// How the ranks find each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,7 +154,7 @@ pub enum RuntimeError {
         /// This rank.
         rank: u32,
         /// What is wrong with it.
-        source: crate::collective::OperandError,
+        source: OperandError,
     },
     /// A step this rank cannot take in the state it is in (peer memory without peer kernels, an
     /// output already released, a gather past its slot): the order of the calls is at fault.
@@ -166,6 +168,20 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
+    /// Whether the caller's arguments are at fault rather than the machine: a rank, world or
+    /// timeout out of range, a communicator of another rank, ranks given different packages or
+    /// options, an all-reduce an entry cannot take. The C ABI returns these as InvalidArgument.
+    pub fn is_caller_mistake(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::RankOutOfRange { .. }
+                | RuntimeError::TimeoutOutOfRange { .. }
+                | RuntimeError::CommunicatorMismatch { .. }
+                | RuntimeError::RanksDiffer { .. }
+                | RuntimeError::Operands { .. }
+        )
+    }
+
     pub(crate) fn driver(rank: u32) -> impl FnOnce(DriverError) -> RuntimeError {
         move |source| RuntimeError::Driver { rank, source }
     }
@@ -293,7 +309,19 @@ impl Runtime {
         parent: Option<Communicator>,
     ) -> Result<Runtime, RuntimeError> {
         let rank = setup.rank;
-        setup.check()?;
+        if setup.world < 2 || setup.world as usize > MAX_RANKS || rank >= setup.world {
+            return Err(RuntimeError::RankOutOfRange {
+                rank,
+                world: setup.world,
+            });
+        }
+        // Before any deadline is computed from it: one far past a day would overflow.
+        if !timeout_in_range(setup.timeout) {
+            return Err(RuntimeError::TimeoutOutOfRange {
+                rank,
+                seconds: setup.timeout.as_secs_f64(),
+            });
+        }
         let deadline = Instant::now() + setup.timeout;
         let driver = Driver::open().map_err(RuntimeError::driver(rank))?;
         let device = driver

@@ -22,8 +22,7 @@ pub use drops::agree_drops;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
 pub use load::{check_architecture, private_output_bytes};
 pub use operands::{
-    check_entry, moves, plan_operands, BufferLayout, OperandError, OperandPlan, Operands,
-    PlannedCopy, MOVE_CHUNK_BYTES,
+    moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
 
 use crate::device::DropReason;
@@ -34,7 +33,7 @@ use crate::gpu::driver::{
 use crate::gpu::nccl::{Communicator, NcclDataType, NcclMemory};
 use crate::kernels::InputAccess;
 use crate::ladder::Dtype;
-use crate::runtime::{PeerMemory, Runtime, RuntimeError};
+use crate::runtime::{OperandError, PeerMemory, Runtime, RuntimeError};
 
 /// How an entry launches.
 #[derive(Debug)]
@@ -146,6 +145,31 @@ pub fn nccl_type(dtype: Dtype) -> NcclDataType {
         Dtype::Fp16 => NcclDataType::F16,
         Dtype::Fp32 => NcclDataType::F32,
     }
+}
+
+/// Refuses a message of `elements` that `entry` cannot take: it was dropped, or the message is
+/// empty or larger than the `largest` its bucket's scratch holds (NCCL has no scratch of ours
+/// and takes any size).
+pub fn check_entry(entry: &Entry, elements: usize, largest: usize) -> Result<(), OperandError> {
+    if entry.launch.is_none() {
+        return Err(OperandError::Dropped {
+            profile: entry.profile.clone(),
+            bucket: entry.bucket,
+            reason: entry
+                .dropped
+                .as_ref()
+                .map_or_else(|| "unknown".to_owned(), ToString::to_string),
+        });
+    }
+    if elements == 0 || (elements > largest && !entry.nccl) {
+        return Err(OperandError::OutsideBucket {
+            profile: entry.profile.clone(),
+            bucket: entry.bucket,
+            elements,
+            largest,
+        });
+    }
+    Ok(())
 }
 
 /// The pieces of a message of `elements` in pieces of at most `piece` elements, in order:
@@ -660,7 +684,7 @@ impl Collectives {
 
 #[cfg(test)]
 mod tests {
-    use super::pieces;
+    use super::{check_entry, pieces, Entry, Launch, OperandError};
 
     proptest::proptest! {
         /// The pieces cover every element once, in order, each at most a piece long and only
@@ -682,6 +706,42 @@ mod tests {
             }
             proptest::prop_assert_eq!(next, elements);
         }
+    }
+
+    #[test]
+    fn an_entry_takes_only_messages_its_bucket_holds_and_only_when_it_runs() {
+        let entry = |nccl: bool, runs: bool| Entry {
+            bucket: 2,
+            profile: if nccl { "nccl" } else { "one_shot_push" }.to_owned(),
+            nccl,
+            dropped: (!runs).then(|| crate::device::DropReason::NoPeerAccess {
+                message: "rank 1 cannot reach rank 0".to_owned(),
+            }),
+            launch: runs.then_some(Launch::Nccl { split: None }),
+        };
+        assert_eq!(check_entry(&entry(false, true), 1024, 1024), Ok(()));
+        assert_eq!(check_entry(&entry(true, true), 1 << 30, 1024), Ok(()));
+        for (nccl, elements) in [(false, 0), (false, 1025), (true, 0)] {
+            let refused = check_entry(&entry(nccl, true), elements, 1024).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    OperandError::OutsideBucket {
+                        bucket: 2,
+                        largest: 1024,
+                        ..
+                    }
+                ),
+                "{refused:?}"
+            );
+        }
+        let dropped = check_entry(&entry(false, false), 16, 1024).unwrap_err();
+        assert!(
+            dropped
+                .to_string()
+                .starts_with("one_shot_push in bucket 2 was dropped: "),
+            "{dropped}"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::ops::Range;
 
 use crate::gpu::driver::{CallerMemory, DeviceMemory as _};
 use crate::kernels::{self, InputAccess};
+use crate::runtime::OperandError;
 
 /// The least the private output buffer holds: a move between overlapping ranges (a message in
 /// the registered buffer off its start, copied to the start; a sum copied out to an output
@@ -34,56 +35,6 @@ pub struct Operands {
     pub input: CallerMemory,
     /// Where the sum goes.
     pub output: CallerMemory,
-}
-
-/// An all-reduce asked of an entry that it cannot take: the caller's mistake, refused before
-/// anything is enqueued.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OperandError {
-    /// The input or the output holds fewer bytes than the message.
-    #[error("the {operand} holds {holds} bytes, the message {bytes}")]
-    TooShort {
-        /// `input` or `output`.
-        operand: &'static str,
-        /// The bytes it holds.
-        holds: usize,
-        /// The message's bytes.
-        bytes: u64,
-    },
-    /// No element, or more than the bucket's scratch holds (NCCL takes any number).
-    #[error(
-        "{profile} in bucket {bucket}: a message of {elements} elements is outside the bucket's \
-         1..={largest}"
-    )]
-    OutsideBucket {
-        /// The entry's profile.
-        profile: String,
-        /// Its bucket.
-        bucket: usize,
-        /// The elements asked for.
-        elements: usize,
-        /// The most the bucket takes.
-        largest: usize,
-    },
-    /// The entry does not run on this machine.
-    #[error("{profile} in bucket {bucket} was dropped: {reason}")]
-    Dropped {
-        /// The entry's profile.
-        profile: String,
-        /// Its bucket.
-        bucket: usize,
-        /// Why it was dropped.
-        reason: String,
-    },
-    /// A message in pieces whose output partly overlaps its input: one piece would overwrite
-    /// a later piece's input.
-    #[error(
-        "{what} needs its output to be its input or to lie apart from it; they partly overlap"
-    )]
-    PartlyOverlapping {
-        /// The message.
-        what: String,
-    },
 }
 
 impl Operands {
@@ -123,35 +74,6 @@ impl Operands {
             what: what.to_owned(),
         })
     }
-}
-
-/// Refuses a message of `elements` that `entry` cannot take: it was dropped, or the message is
-/// empty or larger than the `largest` its bucket's scratch holds (NCCL has no scratch of ours
-/// and takes any size).
-pub fn check_entry(
-    entry: &super::Entry,
-    elements: usize,
-    largest: usize,
-) -> Result<(), OperandError> {
-    if entry.launch.is_none() {
-        return Err(OperandError::Dropped {
-            profile: entry.profile.clone(),
-            bucket: entry.bucket,
-            reason: entry
-                .dropped
-                .as_ref()
-                .map_or_else(|| "unknown".to_owned(), ToString::to_string),
-        });
-    }
-    if elements == 0 || (elements > largest && !entry.nccl) {
-        return Err(OperandError::OutsideBucket {
-            profile: entry.profile.clone(),
-            bucket: entry.bucket,
-            elements,
-            largest,
-        });
-    }
-    Ok(())
 }
 
 /// Where a custom kernel reads and writes one all-reduce, and what is copied around it.
@@ -705,43 +627,6 @@ mod tests {
                 holds: 4096,
                 bytes: 8192
             })
-        );
-    }
-
-    #[test]
-    fn an_entry_takes_only_messages_its_bucket_holds_and_only_when_it_runs() {
-        use crate::collective::{Entry, Launch};
-        let entry = |nccl: bool, runs: bool| Entry {
-            bucket: 2,
-            profile: if nccl { "nccl" } else { "one_shot_push" }.to_owned(),
-            nccl,
-            dropped: (!runs).then(|| crate::device::DropReason::NoPeerAccess {
-                message: "rank 1 cannot reach rank 0".to_owned(),
-            }),
-            launch: runs.then_some(Launch::Nccl { split: None }),
-        };
-        assert_eq!(check_entry(&entry(false, true), 1024, 1024), Ok(()));
-        assert_eq!(check_entry(&entry(true, true), 1 << 30, 1024), Ok(()));
-        for (nccl, elements) in [(false, 0), (false, 1025), (true, 0)] {
-            let refused = check_entry(&entry(nccl, true), elements, 1024).unwrap_err();
-            assert!(
-                matches!(
-                    refused,
-                    OperandError::OutsideBucket {
-                        bucket: 2,
-                        largest: 1024,
-                        ..
-                    }
-                ),
-                "{refused:?}"
-            );
-        }
-        let dropped = check_entry(&entry(false, false), 16, 1024).unwrap_err();
-        assert!(
-            dropped
-                .to_string()
-                .starts_with("one_shot_push in bucket 2 was dropped: "),
-            "{dropped}"
         );
     }
 

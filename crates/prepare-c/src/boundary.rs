@@ -381,7 +381,7 @@ mod tests {
         );
         let operands = RuntimeError::Operands {
             rank: 1,
-            source: prepare::collective::OperandError::TooShort {
+            source: prepare::runtime::OperandError::TooShort {
                 operand: "input",
                 holds: 16,
                 bytes: 32,
