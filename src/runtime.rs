@@ -13,6 +13,11 @@ use crate::gpu::driver::{
 use crate::gpu::nccl::{CommConfig, Communicator, NcclError, NcclMemory, UniqueId};
 use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
+mod operand_error;
+mod timeout;
+pub use operand_error::OperandError;
+pub use timeout::{timeout_from_seconds, timeout_in_range, MAX_TIMEOUT};
+
 /// How the ranks find each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendezvous {
@@ -105,7 +110,54 @@ pub enum RuntimeError {
         /// The GPU's.
         device: String,
     },
-    /// The setup is not possible.
+    /// The rank or the world is out of range.
+    #[error("rank {rank} of {world} ranks: prepare runs 2 to {MAX_RANKS} ranks, each below the world size")]
+    RankOutOfRange {
+        /// This rank.
+        rank: u32,
+        /// Ranks in the world.
+        world: u32,
+    },
+    /// The timeout is not above zero and at most [`MAX_TIMEOUT`].
+    #[error("rank {rank}: the timeout {seconds} s is not above 0 s and at most {} s (a day)", MAX_TIMEOUT.as_secs())]
+    TimeoutOutOfRange {
+        /// This rank.
+        rank: u32,
+        /// The timeout given, seconds.
+        seconds: f64,
+    },
+    /// The communicator handed over is another rank's or another world's than the setup says.
+    #[error("rank {rank}: the adopted communicator is rank {adopted_rank} of {adopted_world}, not rank {rank} of {world}")]
+    CommunicatorMismatch {
+        /// This rank.
+        rank: u32,
+        /// Ranks in the world.
+        world: u32,
+        /// The communicator's rank.
+        adopted_rank: u32,
+        /// The communicator's world.
+        adopted_world: u32,
+    },
+    /// Another rank was given another package or other options than this one.
+    #[error("rank {rank}: rank {other} {what}; every rank must be given the same")]
+    RanksDiffer {
+        /// This rank.
+        rank: u32,
+        /// The first rank that differs.
+        other: u32,
+        /// What it was given ("loaded another package ... than this rank").
+        what: String,
+    },
+    /// An all-reduce asked of an entry that it cannot take.
+    #[error("rank {rank}")]
+    Operands {
+        /// This rank.
+        rank: u32,
+        /// What is wrong with it.
+        source: OperandError,
+    },
+    /// A step this rank cannot take in the state it is in (peer memory without peer kernels, an
+    /// output already released, a gather past its slot): the order of the calls is at fault.
     #[error("rank {rank}: {message}")]
     Setup {
         /// This rank.
@@ -116,6 +168,20 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
+    /// Whether the caller's arguments are at fault rather than the machine: a rank, world or
+    /// timeout out of range, a communicator of another rank, ranks given different packages or
+    /// options, an all-reduce an entry cannot take. The C ABI returns these as InvalidArgument.
+    pub fn is_caller_mistake(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::RankOutOfRange { .. }
+                | RuntimeError::TimeoutOutOfRange { .. }
+                | RuntimeError::CommunicatorMismatch { .. }
+                | RuntimeError::RanksDiffer { .. }
+                | RuntimeError::Operands { .. }
+        )
+    }
+
     pub(crate) fn driver(rank: u32) -> impl FnOnce(DriverError) -> RuntimeError {
         move |source| RuntimeError::Driver { rank, source }
     }
@@ -244,12 +310,16 @@ impl Runtime {
     ) -> Result<Runtime, RuntimeError> {
         let rank = setup.rank;
         if setup.world < 2 || setup.world as usize > MAX_RANKS || rank >= setup.world {
-            return Err(RuntimeError::Setup {
+            return Err(RuntimeError::RankOutOfRange {
                 rank,
-                message: format!(
-                    "rank {rank} of {} ranks: prepare runs 2 to {MAX_RANKS} ranks",
-                    setup.world
-                ),
+                world: setup.world,
+            });
+        }
+        // Before any deadline is computed from it: one far past a day would overflow.
+        if !timeout_in_range(setup.timeout) {
+            return Err(RuntimeError::TimeoutOutOfRange {
+                rank,
+                seconds: setup.timeout.as_secs_f64(),
             });
         }
         let deadline = Instant::now() + setup.timeout;
@@ -269,14 +339,11 @@ impl Runtime {
         let share = parent.is_none();
         let bootstrap = if let Some(parent) = parent {
             if (parent.rank(), parent.world()) != (rank, setup.world) {
-                return Err(RuntimeError::Setup {
+                return Err(RuntimeError::CommunicatorMismatch {
                     rank,
-                    message: format!(
-                        "the adopted communicator is rank {} of {}, not rank {rank} of {}",
-                        parent.rank(),
-                        parent.world(),
-                        setup.world
-                    ),
+                    world: setup.world,
+                    adopted_rank: parent.rank(),
+                    adopted_world: parent.world(),
                 });
             }
             parent

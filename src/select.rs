@@ -244,13 +244,12 @@ pub fn select(
     runtime
         .agree_on(&options_digest, "the options")
         .map_err(|error| match error {
-            RuntimeError::Disagreement(disagreement) => RuntimeError::Setup {
+            RuntimeError::Disagreement(disagreement) => RuntimeError::RanksDiffer {
                 rank,
-                message: format!(
-                    "rank {} selects with other options (tuning, policy, --retune or timing) \
-                     than this rank; every rank must be given the same",
-                    disagreement.other
-                ),
+                other: disagreement.other,
+                what: "selects with other options (tuning, policy, --retune or timing) than \
+                       this rank"
+                    .to_owned(),
             },
             error => error,
         })?;

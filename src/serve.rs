@@ -635,3 +635,95 @@ pub fn unique_id() -> Result<[u8; 128], ServeError> {
         .map_err(RuntimeError::from)?
         .to_bytes())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::progress::Silent;
+    use crate::runtime::Rendezvous;
+
+    fn setup(rank: u32, world: u32, timeout: Duration) -> RankSetup {
+        RankSetup {
+            rank,
+            world,
+            gpu: 0,
+            timeout,
+            rendezvous: Rendezvous::CommId,
+            host: "host".to_owned(),
+        }
+    }
+
+    /// Before the driver is opened, so these hold on a machine without one; a deadline
+    /// computed from the longest `Duration` would have overflowed. The handle starts its
+    /// runtime first, so it refuses them the same way.
+    #[test]
+    fn a_timeout_or_rank_out_of_range_is_refused_as_the_callers_mistake() {
+        let cases = [
+            (setup(0, 2, Duration::MAX), "the timeout"),
+            (setup(0, 2, Duration::from_secs(86_401)), "86401 s"),
+            (setup(0, 2, Duration::ZERO), "the timeout 0 s"),
+            (setup(2, 2, Duration::from_secs(1)), "rank 2 of 2 ranks"),
+            (setup(0, 9, Duration::from_secs(1)), "rank 0 of 9 ranks"),
+        ];
+        for (setup, message) in cases {
+            let options = SelectOptions::default();
+            let served = Handle::start(&setup, &[], &options, &Silent);
+            assert!(
+                matches!(
+                    served,
+                    Err(ServeError::Select(SelectError::Runtime(ref error)))
+                        if error.is_caller_mistake()
+                ),
+                "{served:?}"
+            );
+            let error = Runtime::start(&setup).expect_err("refused");
+            assert!(error.to_string().contains(message), "{error}");
+            assert!(
+                matches!(
+                    error,
+                    RuntimeError::TimeoutOutOfRange { .. } | RuntimeError::RankOutOfRange { .. }
+                ),
+                "{error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_arguments_are_the_callers_mistakes() {
+        let mistakes = [
+            RuntimeError::CommunicatorMismatch {
+                rank: 0,
+                world: 2,
+                adopted_rank: 1,
+                adopted_world: 2,
+            },
+            RuntimeError::RanksDiffer {
+                rank: 0,
+                other: 1,
+                what: "loaded another package than this rank".to_owned(),
+            },
+            RuntimeError::Operands {
+                rank: 0,
+                source: crate::runtime::OperandError::PartlyOverlapping {
+                    what: "a message in pieces".to_owned(),
+                },
+            },
+        ];
+        assert!(mistakes.iter().all(RuntimeError::is_caller_mistake));
+        let faults = [
+            RuntimeError::Setup {
+                rank: 0,
+                message: "peer memory needs peer kernels".to_owned(),
+            },
+            RuntimeError::Timeout {
+                rank: 0,
+                step: "the bootstrap".to_owned(),
+                seconds: 1.0,
+                who: "rank 1 did not arrive".to_owned(),
+            },
+        ];
+        assert!(!faults.iter().any(RuntimeError::is_caller_mistake));
+    }
+}

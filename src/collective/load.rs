@@ -77,11 +77,11 @@ impl Collectives {
         runtime
             .agree_on(package.identity().as_bytes(), "the package")
             .map_err(|error| match error {
-                RuntimeError::Disagreement(disagreement) => RuntimeError::Setup {
+                RuntimeError::Disagreement(disagreement) => RuntimeError::RanksDiffer {
                     rank,
-                    message: format!(
-                        "rank {} loaded another package (identity {}) than this rank ({})",
-                        disagreement.other,
+                    other: disagreement.other,
+                    what: format!(
+                        "loaded another package (identity {}) than this rank ({})",
                         String::from_utf8_lossy(&disagreement.theirs),
                         package.identity()
                     ),

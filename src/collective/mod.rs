@@ -33,7 +33,7 @@ use crate::gpu::driver::{
 use crate::gpu::nccl::{Communicator, NcclDataType, NcclMemory};
 use crate::kernels::InputAccess;
 use crate::ladder::Dtype;
-use crate::runtime::{PeerMemory, Runtime, RuntimeError};
+use crate::runtime::{OperandError, PeerMemory, Runtime, RuntimeError};
 
 /// How an entry launches.
 #[derive(Debug)]
@@ -145,6 +145,31 @@ pub fn nccl_type(dtype: Dtype) -> NcclDataType {
         Dtype::Fp16 => NcclDataType::F16,
         Dtype::Fp32 => NcclDataType::F32,
     }
+}
+
+/// Refuses a message of `elements` that `entry` cannot take: it was dropped, or the message is
+/// empty or larger than the `largest` its bucket's scratch holds (NCCL has no scratch of ours
+/// and takes any size).
+pub fn check_entry(entry: &Entry, elements: usize, largest: usize) -> Result<(), OperandError> {
+    if entry.launch.is_none() {
+        return Err(OperandError::Dropped {
+            profile: entry.profile.clone(),
+            bucket: entry.bucket,
+            reason: entry
+                .dropped
+                .as_ref()
+                .map_or_else(|| "unknown".to_owned(), ToString::to_string),
+        });
+    }
+    if elements == 0 || (elements > largest && !entry.nccl) {
+        return Err(OperandError::OutsideBucket {
+            profile: entry.profile.clone(),
+            bucket: entry.bucket,
+            elements,
+            largest,
+        });
+    }
+    Ok(())
 }
 
 /// The pieces of a message of `elements` in pieces of at most `piece` elements, in order:
@@ -297,33 +322,12 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         let entry = &self.entries[id];
         // Scratch is sized by each bucket's largest message; a larger one would overrun it.
-        // NCCL has no scratch of ours and takes any size.
-        let largest = self.bucket_capacity[entry.bucket];
-        if elements == 0 || (elements > largest && !entry.nccl) {
-            return Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: format!(
-                    "{} in bucket {}: a message of {elements} elements is outside the bucket's \
-                     1..={largest}",
-                    entry.profile, entry.bucket
-                ),
-            });
-        }
         let bytes = elements as u64 * self.element_bytes;
-        self.check_lengths(&operands, bytes)?;
+        check_entry(entry, elements, self.bucket_capacity[entry.bucket])
+            .and_then(|()| operands.check_lengths(bytes))
+            .map_err(self.operand_error())?;
         match &entry.launch {
-            None => Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: format!(
-                    "{} in bucket {} was dropped: {}",
-                    entry.profile,
-                    entry.bucket,
-                    entry
-                        .dropped
-                        .as_ref()
-                        .map_or_else(|| "unknown".to_owned(), ToString::to_string)
-                ),
-            }),
+            None => unreachable!("check_entry refuses an entry without a launch"),
             Some(Launch::Nccl { .. }) => self
                 .communicator(runtime, id)
                 .all_reduce(
@@ -398,7 +402,10 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         // Saturating: no operand holds that many bytes, so the length check refuses it.
         let bytes = (elements as u64).saturating_mul(self.element_bytes);
-        self.check_chunkable(&operands, bytes, "a message in pieces")?;
+        // Before any piece is enqueued: a refusal after some would leave the peers waiting.
+        operands
+            .check_chunkable(bytes, "a message in pieces")
+            .map_err(self.operand_error())?;
         for (first, count) in pieces(elements, self.piece_elements()) {
             let offset = first as u64 * self.element_bytes;
             let length = count as u64 * self.element_bytes;
@@ -412,43 +419,10 @@ impl Collectives {
         Ok(())
     }
 
-    /// Refuses a message of `bytes` whose input or output holds fewer bytes.
-    fn check_lengths(&self, operands: &Operands, bytes: u64) -> Result<(), RuntimeError> {
-        for (what, memory) in [("input", &operands.input), ("output", &operands.output)] {
-            if (memory.len_bytes() as u64) < bytes {
-                return Err(RuntimeError::Setup {
-                    rank: self.rank,
-                    message: format!(
-                        "the {what} holds {} bytes, the message {bytes}",
-                        memory.len_bytes()
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses `what`, a message of `bytes` to go in consecutive pieces, before any piece is
-    /// enqueued (a refusal after some would leave the peers waiting for the rest): when its input
-    /// or output is shorter than the message, or its output partly overlaps its input, where
-    /// one piece would overwrite a later piece's input.
-    fn check_chunkable(
-        &self,
-        operands: &Operands,
-        bytes: u64,
-        what: &str,
-    ) -> Result<(), RuntimeError> {
-        self.check_lengths(operands, bytes)?;
-        if operands.may_be_chunked(bytes) {
-            return Ok(());
-        }
-        Err(RuntimeError::Setup {
-            rank: self.rank,
-            message: format!(
-                "{what} needs its output to be its input or to lie apart from it; they partly \
-                 overlap"
-            ),
-        })
+    /// An operand mistake as this rank's error.
+    pub(super) fn operand_error(&self) -> impl FnOnce(OperandError) -> RuntimeError {
+        let rank = self.rank;
+        move |source| RuntimeError::Operands { rank, source }
     }
 
     /// This rank's private output buffer; it exists wherever a custom kernel runs.
@@ -710,7 +684,7 @@ impl Collectives {
 
 #[cfg(test)]
 mod tests {
-    use super::pieces;
+    use super::{check_entry, pieces, Entry, Launch, OperandError};
 
     proptest::proptest! {
         /// The pieces cover every element once, in order, each at most a piece long and only
@@ -732,6 +706,42 @@ mod tests {
             }
             proptest::prop_assert_eq!(next, elements);
         }
+    }
+
+    #[test]
+    fn an_entry_takes_only_messages_its_bucket_holds_and_only_when_it_runs() {
+        let entry = |nccl: bool, runs: bool| Entry {
+            bucket: 2,
+            profile: if nccl { "nccl" } else { "one_shot_push" }.to_owned(),
+            nccl,
+            dropped: (!runs).then(|| crate::device::DropReason::NoPeerAccess {
+                message: "rank 1 cannot reach rank 0".to_owned(),
+            }),
+            launch: runs.then_some(Launch::Nccl { split: None }),
+        };
+        assert_eq!(check_entry(&entry(false, true), 1024, 1024), Ok(()));
+        assert_eq!(check_entry(&entry(true, true), 1 << 30, 1024), Ok(()));
+        for (nccl, elements) in [(false, 0), (false, 1025), (true, 0)] {
+            let refused = check_entry(&entry(nccl, true), elements, 1024).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    OperandError::OutsideBucket {
+                        bucket: 2,
+                        largest: 1024,
+                        ..
+                    }
+                ),
+                "{refused:?}"
+            );
+        }
+        let dropped = check_entry(&entry(false, false), 16, 1024).unwrap_err();
+        assert!(
+            dropped
+                .to_string()
+                .starts_with("one_shot_push in bucket 2 was dropped: "),
+            "{dropped}"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::ops::Range;
 
 use crate::gpu::driver::{CallerMemory, DeviceMemory as _};
 use crate::kernels::{self, InputAccess};
+use crate::runtime::OperandError;
 
 /// The least the private output buffer holds: a move between overlapping ranges (a message in
 /// the registered buffer off its start, copied to the start; a sum copied out to an output
@@ -46,6 +47,32 @@ impl Operands {
                 &span(self.input.address(), bytes),
                 &span(self.output.address(), bytes),
             )
+    }
+
+    /// Refuses a message of `bytes` that the input or the output does not hold.
+    pub fn check_lengths(&self, bytes: u64) -> Result<(), OperandError> {
+        for (operand, memory) in [("input", &self.input), ("output", &self.output)] {
+            if (memory.len_bytes() as u64) < bytes {
+                return Err(OperandError::TooShort {
+                    operand,
+                    holds: memory.len_bytes(),
+                    bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses `what`, a message of `bytes` to go in consecutive pieces, that the operands do
+    /// not hold or whose output partly overlaps its input ([`Operands::may_be_chunked`]).
+    pub fn check_chunkable(&self, bytes: u64, what: &str) -> Result<(), OperandError> {
+        self.check_lengths(bytes)?;
+        if self.may_be_chunked(bytes) {
+            return Ok(());
+        }
+        Err(OperandError::PartlyOverlapping {
+            what: what.to_owned(),
+        })
     }
 }
 
@@ -566,6 +593,41 @@ mod tests {
             }
         }
         CallerMemory::whole(&Range(address, bytes))
+    }
+
+    #[test]
+    fn operands_shorter_than_the_message_are_the_callers_mistake() {
+        let operands = Operands {
+            input: memory(MIB, 4096),
+            output: memory(2 * MIB, 1024),
+        };
+        assert_eq!(operands.check_lengths(1024), Ok(()));
+        assert_eq!(
+            operands.check_lengths(2048),
+            Err(OperandError::TooShort {
+                operand: "output",
+                holds: 1024,
+                bytes: 2048
+            })
+        );
+        let overlapping = Operands {
+            input: memory(MIB, 4096),
+            output: memory(MIB + 16, 4096),
+        };
+        assert_eq!(
+            overlapping.check_chunkable(4096, "a message in pieces"),
+            Err(OperandError::PartlyOverlapping {
+                what: "a message in pieces".to_owned()
+            })
+        );
+        assert_eq!(
+            overlapping.check_chunkable(8192, "a message in pieces"),
+            Err(OperandError::TooShort {
+                operand: "input",
+                holds: 4096,
+                bytes: 8192
+            })
+        );
     }
 
     #[test]

@@ -122,7 +122,9 @@ impl Collectives {
                 "{} in bucket {}: a message larger than its symmetric window goes in pieces, and",
                 entry.profile, entry.bucket
             );
-            self.check_chunkable(operands, bytes, &what)?;
+            operands
+                .check_chunkable(bytes, &what)
+                .map_err(self.operand_error())?;
         }
         for (first, count) in super::pieces(elements, piece) {
             let offset = first * element_bytes;

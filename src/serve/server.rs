@@ -24,8 +24,7 @@ use crate::select::{SelectError, SelectOptions};
 use crate::tune::choice::Tuning;
 use crate::tune::Policy;
 
-/// The longest timeout: every deadline computed from it stays far inside `Instant`.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+pub use crate::runtime::MAX_TIMEOUT;
 
 /// How a server starts serving.
 #[derive(Debug, Clone, PartialEq)]

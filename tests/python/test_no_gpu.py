@@ -224,3 +224,12 @@ def test_nccl_symmetric_refuses_a_library_without_nccl_by_the_missing_entry_poin
         pytest.skip("no C library to load by name here")
     with pytest.raises(RuntimeError, match=f"{libc} has no ncclGetVersion"):
         bench_module("nccl_symmetric").Nccl(libc)
+
+
+@pytest.mark.parametrize("timeout", [1e19, 86401, 5e-324])
+def test_a_timeout_out_of_range_is_an_invalid_argument(tmp_path, timeout):
+    # Above 0 and finite, so past the Python checks: the library refuses it before it reads the
+    # package, never as an internal error.
+    with pytest.raises(prepare.InvalidArgument, match="timeout") as caught:
+        prepare.NativeHandle.open_unique_id([tmp_path], ZERO_ID, 0, 2, 0, timeout=timeout)
+    assert "at most 86400" in str(caught.value)

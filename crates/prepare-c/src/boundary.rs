@@ -1,10 +1,11 @@
 //! What every call does at the boundary: a failure becomes a status and the thread's last
-//! error, a caught panic [`PrepareStatus::Internal`]; and the checks of the caller's pointers,
-//! strings and dtype codes.
+//! error, a caught panic [`PrepareStatus::Internal`] (and nothing on the host's stderr); and
+//! the checks of the caller's pointers, strings and dtype codes.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
 
 use prepare::gpu::abort::{Abort, AbortReason};
 use prepare::ladder::Dtype;
@@ -70,6 +71,7 @@ fn runtime_status(error: &RuntimeError) -> PrepareStatus {
             ..
         } => PrepareStatus::PeerTimeout,
         RuntimeError::WrongArchitecture { .. } => PrepareStatus::PackageRefused,
+        error if error.is_caller_mistake() => PrepareStatus::InvalidArgument,
         _ => PrepareStatus::RuntimeFailure,
     }
 }
@@ -90,12 +92,51 @@ pub(crate) fn chain(error: &dyn std::error::Error) -> String {
 }
 
 thread_local! {
-    pub(crate) static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    // The last error of a call made once this thread's LAST_ERROR is gone (from a thread-exit
+    // destructor): a pointer from `CString::into_raw`. It has no destructor, so it can always
+    // be reached; the one it holds when the thread ends is not freed.
+    static LATE_ERROR: Cell<*mut c_char> = const { Cell::new(std::ptr::null_mut()) };
+    // Calls of this library running on this thread: a panic inside one is caught and reported
+    // by `guard`, so the panic hook keeps it off the host's stderr.
+    static INSIDE: Cell<usize> = const { Cell::new(0) };
+    // Where the panic that `guard` is about to report happened.
+    static PANIC_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 fn set_last_error(message: &str) {
-    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|last| *last.borrow_mut() = text);
+    let mut text = Some(CString::new(message.replace('\0', "\\0")).unwrap_or_default());
+    let kept = LAST_ERROR.try_with(|last| {
+        if let Some(text) = text.take() {
+            *last.borrow_mut() = text;
+        }
+    });
+    if let (Err(_), Some(text)) = (kept, text) {
+        let _ = LATE_ERROR.try_with(|late| {
+            let previous = late.replace(text.into_raw());
+            if !previous.is_null() {
+                // SAFETY: every pointer LATE_ERROR holds came from `CString::into_raw` and is
+                // taken back once, here, when it is replaced.
+                drop(unsafe { CString::from_raw(previous) });
+            }
+        });
+    }
+}
+
+/// This thread's last error, as [`crate::prepare_last_error`] returns it: valid until the
+/// thread's next failed call.
+pub(crate) fn last_error() -> *const c_char {
+    LAST_ERROR
+        .try_with(|last| last.borrow().as_ptr())
+        .ok()
+        .or_else(|| {
+            LATE_ERROR
+                .try_with(Cell::get)
+                .ok()
+                .filter(|late| !late.is_null())
+                .map(<*mut c_char>::cast_const)
+        })
+        .unwrap_or(c"".as_ptr())
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
@@ -108,17 +149,48 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     }
 }
 
+/// Installs, once, a panic hook that says nothing of a panic inside a call of this library
+/// (`guard` reports it as [`PrepareStatus::Internal`]) and hands every other panic to the hook
+/// that was there before, so a host's own panics are reported as they were.
+fn quiet_panics_inside_calls() {
+    static INSTALL: Once = Once::new();
+    // The hook cannot be replaced while this thread panics; a later call installs it.
+    if std::thread::panicking() {
+        return;
+    }
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if INSIDE.try_with(Cell::get).unwrap_or(0) == 0 {
+                previous(info);
+                return;
+            }
+            let location = info.location().map(ToString::to_string);
+            let _ = PANIC_LOCATION.try_with(|place| *place.borrow_mut() = location);
+        }));
+    });
+}
+
 /// Runs a call's body: its failure or a caught panic becomes a status and the last error.
 pub(crate) fn guard(body: impl FnOnce() -> Result<(), Failure>) -> PrepareStatus {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    quiet_panics_inside_calls();
+    let _ = INSIDE.try_with(|calls| calls.set(calls.get() + 1));
+    let result = catch_unwind(AssertUnwindSafe(body));
+    let _ = INSIDE.try_with(|calls| calls.set(calls.get().saturating_sub(1)));
+    match result {
         Ok(Ok(())) => PrepareStatus::Ok,
         Ok(Err(failure)) => {
             set_last_error(&failure.message);
             failure.status
         }
         Err(payload) => {
+            let location = PANIC_LOCATION
+                .try_with(|place| place.borrow_mut().take())
+                .ok()
+                .flatten()
+                .map_or_else(String::new, |location| format!(" (at {location})"));
             set_last_error(&format!(
-                "internal error in prepare (please report it): {}",
+                "internal error in prepare (please report it): {}{location}",
                 panic_message(payload.as_ref())
             ));
             PrepareStatus::Internal
@@ -224,11 +296,111 @@ mod tests {
             .into_owned()
     }
 
+    /// A call from a thread-exit destructor, once the thread's own storage is gone (a
+    /// thread-local registered before the last error is destroyed after it): a status and a
+    /// message, not an abort.
+    #[test]
+    fn a_failing_call_from_a_thread_exit_destructor_keeps_its_message() {
+        struct AtExit(std::sync::mpsc::Sender<(PrepareStatus, String)>);
+        impl Drop for AtExit {
+            fn drop(&mut self) {
+                // SAFETY: a null `options` is refused.
+                let status = unsafe { crate::prepare_options_init(std::ptr::null_mut()) };
+                let _ = self.0.send((status, last_error()));
+            }
+        }
+        thread_local! {
+            static AT_EXIT: RefCell<Option<AtExit>> = const { RefCell::new(None) };
+        }
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            AT_EXIT.with(|at_exit| *at_exit.borrow_mut() = Some(AtExit(send)));
+            assert_eq!(
+                guard(|| Err(Failure::invalid("first"))),
+                PrepareStatus::InvalidArgument
+            );
+        })
+        .join()
+        .expect("the thread ends without a panic");
+        let (status, message) = receive.recv().expect("the destructor ran");
+        assert_eq!(status, PrepareStatus::InvalidArgument);
+        assert_eq!(message, "options is NULL");
+    }
+
     #[test]
     fn a_panic_becomes_internal_with_its_message() {
         let status = guard(|| panic!("boom"));
         assert_eq!(status, PrepareStatus::Internal);
         assert!(last_error().contains("boom"), "{}", last_error());
+    }
+
+    /// In a child process (this test binary again, this test alone): a panic inside a call
+    /// leaves stderr empty, while a panic of the host's own still reaches the hook that was
+    /// there before.
+    #[test]
+    fn a_caught_panic_prints_nothing_and_a_hosts_panic_is_reported_as_before() {
+        const CHILD: &str = "PREPARE_C_PANIC_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            assert_eq!(guard(|| panic!("boom")), PrepareStatus::Internal);
+            assert!(last_error().contains("boom (at "), "{}", last_error());
+            assert!(std::panic::catch_unwind(|| panic!("the host's own panic")).is_err());
+            return;
+        }
+        let test = "boundary::tests::a_caught_panic_prints_nothing_and_a_hosts_panic_is_reported_as_before";
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("the test binary runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("boom"),
+            "a caught panic was printed:\n{stderr}"
+        );
+        assert!(stderr.contains("the host's own panic"), "{stderr}");
+    }
+
+    #[test]
+    fn a_callers_mistake_found_by_the_runtime_is_an_invalid_argument() {
+        let timeout = RuntimeError::TimeoutOutOfRange {
+            rank: 0,
+            seconds: 1e19,
+        };
+        let failure = Failure::from(ServeError::Select(SelectError::Runtime(timeout)));
+        assert_eq!(failure.status, PrepareStatus::InvalidArgument);
+        assert!(
+            failure.message.contains("the timeout"),
+            "{}",
+            failure.message
+        );
+        let operands = RuntimeError::Operands {
+            rank: 1,
+            source: prepare::runtime::OperandError::TooShort {
+                operand: "input",
+                holds: 16,
+                bytes: 32,
+            },
+        };
+        let failure = Failure::from(ServeError::from(operands));
+        assert_eq!(failure.status, PrepareStatus::InvalidArgument);
+        assert_eq!(
+            failure.message,
+            "rank 1: the input holds 16 bytes, the message 32"
+        );
+        let fault = RuntimeError::Setup {
+            rank: 0,
+            message: "peer memory needs peer kernels".to_owned(),
+        };
+        assert_eq!(
+            Failure::from(ServeError::from(fault)).status,
+            PrepareStatus::RuntimeFailure
+        );
     }
 
     #[test]

@@ -20,15 +20,19 @@ use prepare::gpu::nccl::Communicator;
 use prepare::ladder::Dtype;
 use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
-use prepare::runtime::{RankSetup, Rendezvous};
+use prepare::runtime::{timeout_from_seconds, RankSetup, Rendezvous, MAX_TIMEOUT};
 use prepare::select::SelectOptions;
 use prepare::serve::{environment_defaults, gpu_for_rank, Handle};
 use prepare::tune::choice::Tuning;
 
-use boundary::{c_str, chain, copy_out, dtype, guard, reference, write, Failure, LAST_ERROR};
+use boundary::{c_str, chain, copy_out, dtype, guard, last_error, reference, write, Failure};
 
 /// Bytes in an NCCL unique id ([`prepare_unique_id`], [`prepare_open_unique_id`]).
 pub const PREPARE_UNIQUE_ID_BYTES: usize = 128;
+
+/// The most packages one handle takes ([`PrepareOptions::package_count`]): one per dtype is
+/// what a handle serves; a larger count is refused before anything is read.
+pub const PREPARE_MAX_PACKAGES: usize = 64;
 
 /// What every call returns; 0 is success. The message of a failure is [`prepare_last_error`].
 #[repr(C)]
@@ -79,12 +83,13 @@ pub enum PrepareTuning {
 pub struct PrepareOptions {
     /// Package directories, one per dtype served (UTF-8 or raw bytes, NUL-terminated).
     pub packages: *const *const c_char,
-    /// Entries in `packages`; at least 1.
+    /// Entries in `packages`; 1 to [`PREPARE_MAX_PACKAGES`].
     pub package_count: usize,
     /// The choice cache: NULL for the default (`$XDG_CACHE_HOME/prepare`, else
     /// `~/.cache/prepare`), "" for no cache.
     pub cache_dir: *const c_char,
-    /// Bounds the bootstrap, every agreement and every kernel's wait for a peer; above 0.
+    /// Bounds the bootstrap, every agreement and every kernel's wait for a peer; above 0 and
+    /// at most 86400 (a day).
     pub timeout_seconds: f64,
     /// A [`PrepareTuning`] value.
     pub tuning: i32,
@@ -119,16 +124,20 @@ unsafe fn start(options: *const PrepareOptions) -> Result<Start, Failure> {
             "options.packages is empty: give one package directory per dtype served",
         ));
     }
-    if !(options.timeout_seconds.is_finite() && options.timeout_seconds > 0.0) {
+    if options.package_count > PREPARE_MAX_PACKAGES {
         return Err(Failure::invalid(format!(
-            "options.timeout_seconds is {}; it must be above 0",
-            options.timeout_seconds
+            "options.package_count is {}; a handle takes 1 to {PREPARE_MAX_PACKAGES} packages \
+             (one per dtype served)",
+            options.package_count
         )));
     }
-    let timeout = Duration::try_from_secs_f64(options.timeout_seconds).map_err(|_| {
+    // The range Runtime::start holds every face to, checked here too so that the message names
+    // the field and comes before any package is opened.
+    let timeout = timeout_from_seconds(options.timeout_seconds).ok_or_else(|| {
         Failure::invalid(format!(
-            "options.timeout_seconds {} is too large",
-            options.timeout_seconds
+            "options.timeout_seconds is {:?}; it must be above 0 and at most {} (a day)",
+            options.timeout_seconds,
+            MAX_TIMEOUT.as_secs()
         ))
     })?;
     let tuning = match options.tuning {
@@ -261,7 +270,7 @@ pub extern "C" fn prepare_version() -> *const c_char {
 /// next failed call on this thread. Calls that succeed leave it as it was.
 #[no_mangle]
 pub extern "C" fn prepare_last_error() -> *const c_char {
-    LAST_ERROR.with(|last| last.borrow().as_ptr())
+    last_error()
 }
 
 /// Fills `options` with the defaults: no package, the default cache, a 60 s timeout,

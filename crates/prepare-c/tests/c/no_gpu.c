@@ -1,8 +1,12 @@
 /* The C ABI's error paths on a machine without a GPU (or without a driver or NCCL): every
- * call returns a status and leaves a message, never crashes.
+ * call returns a status and leaves a message, never crashes and never writes to stderr (only
+ * this program's own FAIL lines go there), even from a thread's exit.
  *
  * no_gpu VERSION MISSING_PACKAGE INVALID_LADDER_PACKAGE NCCL_ONLY_PACKAGE
  * Started by crates/prepare-c/tests/c_abi/c_program.rs with no torchrun variables set. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,6 +33,45 @@ static void expect(const char *what, PrepareStatus got, PrepareStatus want, cons
         }
     }
     printf("ok   %s: %s\n", what, want == PREPARE_STATUS_OK ? "ok" : message);
+}
+
+/* A failing call from a thread-specific value's destructor, which runs after the thread's own
+ * thread-local storage is gone: a status and a message, not an abort. */
+static pthread_key_t exit_key;
+static PrepareStatus exit_status = PREPARE_STATUS_OK;
+static char exit_message[256];
+
+static void at_thread_exit(void *value) {
+    (void)value;
+    exit_status = prepare_options_init(NULL);
+    const char *message = prepare_last_error();
+    snprintf(exit_message, sizeof exit_message, "%s", message ? message : "(null)");
+}
+
+static void *thread_body(void *unused) {
+    (void)unused;
+    /* A failure first, so the thread's last error is in use when the thread ends. */
+    prepare_options_init(NULL);
+    pthread_setspecific(exit_key, &exit_key);
+    return NULL;
+}
+
+static void expect_thread_exit(void) {
+    pthread_t thread;
+    if (pthread_key_create(&exit_key, at_thread_exit) != 0 ||
+        pthread_create(&thread, NULL, thread_body, NULL) != 0 ||
+        pthread_join(thread, NULL) != 0) {
+        fprintf(stderr, "FAIL thread exit: cannot start a thread\n");
+        failures++;
+        return;
+    }
+    if (exit_status != PREPARE_STATUS_INVALID_ARGUMENT || strstr(exit_message, "options") == NULL) {
+        fprintf(stderr, "FAIL options_init(NULL) at thread exit: status %d (%s)\n",
+                (int)exit_status, exit_message);
+        failures++;
+        return;
+    }
+    printf("ok   options_init(NULL) at thread exit: %s\n", exit_message);
 }
 
 int main(int argc, char **argv) {
@@ -103,10 +146,28 @@ int main(int argc, char **argv) {
     expect("the invalid ladder's error names the JSON path", PREPARE_STATUS_PACKAGE_REFUSED,
            PREPARE_STATUS_PACKAGE_REFUSED, "/world_size");
 
+    /* Counts past PREPARE_MAX_PACKAGES are refused before anything is read or allocated. */
+    const size_t counts[] = {PREPARE_MAX_PACKAGES + 1, (size_t)1 << 40, SIZE_MAX};
+    for (size_t index = 0; index < sizeof counts / sizeof counts[0]; index++) {
+        char what[64];
+        snprintf(what, sizeof what, "open_unique_id(package_count %zu)", counts[index]);
+        options.package_count = counts[index];
+        expect(what, prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+               PREPARE_STATUS_INVALID_ARGUMENT, "options.package_count");
+    }
+    options.package_count = 1;
+
     packages[0] = nccl_only;
-    options.timeout_seconds = 0.0;
-    expect("open_unique_id(timeout 0)", prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
-           PREPARE_STATUS_INVALID_ARGUMENT, "timeout_seconds");
+    /* Above 0 and at most a day, or refused before the package is opened: no overflow of a
+     * deadline (1e19), no zero duration (5e-324). */
+    const double timeouts[] = {1e19, 86401.0, 5e-324, NAN, -1.0, 0.0, INFINITY};
+    for (size_t index = 0; index < sizeof timeouts / sizeof timeouts[0]; index++) {
+        char what[64];
+        snprintf(what, sizeof what, "open_unique_id(timeout %g)", timeouts[index]);
+        options.timeout_seconds = timeouts[index];
+        expect(what, prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+               PREPARE_STATUS_INVALID_ARGUMENT, "options.timeout_seconds");
+    }
     options.timeout_seconds = 1.0;
     options.tuning = 7;
     expect("open_unique_id(tuning 7)", prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
@@ -161,6 +222,7 @@ int main(int argc, char **argv) {
     expect("check(NULL handle)", prepare_check(NULL), PREPARE_STATUS_INVALID_ARGUMENT,
            "handle is NULL");
     expect("close(NULL)", prepare_close(NULL), PREPARE_STATUS_OK, NULL);
+    expect_thread_exit();
 
     if (failures > 0) {
         fprintf(stderr, "%d checks failed\n", failures);

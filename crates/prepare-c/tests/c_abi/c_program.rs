@@ -1,8 +1,10 @@
 //! Compiles `tests/c/no_gpu.c` with the system's C compiler against the generated `prepare.h`
 //! (`target/<profile>/include/`, where the build script writes it), links it to the cdylib
 //! this crate builds, and runs it: the C ABI's error paths with no GPU, no driver and no
-//! torchrun variables (a missing package, an invalid ladder, null arguments).
-//! Running at all shows the library loads on a machine without libcuda or NCCL.
+//! torchrun variables (a missing package, an invalid ladder, null arguments, counts and
+//! timeouts out of range, a failing call from a thread's exit). Running at all shows the
+//! library loads on a machine without libcuda or NCCL; an empty stderr shows it printed
+//! nothing there, not even for a panic it caught.
 
 #![allow(clippy::print_stdout)]
 
@@ -62,7 +64,7 @@ fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
     let program = scratch.path().join("no_gpu");
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
     let build = Command::new(&compiler)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .args(["-std=c11", "-pthread", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&program)
         .arg(crate_dir.join("tests/c/no_gpu.c"))
         .arg("-I")
@@ -92,6 +94,8 @@ fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
         "MASTER_ADDR",
         "MASTER_PORT",
         "NCCL_COMM_ID",
+        // NCCL's own logging would be the host's output, not the library's.
+        "NCCL_DEBUG",
     ] {
         run.env_remove(name);
     }
@@ -106,4 +110,8 @@ fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
     // Shown with --nocapture: every message the C side saw.
     println!("{stdout}");
     assert!(stdout.contains("every check passed"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.is_empty(),
+        "the library wrote to the host's stderr:\n{stderr}"
+    );
 }

@@ -1,0 +1,52 @@
+//! The caller's mistakes in an all-reduce asked of a rank's collectives, refused before
+//! anything is enqueued ([`RuntimeError::Operands`](super::RuntimeError::Operands)).
+
+/// An all-reduce asked of an entry that it cannot take: the caller's mistake, refused before
+/// anything is enqueued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperandError {
+    /// The input or the output holds fewer bytes than the message.
+    #[error("the {operand} holds {holds} bytes, the message {bytes}")]
+    TooShort {
+        /// `input` or `output`.
+        operand: &'static str,
+        /// The bytes it holds.
+        holds: usize,
+        /// The message's bytes.
+        bytes: u64,
+    },
+    /// No element, or more than the bucket's scratch holds (NCCL takes any number).
+    #[error(
+        "{profile} in bucket {bucket}: a message of {elements} elements is outside the bucket's \
+         1..={largest}"
+    )]
+    OutsideBucket {
+        /// The entry's profile.
+        profile: String,
+        /// Its bucket.
+        bucket: usize,
+        /// The elements asked for.
+        elements: usize,
+        /// The most the bucket takes.
+        largest: usize,
+    },
+    /// The entry does not run on this machine.
+    #[error("{profile} in bucket {bucket} was dropped: {reason}")]
+    Dropped {
+        /// The entry's profile.
+        profile: String,
+        /// Its bucket.
+        bucket: usize,
+        /// Why it was dropped.
+        reason: String,
+    },
+    /// A message in pieces whose output partly overlaps its input: one piece would overwrite
+    /// a later piece's input.
+    #[error(
+        "{what} needs its output to be its input or to lie apart from it; they partly overlap"
+    )]
+    PartlyOverlapping {
+        /// The message.
+        what: String,
+    },
+}
