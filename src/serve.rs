@@ -302,6 +302,9 @@ impl Handle {
                 });
             }
         }
+        // Before anything is loaded or timed: a cache a rank cannot write is found on every
+        // rank alike.
+        let options = &crate::select::agree_cache(&runtime, options, reporter)?;
         let mut served = Vec::with_capacity(packages.len());
         for package in packages {
             let started = std::time::Instant::now();
