@@ -177,4 +177,28 @@ mod tests {
         // nccl.h: ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9.
         assert_eq!(codes, [9, 6, 7]);
     }
+
+    #[test]
+    #[ignore = "needs NCCL (not a GPU): PREPARE_NCCL or a Python environment's nvidia-nccl wheel"]
+    fn the_bytes_are_those_ncclgetuniqueid_makes_from_nccl_comm_id() {
+        // NCCL picks its bootstrap interface from the first address it sees: the loopback.
+        for address in [
+            "127.0.0.1:29501",
+            "localhost:40000",
+            "10.11.12.13:1",
+            "[::1]:40000",
+            "[fe80::1:2]:65535",
+        ] {
+            let variables = [("NCCL_COMM_ID".to_owned(), address.to_owned())];
+            let scope = environment::Scoped::set_where_unset(&variables);
+            assert_eq!(
+                scope.names().len(),
+                1,
+                "NCCL_COMM_ID must be unset to run this"
+            );
+            let nccl = UniqueId::new().unwrap().to_bytes();
+            drop(scope);
+            assert_eq!(comm_id::handle_bytes(address).unwrap(), nccl, "{address}");
+        }
+    }
 }
