@@ -38,7 +38,7 @@ pub struct LaunchSpec {
 }
 
 /// A port that was free a moment ago, for MASTER_PORT, whose next port (the rendezvous NCCL
-/// listens on, see [`crate::serve::environment_defaults`]) was free too.
+/// listens on, see [`crate::serve::rendezvous_address`]) was free too.
 pub fn free_port_pair() -> std::io::Result<u16> {
     let mut last_error = None;
     for _ in 0..64 {

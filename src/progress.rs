@@ -11,6 +11,9 @@ pub trait Reporter: Sync {
     fn advance(&self, item: &str);
     /// The current phase is over.
     fn finish(&self);
+    /// Something the user should know that changes no outcome (the cache is not kept); said
+    /// once. Dropped unless the reporter shows it.
+    fn note(&self, _message: &str) {}
 }
 
 /// A reporter that drops everything.

@@ -10,7 +10,9 @@ use crate::agree::{self, RankRecord, Topology, RECORD_BYTES};
 use crate::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, DriverError, IpcHandle, PeerBuffer, Stream,
 };
-use crate::gpu::nccl::{CommConfig, Communicator, NcclError, NcclMemory, UniqueId};
+use crate::gpu::nccl::{
+    CommConfig, Communicator, InitEnvironment, NcclError, NcclMemory, UniqueId,
+};
 use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
 mod operand_error;
@@ -21,8 +23,10 @@ pub use timeout::{timeout_from_seconds, timeout_in_range, MAX_TIMEOUT};
 /// How the ranks find each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendezvous {
-    /// `NCCL_COMM_ID` (host:port): every rank derives the same id; rank 0 serves it.
-    CommId,
+    /// An address, `host:port` or `[ipv6]:port` (`NCCL_COMM_ID`'s form): every rank builds the
+    /// same id from it and rank 0 serves the rendezvous there. NCCL reads nothing of it from
+    /// the environment but on rank 0, during its init call ([`bootstrap_environment`]).
+    CommId(String),
     /// Rank 0 writes its id to this file; the others wait for it (a shared file system).
     IdFile(PathBuf),
     /// An NCCL unique id the caller made on one rank (`UniqueId::new`) and gave every rank
@@ -237,9 +241,36 @@ pub struct Runtime {
     share: bool,
 }
 
+/// What NCCL is given through the process environment while this rank's bootstrap
+/// communicator initialises, each only where the process has not set it and removed after
+/// ([`InitEnvironment`]): on rank 0 of an address rendezvous, `NCCL_COMM_ID` for the init call
+/// (NCCL serves the rendezvous only when it is set); for the ranks of a launcher
+/// (an address or an id file), `NCCL_RUNTIME_CONNECT=0` until the communicator is ready, so
+/// that NCCL connects inside the bounded bootstrap rather than in the first collective. An id
+/// the caller made and handed over gets nothing.
+pub fn bootstrap_environment(setup: &RankSetup) -> InitEnvironment {
+    let mut environment = InitEnvironment::default();
+    if let Rendezvous::CommId(address) = &setup.rendezvous {
+        if setup.rank == 0 {
+            environment
+                .during_call
+                .push(("NCCL_COMM_ID".to_owned(), address.clone()));
+        }
+    }
+    if matches!(
+        setup.rendezvous,
+        Rendezvous::CommId(_) | Rendezvous::IdFile(_)
+    ) {
+        environment
+            .until_ready
+            .push(("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned()));
+    }
+    environment
+}
+
 fn unique_id(setup: &RankSetup, deadline: Instant) -> Result<UniqueId, RuntimeError> {
     match &setup.rendezvous {
-        Rendezvous::CommId => Ok(UniqueId::new()?),
+        Rendezvous::CommId(address) => Ok(UniqueId::from_address(address)?),
         Rendezvous::UniqueId(bytes) => Ok(UniqueId::from_bytes(**bytes)),
         Rendezvous::IdFile(path) => {
             let file_error = |message: String| RuntimeError::IdFile {
@@ -349,7 +380,8 @@ impl Runtime {
             parent
         } else {
             let id = unique_id(setup, deadline)?;
-            Communicator::init(&id, rank, setup.world, deadline)
+            let environment = bootstrap_environment(setup);
+            Communicator::init_in(&id, rank, setup.world, &environment, deadline)
                 .map_err(|error| timeout_names_peer(error, setup.world))?
         };
         let communicator = bootstrap

@@ -80,7 +80,7 @@ pub enum SelectError {
         /// What failed.
         source: ChoiceError,
     },
-    /// The cache could not be written.
+    /// The cache could not be written (found by [`agree_cache`] before anything is timed).
     #[error("rank {rank}: {source}")]
     Cache {
         /// This rank.
@@ -217,6 +217,50 @@ pub fn cached_choice(
             },
         );
     fits.then_some(choice)
+}
+
+/// Checks on every rank, right after the bootstrap and before anything is timed, that its
+/// cache can be written, and agrees what every rank does ([`cache::decide`]): a directory the
+/// caller named that a rank cannot write fails every rank, naming that rank and the directory;
+/// the default location that a rank cannot write makes every rank select without a cache, said
+/// once through `reporter`. A directory is the default when it is the default location
+/// ([`cache::default_dir`]). Returns the options to select with. Collective.
+pub fn agree_cache(
+    runtime: &Runtime,
+    options: &SelectOptions,
+    reporter: &dyn Reporter,
+) -> Result<SelectOptions, SelectError> {
+    let rank = runtime.rank();
+    // Only timing stores; every rank takes part in the all-gather all the same.
+    let dir = options
+        .cache_dir
+        .as_deref()
+        .filter(|_| options.tuning == Tuning::Runtime);
+    let default = cache::default_dir(|name| std::env::var(name).ok());
+    let probe = cache::Probe::of(dir, default.as_deref());
+    let gathered = runtime.all_gather(&probe.encode(), "the cache check")?;
+    let probes = gathered
+        .chunks(cache::PROBE_BYTES)
+        .enumerate()
+        .map(|(other, bytes)| {
+            cache::Probe::decode(bytes).ok_or(SelectError::Cache {
+                rank,
+                source: cache::CacheError::Unreadable { rank: other as u32 },
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let verdict = cache::decide(&probes);
+    if let Some(source) = verdict.error() {
+        return Err(SelectError::Cache { rank, source });
+    }
+    if let Some(note) = verdict.note() {
+        reporter.note(&note);
+        return Ok(SelectOptions {
+            cache_dir: None,
+            ..options.clone()
+        });
+    }
+    Ok(options.clone())
 }
 
 /// Runs selection on loaded candidates. Collective.

@@ -27,7 +27,7 @@ use crate::runtime::{RankSetup, Runtime, RuntimeError};
 use crate::select::{select, SelectError, SelectOptions, Selection};
 use crate::tune::choice::Choice;
 
-pub use server::{environment_defaults, gpu_for_rank, Options, Server, SetupError, MAX_TIMEOUT};
+pub use server::{gpu_for_rank, rendezvous_address, Options, Server, SetupError, MAX_TIMEOUT};
 
 /// Why a serving call failed. Each variant is a condition a caller can act on; the C ABI maps
 /// them to its status codes.
@@ -302,6 +302,9 @@ impl Handle {
                 });
             }
         }
+        // Before anything is loaded or timed: a cache a rank cannot write is found on every
+        // rank alike.
+        let options = &crate::select::agree_cache(&runtime, options, reporter)?;
         let mut served = Vec::with_capacity(packages.len());
         for package in packages {
             let started = std::time::Instant::now();

@@ -142,6 +142,12 @@ impl prepare::progress::Reporter for LineReporter {
             println!("{phase}: done in {:.3} s", at.elapsed().as_secs_f64());
         }
     }
+    #[allow(clippy::print_stdout)]
+    fn note(&self, message: &str) {
+        if self.leader {
+            println!("{message}");
+        }
+    }
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

@@ -1,6 +1,6 @@
 //! Serving from a launcher's environment: a server started like torchrun (RANK, WORLD_SIZE,
-//! LOCAL_RANK, MASTER_ADDR, MASTER_PORT) reads where it is from the environment, sets NCCL's
-//! own variables, and starts the [`Handle`] with its packages and a few options:
+//! LOCAL_RANK, MASTER_ADDR, MASTER_PORT) reads where it is from the environment and starts the
+//! [`Handle`] with its packages and a few options, leaving the environment as it was:
 //!
 //! ```no_run
 //! use prepare::serve::{Options, Server};
@@ -87,6 +87,12 @@ pub enum SetupError {
         /// What is wrong.
         message: String,
     },
+    /// The variables do not say where the ranks meet.
+    #[error("{message}")]
+    Rendezvous {
+        /// What is missing or wrong.
+        message: String,
+    },
     /// The timeout is zero or above [`MAX_TIMEOUT`].
     #[error("the timeout {seconds} s is not above 0 s and at most {} s (a day)", MAX_TIMEOUT.as_secs())]
     Timeout {
@@ -95,37 +101,45 @@ pub enum SetupError {
     },
 }
 
-/// Variables a rank process sets for itself before anything else runs, when they are unset:
-/// `NCCL_COMM_ID` from `MASTER_ADDR` and `PREPARE_PORT` (default `MASTER_PORT` + 1, so it never
-/// collides with a server's own store), and `NCCL_RUNTIME_CONNECT=0`, so NCCL connects inside
-/// the bounded bootstrap rather than in the first collective.
-pub fn environment_defaults(lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-    let mut defaults = Vec::new();
-    if lookup("NCCL_COMM_ID").is_none() {
-        if let (Some(address), Some(master_port)) = (lookup("MASTER_ADDR"), lookup("MASTER_PORT")) {
-            let port = lookup("PREPARE_PORT")
-                .and_then(|port| port.trim().parse::<u16>().ok())
-                .or_else(|| {
-                    master_port
-                        .trim()
-                        .parse::<u16>()
-                        .ok()
-                        .and_then(|port| port.checked_add(1))
-                });
-            if let Some(port) = port {
-                let host = if address.contains(':') && !address.starts_with('[') {
-                    format!("[{address}]")
-                } else {
-                    address
-                };
-                defaults.push(("NCCL_COMM_ID".to_owned(), format!("{host}:{port}")));
-            }
-        }
+/// Where the ranks of a launcher meet when they are given no id file: `NCCL_COMM_ID` when set,
+/// else `MASTER_ADDR` at `PREPARE_PORT` (default `MASTER_PORT` + 1, so that it never collides
+/// with a server's own store on `MASTER_PORT`). Nothing is written to the environment: NCCL is
+/// given the address through the id and, on rank 0, for its init call only
+/// ([`crate::runtime::bootstrap_environment`]).
+pub fn rendezvous_address(lookup: impl Fn(&str) -> Option<String>) -> Result<String, SetupError> {
+    if let Some(address) = lookup("NCCL_COMM_ID") {
+        return Ok(address);
     }
-    if lookup("NCCL_RUNTIME_CONNECT").is_none() {
-        defaults.push(("NCCL_RUNTIME_CONNECT".to_owned(), "0".to_owned()));
-    }
-    defaults
+    let rendezvous = |message: String| SetupError::Rendezvous { message };
+    let (Some(address), Some(master_port)) = (lookup("MASTER_ADDR"), lookup("MASTER_PORT")) else {
+        return Err(rendezvous(
+            "neither NCCL_COMM_ID nor MASTER_ADDR and MASTER_PORT are set".to_owned(),
+        ));
+    };
+    let port = match lookup("PREPARE_PORT") {
+        Some(port) => port.trim().parse::<u16>().map_err(|_| {
+            rendezvous(format!(
+                "PREPARE_PORT={port:?} is not a port number (0 to 65535)"
+            ))
+        })?,
+        None => master_port
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .and_then(|port| port.checked_add(1))
+            .ok_or_else(|| {
+                rendezvous(format!(
+                    "MASTER_PORT={master_port:?} has no next port for the rendezvous; set \
+                     PREPARE_PORT"
+                ))
+            })?,
+    };
+    let host = if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]")
+    } else {
+        address
+    };
+    Ok(format!("{host}:{port}"))
 }
 
 /// The GPU a rank drives: entry `LOCAL_RANK` of `PREPARE_GPUS` when set, else `LOCAL_RANK`.
@@ -161,9 +175,6 @@ pub fn gpu_for_rank(
 pub struct Server {
     setup: RankSetup,
     options: Options,
-    // NCCL reads its rendezvous and connection mode from the process environment: what to set
-    // there, where unset, before the first NCCL call.
-    nccl_variables: Vec<(String, String)>,
 }
 
 impl Server {
@@ -186,14 +197,10 @@ impl Server {
         }
         let environment = RankEnvironment::from_lookup(&lookup)?;
         let gpu = gpu_for_rank(&environment, lookup("PREPARE_GPUS").as_deref())?;
-        let rendezvous = options
-            .id_file
-            .clone()
-            .map_or(Rendezvous::CommId, Rendezvous::IdFile);
-        let nccl_variables = environment_defaults(&lookup)
-            .into_iter()
-            .filter(|(name, _)| name != "NCCL_COMM_ID" || rendezvous == Rendezvous::CommId)
-            .collect();
+        let rendezvous = match &options.id_file {
+            Some(path) => Rendezvous::IdFile(path.clone()),
+            None => Rendezvous::CommId(rendezvous_address(&lookup)?),
+        };
         Ok(Server {
             setup: RankSetup {
                 rank: environment.rank,
@@ -204,18 +211,12 @@ impl Server {
                 host: crate::agree::host_identity(&lookup),
             },
             options,
-            nccl_variables,
         })
     }
 
     /// Where this rank is and how it meets the others.
     pub fn setup(&self) -> &RankSetup {
         &self.setup
-    }
-
-    /// The variables set for NCCL (where the process has not set them) when the rank starts.
-    pub fn nccl_variables(&self) -> &[(String, String)] {
-        &self.nccl_variables
     }
 
     /// Starts serving `packages` (one per dtype): the runtime, then selection for each.
@@ -235,15 +236,8 @@ impl Server {
     }
 
     /// Brings only the runtime up (bootstrap and topology agreement), for work other than
-    /// serving. Collective.
+    /// serving. Collective. The process environment is left as it was.
     pub fn runtime(&self) -> Result<Runtime, crate::runtime::RuntimeError> {
-        for (name, value) in &self.nccl_variables {
-            if std::env::var_os(name).is_none() {
-                // NCCL reads these only from the environment; they are set before its first call
-                // in this process.
-                std::env::set_var(name, value);
-            }
-        }
         Runtime::start(&self.setup)
     }
 }
@@ -251,6 +245,8 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::nccl::InitEnvironment;
+    use crate::runtime::bootstrap_environment;
 
     /// The variables `pairs`, looked up as the environment would be.
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -275,15 +271,31 @@ mod tests {
         let server = Server::from_lookup(lookup(&TORCHRUN), Options::default()).unwrap();
         let setup = server.setup();
         assert_eq!((setup.rank, setup.world, setup.gpu), (1, 2, 1));
-        assert_eq!(setup.rendezvous, Rendezvous::CommId);
+        assert_eq!(
+            setup.rendezvous,
+            Rendezvous::CommId("10.0.0.7:29501".to_owned())
+        );
         assert_eq!(setup.timeout, Duration::from_secs(60));
         assert_eq!(setup.host, "host-a");
+        // Rank 1 only connects: its id is built from the address, and NCCL is given only how
+        // to connect, while the bootstrap lasts.
         assert_eq!(
-            server.nccl_variables(),
-            pairs(&[
-                ("NCCL_COMM_ID", "10.0.0.7:29501"),
-                ("NCCL_RUNTIME_CONNECT", "0")
-            ])
+            bootstrap_environment(setup),
+            InitEnvironment {
+                during_call: Vec::new(),
+                until_ready: pairs(&[("NCCL_RUNTIME_CONNECT", "0")]),
+            }
+        );
+        // Rank 0 serves the rendezvous, which NCCL does only while NCCL_COMM_ID is set.
+        let mut variables = TORCHRUN.to_vec();
+        variables[0] = ("RANK", "0");
+        let server = Server::from_lookup(lookup(&variables), Options::default()).unwrap();
+        assert_eq!(
+            bootstrap_environment(server.setup()),
+            InitEnvironment {
+                during_call: pairs(&[("NCCL_COMM_ID", "10.0.0.7:29501")]),
+                until_ready: pairs(&[("NCCL_RUNTIME_CONNECT", "0")]),
+            }
         );
     }
 
@@ -305,8 +317,11 @@ mod tests {
         );
         // The ranks meet through the file, so NCCL is given no address.
         assert_eq!(
-            server.nccl_variables(),
-            pairs(&[("NCCL_RUNTIME_CONNECT", "0")])
+            bootstrap_environment(server.setup()),
+            InitEnvironment {
+                during_call: Vec::new(),
+                until_ready: pairs(&[("NCCL_RUNTIME_CONNECT", "0")]),
+            }
         );
     }
 
@@ -384,36 +399,56 @@ mod tests {
 
     #[test]
     fn the_rendezvous_is_the_next_port_after_the_servers_store() {
-        let defaults = environment_defaults(lookup(&[
+        let address = rendezvous_address(lookup(&[
             ("MASTER_ADDR", "10.1.2.3"),
             ("MASTER_PORT", "29500"),
         ]));
-        assert_eq!(
-            defaults,
-            pairs(&[
-                ("NCCL_COMM_ID", "10.1.2.3:29501"),
-                ("NCCL_RUNTIME_CONNECT", "0")
-            ])
-        );
+        assert_eq!(address.unwrap(), "10.1.2.3:29501");
     }
 
     #[test]
-    fn prepare_port_ipv6_and_existing_settings_are_respected() {
-        let defaults = environment_defaults(lookup(&[
+    fn prepare_port_ipv6_and_nccl_comm_id_are_respected() {
+        let address = rendezvous_address(lookup(&[
             ("MASTER_ADDR", "fe80::1"),
             ("MASTER_PORT", "29500"),
             ("PREPARE_PORT", "40000"),
-            ("NCCL_RUNTIME_CONNECT", "1"),
         ]));
-        assert_eq!(defaults, pairs(&[("NCCL_COMM_ID", "[fe80::1]:40000")]));
-        let none = environment_defaults(lookup(&[
+        assert_eq!(address.unwrap(), "[fe80::1]:40000");
+        let given = rendezvous_address(lookup(&[
             ("NCCL_COMM_ID", "host:1"),
-            ("NCCL_RUNTIME_CONNECT", "0"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "29500"),
         ]));
-        assert!(none.is_empty());
+        assert_eq!(given.unwrap(), "host:1");
+    }
+
+    #[test]
+    fn a_rendezvous_without_a_port_is_refused_naming_the_variable() {
         let overflow =
-            environment_defaults(lookup(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")]));
-        assert_eq!(overflow, pairs(&[("NCCL_RUNTIME_CONNECT", "0")]));
+            rendezvous_address(lookup(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")]));
+        assert_eq!(
+            overflow.unwrap_err().to_string(),
+            "MASTER_PORT=\"65535\" has no next port for the rendezvous; set PREPARE_PORT"
+        );
+        let invalid = rendezvous_address(lookup(&[
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "29500"),
+            ("PREPARE_PORT", "x"),
+        ]));
+        assert_eq!(
+            invalid.unwrap_err().to_string(),
+            "PREPARE_PORT=\"x\" is not a port number (0 to 65535)"
+        );
+        let mut variables = TORCHRUN.to_vec();
+        variables.push(("PREPARE_PORT", "70000"));
+        let error = Server::from_lookup(lookup(&variables), Options::default()).unwrap_err();
+        assert!(matches!(error, SetupError::Rendezvous { .. }), "{error}");
+        // With an id file the address is not needed.
+        let options = Options {
+            id_file: Some(PathBuf::from("/shared/id")),
+            ..Options::default()
+        };
+        assert!(Server::from_lookup(lookup(&variables), options).is_ok());
     }
 
     #[test]

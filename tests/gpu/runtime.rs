@@ -313,7 +313,7 @@ fn a_servers_own_communicator_is_adopted_split_from_and_left_working() {
                     world: 2,
                     gpu: rank as usize,
                     timeout: Duration::from_secs(30),
-                    rendezvous: Rendezvous::CommId,
+                    rendezvous: Rendezvous::UniqueId(Box::new(id.to_bytes())),
                     host: "one".to_owned(),
                 };
                 let runtime = Runtime::start_from_parent(&setup, adopted).unwrap();

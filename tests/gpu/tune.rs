@@ -2,8 +2,9 @@
 //! byte-identical choice files on both ranks; a second run hits the cache and times nothing; a
 //! changed `NCCL_*` setting misses it; `--retune` and static tuning; a rank killed or stopped
 //! during timing ends the others within the timeout with nothing written, at the test world
-//! (`PREPARE_TEST_WORLD`, 2 by default); and the library
-//! handle serving from a server's own graphs (examples/serve.rs).
+//! (`PREPARE_TEST_WORLD`, 2 by default); a cache directory one rank cannot write fails both
+//! before any timing; and the library handle serving from a server's own graphs
+//! (examples/serve.rs).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -208,4 +209,66 @@ fn a_server_selects_then_serves_exact_sums_from_its_own_graphs() {
             );
         }
     }
+}
+
+#[test]
+#[ignore = "needs GPUs"]
+fn a_named_cache_directory_one_rank_cannot_write_fails_every_rank_before_any_timing() {
+    use prepare::runtime::{RankSetup, Rendezvous, Runtime};
+    use prepare::select::SelectOptions;
+    use prepare::serve::Handle;
+
+    require_gpus!(2);
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ladders/valid/minimal.json");
+    let (_dir, package_dir) = super::support::export_file(&fixture);
+    let scratch = tempfile::tempdir().unwrap();
+    let writable = scratch.path().join("cache");
+    // Nobody, root included, makes a directory under a regular file.
+    std::fs::write(scratch.path().join("file"), b"").unwrap();
+    let blocked = scratch.path().join("file").join("sub");
+    let id = prepare::gpu::nccl::UniqueId::new().unwrap().to_bytes();
+    let ranks: Vec<_> = [writable.clone(), blocked.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, cache_dir)| {
+            let package_dir = package_dir.clone();
+            std::thread::spawn(move || {
+                let package = prepare::package::open_package_retrying(&package_dir).unwrap();
+                let setup = RankSetup {
+                    rank: rank as u32,
+                    world: 2,
+                    gpu: rank,
+                    timeout: Duration::from_secs(30),
+                    rendezvous: Rendezvous::UniqueId(Box::new(id)),
+                    host: "one".to_owned(),
+                };
+                let runtime = Runtime::start(&setup).unwrap();
+                let options = SelectOptions {
+                    cache_dir: Some(cache_dir),
+                    ..SelectOptions::default()
+                };
+                let silent = prepare::progress::Silent;
+                Handle::select(runtime, &[package], &options, &silent)
+                    .map(|_| ())
+                    .unwrap_err()
+                    .to_string()
+            })
+        })
+        .collect();
+    for (rank, thread) in ranks.into_iter().enumerate() {
+        let error = thread.join().unwrap();
+        eprintln!("rank {rank}: {error}");
+        assert!(error.starts_with(&format!("rank {rank}: ")), "{error}");
+        assert!(
+            error.contains(&format!(
+                "the cache directory {} given to rank 1 cannot be written",
+                blocked.display()
+            )),
+            "{error}"
+        );
+    }
+    // Nothing was timed, so nothing was stored where rank 0 could write.
+    let stored: Vec<_> = std::fs::read_dir(&writable).unwrap().collect();
+    assert!(stored.is_empty(), "{stored:?}");
 }

@@ -22,7 +22,7 @@ use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
 use prepare::runtime::{timeout_from_seconds, RankSetup, Rendezvous, MAX_TIMEOUT};
 use prepare::select::SelectOptions;
-use prepare::serve::{environment_defaults, gpu_for_rank, Handle};
+use prepare::serve::{gpu_for_rank, rendezvous_address, Handle};
 use prepare::tune::choice::Tuning;
 
 use boundary::{c_str, chain, copy_out, dtype, guard, last_error, reference, write, Failure};
@@ -363,7 +363,9 @@ unsafe fn open(
 
 /// Starts a handle from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 /// MASTER_PORT; the GPU is LOCAL_RANK, or entry LOCAL_RANK of PREPARE_GPUS). The ranks meet
-/// at MASTER_ADDR and PREPARE_PORT (default MASTER_PORT + 1). Collective: every rank calls it.
+/// at NCCL_COMM_ID when set, else at MASTER_ADDR and PREPARE_PORT (default MASTER_PORT + 1).
+/// The process environment is left as it was, also when the call fails. Collective: every
+/// rank calls it.
 ///
 /// # Safety
 /// `options` as documented on [`PrepareOptions`]; `out` is null or writable.
@@ -379,18 +381,17 @@ pub unsafe extern "C" fn prepare_open_env(
         let gpu = gpu_for_rank(&environment, std::env::var("PREPARE_GPUS").ok().as_deref())
             .map_err(|error| Failure::invalid(chain(&error)))?;
         check_world(environment.rank, environment.world_size)?;
+        let address =
+            rendezvous_address(lookup).map_err(|error| Failure::invalid(chain(&error)))?;
         // SAFETY: the caller's promise.
         let start = unsafe { start(options) }?;
-        for (name, value) in environment_defaults(lookup) {
-            std::env::set_var(name, value);
-        }
         let place = Place {
             rank: environment.rank,
             world: environment.world_size,
             gpu,
         };
         // SAFETY: the caller's promise.
-        unsafe { open(&start, place, Rendezvous::CommId, None, out) }
+        unsafe { open(&start, place, Rendezvous::CommId(address), None, out) }
     })
 }
 
@@ -450,8 +451,10 @@ pub unsafe extern "C" fn prepare_open_comm(
         // SAFETY: the caller promises a live communicator of this process for this rank and
         // world, kept alive and unused by other threads, as Communicator::adopt requires.
         let parent = unsafe { Communicator::adopt(nccl_comm, rank, world, nonblocking != 0) };
+        // The parent is split from: no rendezvous is used.
+        let unused = Rendezvous::CommId(String::new());
         // SAFETY: the caller's promise.
-        unsafe { open(&start, place, Rendezvous::CommId, Some(parent), out) }
+        unsafe { open(&start, place, unused, Some(parent), out) }
     })
 }
 

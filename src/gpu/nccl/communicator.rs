@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
 
+use super::environment::Scoped;
 use super::error::NcclError;
 use super::library::{api, check, error_message, Api, IN_PROGRESS, SUCCESS};
 use super::{CommConfig, NcclDataType, UniqueId};
@@ -143,6 +144,19 @@ pub struct Communicator {
     owned: bool,
 }
 
+/// What NCCL reads only from the process environment while a communicator initialises
+/// (`ncclConfig_t` has no field for it): each is set where unset, for as long as NCCL reads it,
+/// and removed after.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InitEnvironment {
+    /// Set during the `ncclCommInitRankConfig` call only: `NCCL_COMM_ID` on rank 0, which
+    /// makes NCCL serve the rendezvous at the id's address (it looks at the variable then).
+    pub during_call: Vec<(String, String)>,
+    /// Set from that call until the communicator is ready: `NCCL_RUNTIME_CONNECT`, which the
+    /// initialisation reads in NCCL's background thread once every rank has joined.
+    pub until_ready: Vec<(String, String)>,
+}
+
 impl Communicator {
     /// Joins a communicator of `world` ranks as `rank` (the CUDA device must be current on this
     /// thread), nonblocking, polled until `deadline` and aborted past it.
@@ -152,11 +166,31 @@ impl Communicator {
         world: u32,
         deadline: Instant,
     ) -> Result<Communicator, NcclError> {
+        Communicator::init_in(id, rank, world, &InitEnvironment::default(), deadline)
+    }
+
+    /// Like [`Communicator::init`], with the settings NCCL reads only from the process
+    /// environment set (where unset) for as long as NCCL reads them, and removed after, also
+    /// when the initialisation fails.
+    pub fn init_in(
+        id: &UniqueId,
+        rank: u32,
+        world: u32,
+        environment: &InitEnvironment,
+        deadline: Instant,
+    ) -> Result<Communicator, NcclError> {
         let config = CommConfig {
             nonblocking: true,
             ..CommConfig::default()
         };
-        Communicator::init_with(id, rank, world, config, deadline)
+        let until_ready = Scoped::set_where_unset(&environment.until_ready);
+        let during_call = Scoped::set_where_unset(&environment.during_call);
+        let started = Communicator::start_init(id, rank, world, config);
+        drop(during_call);
+        let communicator = started?;
+        communicator.wait_ready("communicator initialisation", deadline)?;
+        drop(until_ready);
+        Ok(communicator)
     }
 
     /// Joins a communicator with `config`. A nonblocking one is polled until `deadline` and
@@ -168,6 +202,19 @@ impl Communicator {
         world: u32,
         config: CommConfig,
         deadline: Instant,
+    ) -> Result<Communicator, NcclError> {
+        let communicator = Communicator::start_init(id, rank, world, config)?;
+        communicator.wait_ready("communicator initialisation", deadline)?;
+        Ok(communicator)
+    }
+
+    /// Calls `ncclCommInitRankConfig`; a nonblocking communicator is still initialising when
+    /// it returns.
+    fn start_init(
+        id: &UniqueId,
+        rank: u32,
+        world: u32,
+        config: CommConfig,
     ) -> Result<Communicator, NcclError> {
         let api = api()?;
         let nonblocking = config.nonblocking;
@@ -202,7 +249,6 @@ impl Communicator {
             communicator.handle.abort();
             return Err(error);
         }
-        communicator.wait_ready("communicator initialisation", deadline)?;
         Ok(communicator)
     }
 

@@ -59,6 +59,14 @@ pub enum NcclError {
         /// The version it reports.
         version: String,
     },
+    /// A rendezvous address that does not say where the ranks meet.
+    #[error("the rendezvous address {address:?} is not valid: {message} (the forms are host:port and [ipv6]:port)")]
+    Address {
+        /// The address given.
+        address: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A call returned an error.
     #[error("{call} failed on rank {rank}: {message}")]
     Call {

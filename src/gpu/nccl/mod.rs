@@ -3,7 +3,9 @@
 //! the collectives (a nonblocking communicator's collectives are slower), and a watchdog that
 //! aborts a communicator when a deadline passes, since no NCCL call can time out by itself.
 
+mod comm_id;
 mod communicator;
+pub mod environment;
 mod error;
 mod library;
 mod window;
@@ -14,7 +16,7 @@ use cudarc::nccl::sys;
 
 use library::{api, check};
 
-pub use communicator::{Communicator, Watchdog};
+pub use communicator::{Communicator, InitEnvironment, Watchdog};
 pub use error::{NcclError, OVERRIDE_VARIABLE};
 pub use library::{Found, LibraryInfo};
 pub use window::{symmetric_windows, NcclMemory};
@@ -80,8 +82,8 @@ impl std::fmt::Debug for UniqueId {
 }
 
 impl UniqueId {
-    /// A new id. When `NCCL_COMM_ID` (host:port) is set, every rank derives the same id from it
-    /// and rank 0 serves the rendezvous there.
+    /// A new id. When `NCCL_COMM_ID` (host:port) is set in the environment, NCCL derives it
+    /// from that address, as [`UniqueId::from_address`] does without the environment.
     pub fn new() -> Result<UniqueId, NcclError> {
         let api = api()?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
@@ -89,6 +91,18 @@ impl UniqueId {
         let result = unsafe { (api.get_unique_id)(&raw mut id) };
         check(api, "ncclGetUniqueId", 0, result, std::ptr::null_mut())?;
         Ok(UniqueId(id))
+    }
+
+    /// The id every rank of a rendezvous at `address` (`host:port`, `[ipv6]:port`, NCCL_COMM_ID's
+    /// form) starts from: the bytes `ncclGetUniqueId` makes when `NCCL_COMM_ID` holds that
+    /// address, built without setting it. Rank 0 serves the rendezvous there when it joins with
+    /// `NCCL_COMM_ID` set for the call ([`InitEnvironment`]). A host name is resolved here.
+    pub fn from_address(address: &str) -> Result<UniqueId, NcclError> {
+        let bytes = comm_id::handle_bytes(address).map_err(|message| NcclError::Address {
+            address: address.to_owned(),
+            message,
+        })?;
+        Ok(UniqueId::from_bytes(bytes))
     }
 
     /// The id's bytes, to hand to other ranks (`--id-file`).
@@ -162,5 +176,29 @@ mod tests {
         let codes: Vec<u32> = types.iter().map(|dtype| dtype.raw() as u32).collect();
         // nccl.h: ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9.
         assert_eq!(codes, [9, 6, 7]);
+    }
+
+    #[test]
+    #[ignore = "needs NCCL (not a GPU): PREPARE_NCCL or a Python environment's nvidia-nccl wheel"]
+    fn the_bytes_are_those_ncclgetuniqueid_makes_from_nccl_comm_id() {
+        // NCCL picks its bootstrap interface from the first address it sees: the loopback.
+        for address in [
+            "127.0.0.1:29501",
+            "localhost:40000",
+            "10.11.12.13:1",
+            "[::1]:40000",
+            "[fe80::1:2]:65535",
+        ] {
+            let variables = [("NCCL_COMM_ID".to_owned(), address.to_owned())];
+            let scope = environment::Scoped::set_where_unset(&variables);
+            assert_eq!(
+                scope.names().len(),
+                1,
+                "NCCL_COMM_ID must be unset to run this"
+            );
+            let nccl = UniqueId::new().unwrap().to_bytes();
+            drop(scope);
+            assert_eq!(comm_id::handle_bytes(address).unwrap(), nccl, "{address}");
+        }
     }
 }

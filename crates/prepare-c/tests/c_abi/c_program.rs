@@ -26,7 +26,7 @@ fn nccl_only_ladder() -> String {
         .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()))
 }
 
-fn write_nccl_only(out: &Path) {
+pub(crate) fn write_nccl_only(out: &Path) {
     let text = nccl_only_ladder();
     let ladder: Ladder = serde_json::from_str(&text).expect("the ladder parses");
     let compilation = Compilation {

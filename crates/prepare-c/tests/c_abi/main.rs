@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 mod c_program;
+mod environment;
 mod header;
 mod versions;
 
