@@ -30,10 +30,12 @@ cargo test --workspace --locked
 if ! .venv/bin/python3 -m pip show pytest >/dev/null 2>&1; then
     .venv/bin/python3 -m pip install --quiet --disable-pip-version-check "pytest>=7"
 fi
-PREPARE_WHEEL_PROFILE=debug .venv/bin/python3 -m pip install --quiet --disable-pip-version-check \
-    --force-reinstall --no-deps ./python
+# The profile also tells the tests which generated prepare.h the package was built with.
+export PREPARE_WHEEL_PROFILE=debug
+.venv/bin/python3 -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+    ./python
 if .venv/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "torch is installed in .venv: the torch-free tests must run without it" >&2
     exit 1
 fi
-.venv/bin/python3 -m pytest -q -p no:cacheprovider tests/python/test_no_gpu.py
+.venv/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/python/

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import math
+import numbers
+import operator
 import os
 import threading
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -20,18 +23,20 @@ TUNINGS = {"runtime": 0, "static": 1}
 
 
 class PrepareError(RuntimeError):
-    """A call into prepare failed; `status` is the C status code."""
+    """A call into prepare failed. Every error raised is one of the subclasses, one per C status
+    code (`status`), so catching a subclass catches exactly that status."""
 
-    status = 4
+    status: int
 
-    def __init__(self, message: str, status: Optional[int] = None):
+    def __init__(self, message: str):
+        if type(self) is PrepareError:
+            raise TypeError("raise one of PrepareError's subclasses: one per status")
         super().__init__(message)
-        if status is not None:
-            self.status = status
 
 
 class InvalidArgument(PrepareError, ValueError):
-    """An argument is invalid (a CPU or non-contiguous tensor, a dtype no package holds, ...)."""
+    """An argument is invalid (out of range, a CPU or non-contiguous tensor, a dtype no package
+    holds, a closed handle, ...)."""
 
     status = 1
 
@@ -63,6 +68,112 @@ class InternalError(PrepareError):
 
 _ERRORS = {cls.status: cls for cls in (InvalidArgument, PackageRefused, PeerTimeout,
                                         RuntimeFailure, InternalError)}
+
+
+def error_class(status: int) -> type:
+    """The exception class of a C status code (InternalError for a code the package lacks)."""
+    return _ERRORS.get(status, InternalError)
+
+
+# Each C integer type's range: a Python integer outside it is refused, where ctypes would
+# silently keep its low bits.
+_C_INTEGERS = {
+    "int32_t": (-(1 << 31), (1 << 31) - 1),
+    "uint32_t": (0, (1 << 32) - 1),
+    "uint64_t": (0, (1 << 64) - 1),
+    "size_t": (0, (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1),
+    "a pointer": (0, (1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1),
+}
+
+
+def _shown(number: int) -> str:
+    # str() of an integer of thousands of digits raises; its size says enough.
+    bits = number.bit_length()
+    return str(number) if bits <= 128 else f"<an integer of {bits} bits>"
+
+
+def _kind(value: Any) -> str:
+    """What a refused value is: "a float", "an int"."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiouAEIOU' else 'a'} {name}"
+
+
+def _integer(name: str, value: Any, c_type: str) -> int:
+    """`value` as an int within the range of `c_type`, or InvalidArgument naming `name`."""
+    low, high = _C_INTEGERS[c_type]
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise InvalidArgument(
+            f"{name} is {_kind(value)}: give an integer from {low} to {high}")
+    number = operator.index(value)
+    if not low <= number <= high:
+        raise InvalidArgument(
+            f"{name}={_shown(number)} is out of range: give an integer from {low} to {high} "
+            f"({c_type})")
+    return number
+
+
+def _address(name: str, value: Any) -> Optional[int]:
+    """A device address or handle as an integer (None for NULL)."""
+    return None if value is None else _integer(name, value, "a pointer")
+
+
+def _seconds(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidArgument(
+            f"timeout is {_kind(timeout)}: give seconds above 0 as a number")
+    try:
+        seconds = float(timeout)
+    except OverflowError:
+        raise InvalidArgument("timeout is too large for seconds (a C double)") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InvalidArgument(f"timeout={seconds!r}: give seconds above 0")
+    return seconds
+
+
+def _c_string(name: str, value: Any, path: bool) -> bytes:
+    """`value` encoded for the C library; a NUL byte, where the C string would end, is refused
+    as Python's own file functions refuse it."""
+    try:
+        if path:
+            encoded = os.fsencode(value)
+        elif isinstance(value, str):
+            encoded = value.encode()
+        else:
+            raise TypeError
+    except TypeError:
+        wanted = "a path (str, bytes or os.PathLike)" if path else "a str"
+        raise InvalidArgument(f"{name} is {_kind(value)}: give {wanted}") from None
+    except UnicodeEncodeError as error:
+        raise InvalidArgument(f"{name} {value!r} cannot be encoded: {error.reason}") from None
+    if b"\0" in encoded:
+        raise InvalidArgument(f"{name} {value!r}: embedded null byte")
+    return encoded
+
+
+def _package_paths(packages: Any) -> List[bytes]:
+    if isinstance(packages, (str, bytes, os.PathLike)):
+        packages = [packages]
+    try:
+        listed = list(packages)
+    except TypeError:
+        raise InvalidArgument(
+            f"packages is {_kind(packages)}: give a package directory or a sequence "
+            "of them") from None
+    if not listed:
+        raise InvalidArgument("no package was given: give one package directory per dtype")
+    return [_c_string(f"packages[{index}]", package, path=True)
+            for index, package in enumerate(listed)]
+
+
+def start_arguments(packages: Any, cache_dir: Any, timeout: Any,
+                    tuning: Any) -> Tuple[List[bytes], Optional[bytes], float, int]:
+    """The checked options of a handle's start (package paths, cache directory, seconds, tuning
+    code), or InvalidArgument: what every open function checks before the library sees it."""
+    paths = _package_paths(packages)
+    cache = None if cache_dir is None else _c_string("cache_dir", cache_dir, path=True)
+    if not (isinstance(tuning, str) and tuning in TUNINGS):
+        raise InvalidArgument(f"tuning={tuning!r}: use 'runtime' or 'static'")
+    return paths, cache, _seconds(timeout), TUNINGS[tuning]
 
 
 class _Options(ctypes.Structure):
@@ -127,23 +238,66 @@ _SIGNATURES = {
 }
 
 
+def _load(path: str, named_by_variable: bool) -> ctypes.CDLL:
+    """Loads the library at `path` and binds its functions, or raises ImportError naming the
+    file, who chose it and what is wrong with it."""
+
+    def refused(what: str) -> ImportError:
+        if named_by_variable:
+            where = f"PREPARE_LIBRARY names {path},"
+            fix = ("point it at the libprepare_c.so built with this package, or unset it to use "
+                   "the library installed with the package")
+        else:
+            where = f"the C library installed with prepare, {path},"
+            fix = "reinstall the package (`pip install ./python` from the checkout)"
+        return ImportError(f"{where} {what}; {fix}", path=path)
+
+    if os.sep in path and not os.path.exists(path):
+        raise refused("which does not exist")
+    if os.path.isdir(path):
+        raise refused("which is a directory, not the library file")
+    try:
+        loaded = ctypes.CDLL(path)
+    except OSError as error:
+        raise refused(f"which cannot be loaded: {error}") from None
+    try:
+        version_of = loaded.prepare_version
+    except AttributeError:
+        raise refused("which is not prepare's C library: it has no prepare_version") from None
+    version_of.argtypes, version_of.restype = _SIGNATURES["prepare_version"]
+    version = (version_of() or b"").decode(errors="replace")
+    # The package's version, read here rather than at import: `prepare/__init__.py` sets it
+    # after importing this module, and is complete by the first call into the library.
+    from . import __version__
+
+    if version != __version__:
+        raise refused(
+            f"which is prepare {version}, but this package is prepare {__version__}: the "
+            "package's calls may not match that library's functions")
+    for name, (arguments, result) in _SIGNATURES.items():
+        try:
+            function = getattr(loaded, name)
+        except AttributeError:
+            raise refused(f"which has no {name}, though it says it is prepare {version}") from None
+        function.argtypes = arguments
+        function.restype = result
+    return loaded
+
+
 def library() -> ctypes.CDLL:
-    """The C library, loaded on first use (it needs no GPU, driver or NCCL to load)."""
+    """The C library, loaded on first use (it needs no GPU, driver or NCCL to load); refused
+    with an ImportError when it is not prepare's, or not of this package's version."""
     global _library, _library_path
     with _lock:
         if _library is None:
             path = library_path()
-            loaded = ctypes.CDLL(path)
-            for name, (arguments, result) in _SIGNATURES.items():
-                function = getattr(loaded, name)
-                function.argtypes = arguments
-                function.restype = result
-            _library, _library_path = loaded, path
+            _library = _load(path, named_by_variable=bool(os.environ.get("PREPARE_LIBRARY")))
+            _library_path = path
         return _library
 
 
 def native_version() -> str:
-    """The C library's version; equals `prepare.__version__` in a consistent install."""
+    """The C library's version; equal to `prepare.__version__`, or the library is refused."""
     return library().prepare_version().decode()
 
 
@@ -151,7 +305,11 @@ def _check(status: int) -> None:
     if status == 0:
         return
     message = library().prepare_last_error().decode(errors="replace")
-    raise _ERRORS.get(status, PrepareError)(message, status)
+    error = _ERRORS.get(status)
+    if error is None:
+        raise InternalError(f"the library returned status {status}, unknown to this package: "
+                            f"{message}")
+    raise error(message)
 
 
 def dtype_code(name: str) -> int:
@@ -179,35 +337,45 @@ def _text(function, *arguments) -> str:
 
 
 class NativeHandle:
-    """One rank's serving handle in the C library. Not thread-safe: one thread at a time."""
+    """One rank's serving handle in the C library. Not thread-safe: one thread at a time. Made
+    only by `open_unique_id`, `open_env` and `open_comm`: it owns the pointer the library
+    returned, and closing any other pointer would corrupt the process."""
 
-    def __init__(self, pointer: int):
-        self._pointer: Optional[int] = pointer
+    # A handle whose open did not finish (or a closed one) holds no pointer.
+    _pointer: Optional[int] = None
+
+    def __init__(self, *_arguments: Any, **_keywords: Any):
+        raise TypeError("a NativeHandle is made by NativeHandle.open_unique_id, open_env or "
+                        "open_comm, never from a pointer")
+
+    @classmethod
+    def _opened(cls, out: ctypes.c_void_p) -> "NativeHandle":
+        if not out.value:
+            raise InternalError("the library reported success but returned no handle")
+        handle = cls.__new__(cls)
+        handle._pointer = out.value
+        return handle
 
     @staticmethod
-    def _options(packages: Sequence[PathLike], cache_dir: Optional[PathLike], timeout: float,
-                 tuning: str, retune: bool):
-        if isinstance(packages, (str, bytes, os.PathLike)):
-            packages = [packages]
-        paths = [os.fsencode(package) for package in packages]
-        if not paths:
-            raise InvalidArgument("no package was given: give one package directory per dtype")
-        if tuning not in TUNINGS:
-            raise InvalidArgument(f"tuning={tuning!r}: use 'runtime' or 'static'")
-        timeout = float(timeout)
-        if not timeout > 0 or timeout != timeout or timeout == float("inf"):
-            raise InvalidArgument(f"timeout={timeout!r}: give seconds above 0")
+    def _options(packages: Any, cache_dir: Any, timeout: Any, tuning: Any, retune: bool):
+        paths, cache, seconds, tuning_code = start_arguments(packages, cache_dir, timeout,
+                                                             tuning)
         options = _Options()
         _check(library().prepare_options_init(ctypes.byref(options)))
         array = (ctypes.c_char_p * len(paths))(*paths)
         options.packages = ctypes.cast(array, ctypes.POINTER(ctypes.c_char_p))
         options.package_count = len(paths)
-        options.cache_dir = None if cache_dir is None else os.fsencode(cache_dir)
-        options.timeout_seconds = timeout
-        options.tuning = TUNINGS[tuning]
+        options.cache_dir = cache
+        options.timeout_seconds = seconds
+        options.tuning = tuning_code
         options.retune = int(bool(retune))
         # The array must outlive the call: keep it with the options.
         return options, array
+
+    @staticmethod
+    def _rank(rank: Any, world: Any, device: Any) -> Tuple[int, int, int]:
+        return (_integer("rank", rank, "uint32_t"), _integer("world", world, "uint32_t"),
+                _integer("device", device, "int32_t"))
 
     @classmethod
     def open_unique_id(cls, packages: Union[PathLike, Sequence[PathLike]], unique_id: bytes,
@@ -217,12 +385,13 @@ class NativeHandle:
         """Starts a handle from an NCCL unique id every rank received. Collective."""
         if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != UNIQUE_ID_BYTES:
             raise InvalidArgument(f"unique_id must be {UNIQUE_ID_BYTES} bytes")
+        rank, world, device = cls._rank(rank, world, device)
         options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune)
         identifier = ctypes.create_string_buffer(bytes(unique_id), UNIQUE_ID_BYTES)
         out = ctypes.c_void_p()
         _check(library().prepare_open_unique_id(ctypes.byref(options), identifier, rank, world,
                                                 device, ctypes.byref(out)))
-        return cls(out.value)
+        return cls._opened(out)
 
     @classmethod
     def open_env(cls, packages: Union[PathLike, Sequence[PathLike]],
@@ -232,7 +401,7 @@ class NativeHandle:
         options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune)
         out = ctypes.c_void_p()
         _check(library().prepare_open_env(ctypes.byref(options), ctypes.byref(out)))
-        return cls(out.value)
+        return cls._opened(out)
 
     @classmethod
     def open_comm(cls, packages: Union[PathLike, Sequence[PathLike]], nccl_comm: int,
@@ -240,11 +409,13 @@ class NativeHandle:
                   cache_dir: Optional[PathLike] = None, timeout: float = 60.0,
                   tuning: str = "runtime", retune: bool = False) -> "NativeHandle":
         """Starts a handle split from the caller's `ncclComm_t` (an integer). Collective."""
+        comm = _address("nccl_comm", nccl_comm)
+        rank, world, device = cls._rank(rank, world, device)
         options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune)
         out = ctypes.c_void_p()
-        _check(library().prepare_open_comm(ctypes.byref(options), nccl_comm, rank, world,
-                                           device, int(bool(nonblocking)), ctypes.byref(out)))
-        return cls(out.value)
+        _check(library().prepare_open_comm(ctypes.byref(options), comm, rank, world, device,
+                                           int(bool(nonblocking)), ctypes.byref(out)))
+        return cls._opened(out)
 
     @property
     def closed(self) -> bool:
@@ -252,36 +423,45 @@ class NativeHandle:
 
     def _live(self) -> int:
         if self._pointer is None:
-            raise PrepareError("this prepare handle is closed")
+            raise InvalidArgument("this prepare handle is closed")
         return self._pointer
+
+    # Every method checks its arguments first, then that the handle is open.
 
     def all_reduce(self, input: int, output: int, count: int, dtype: int, stream: int) -> None:
         """Enqueues the sum of `count` elements at device address `input` into `output`."""
-        _check(library().prepare_all_reduce(self._live(), input, output, count, dtype, stream))
+        arguments = (_address("input", input), _address("output", output),
+                     _integer("count", count, "size_t"), _integer("dtype", dtype, "int32_t"),
+                     _address("stream", stream))
+        _check(library().prepare_all_reduce(self._live(), *arguments))
 
     def route(self, dtype: int, nbytes: int) -> str:
-        return _text(library().prepare_route, self._live(), dtype, nbytes)
+        arguments = (_integer("dtype", dtype, "int32_t"), _integer("nbytes", nbytes, "uint64_t"))
+        return _text(library().prepare_route, self._live(), *arguments)
 
     def choice_json(self, dtype: int) -> str:
-        return _text(library().prepare_choice_json, self._live(), dtype)
+        code = _integer("dtype", dtype, "int32_t")
+        return _text(library().prepare_choice_json, self._live(), code)
 
     def serves(self, dtype: int) -> bool:
+        code = _integer("dtype", dtype, "int32_t")
         served = ctypes.c_int32(0)
-        _check(library().prepare_serves(self._live(), dtype, ctypes.byref(served)))
+        _check(library().prepare_serves(self._live(), code, ctypes.byref(served)))
         return bool(served.value)
 
     def zero_copy_region(self, dtype: int) -> Tuple[int, int]:
         """(device address, bytes) of the zero-copy region; (0, 0) when only NCCL runs."""
+        code = _integer("dtype", dtype, "int32_t")
         address = ctypes.c_void_p()
         nbytes = ctypes.c_size_t()
-        _check(library().prepare_zero_copy_region(self._live(), dtype, ctypes.byref(address),
+        _check(library().prepare_zero_copy_region(self._live(), code, ctypes.byref(address),
                                                   ctypes.byref(nbytes)))
         return address.value or 0, nbytes.value
 
     def force(self, dtype: int, bucket: int, profile: str) -> None:
-        if bucket < 0:
-            raise InvalidArgument(f"bucket {bucket} is negative")
-        _check(library().prepare_force(self._live(), dtype, bucket, profile.encode()))
+        arguments = (_integer("dtype", dtype, "int32_t"), _integer("bucket", bucket, "size_t"),
+                     _c_string("profile", profile, path=False))
+        _check(library().prepare_force(self._live(), *arguments))
 
     def check(self) -> None:
         _check(library().prepare_check(self._live()))

@@ -13,6 +13,9 @@ from ._binding import (
     InvalidArgument,
     NativeHandle,
     PrepareError,
+    RuntimeFailure,
+    error_class,
+    start_arguments,
     unique_id,
 )
 
@@ -65,7 +68,7 @@ def _registered_op():
             with _REGISTRY_LOCK:
                 collectives = _REGISTRY.get(handle)
             if collectives is None:
-                raise PrepareError(f"prepare handle {handle} is closed")
+                raise InvalidArgument(f"prepare handle {handle} is closed")
             collectives._enqueue(output if input is None else input, output)
 
         @all_reduce.register_fake
@@ -113,19 +116,12 @@ class Collectives:
         dist = torch.distributed
         self._native: Optional[NativeHandle] = None
         self._id: Optional[int] = None
-        if isinstance(packages, (str, bytes, os.PathLike)):
-            packages = [packages]
-        packages = [os.fspath(package) for package in packages]
-        if not packages:
-            raise InvalidArgument("no package was given: give one package directory per dtype")
-        if tuning not in ("runtime", "static"):
-            raise InvalidArgument(f"tuning={tuning!r}: use 'runtime' or 'static'")
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise InvalidArgument(f"timeout={timeout!r}: give seconds above 0")
+        # The same checks as the library's start, before any collective step.
+        paths = start_arguments(packages, cache_dir, timeout, tuning)[0]
         if not torch.cuda.is_available():
-            raise PrepareError("no CUDA GPU is visible to PyTorch; prepare needs one per rank")
+            raise RuntimeFailure("no CUDA GPU is visible to PyTorch; prepare needs one per rank")
         if not (dist.is_available() and dist.is_initialized()):
-            raise PrepareError(
+            raise InvalidArgument(
                 "torch.distributed is not initialized: call "
                 "torch.distributed.init_process_group before prepare.Collectives")
         if group is None:
@@ -140,21 +136,26 @@ class Collectives:
         self.device: int = torch.cuda.current_device()
         self._names = _dtype_names(torch)
 
-        # The one bootstrap: rank 0's unique id (or why it has none) over the group.
+        # The one bootstrap: rank 0's unique id, or why it has none (its error's status, None
+        # for a library that was refused), over the group; every rank raises that class.
         message: List[Any] = [None]
         if rank == 0:
             try:
-                message = [("id", unique_id())]
+                message = [(0, unique_id())]
             except PrepareError as error:
-                message = [("error", f"rank 0 could not make an NCCL unique id: {error}")]
+                message = [(error.status, f"rank 0 could not make an NCCL unique id: {error}")]
+            except ImportError as error:
+                message = [(None, f"rank 0: {error}")]
         root = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
         dist.broadcast_object_list(message, src=root, group=group)
-        kind, payload = message[0]
-        if kind != "id":
-            raise PrepareError(payload)
+        status, payload = message[0]
+        if status is None:
+            raise ImportError(payload)
+        if status != 0:
+            raise error_class(status)(payload)
         self._native = NativeHandle.open_unique_id(
-            packages, payload, rank, world, self.device, cache_dir=cache_dir,
-            timeout=float(timeout), tuning=tuning)
+            paths, payload, rank, world, self.device, cache_dir=cache_dir,
+            timeout=timeout, tuning=tuning)
         self._served = {dtype: name for dtype, name in self._names.items()
                         if self._native.serves(_code(name))}
         _registered_op()
@@ -166,7 +167,7 @@ class Collectives:
 
     def _live(self) -> NativeHandle:
         if self._native is None or self._native.closed:
-            raise PrepareError("this prepare.Collectives is closed")
+            raise InvalidArgument("this prepare.Collectives is closed")
         return self._native
 
     def _code(self, dtype: Any) -> int:
@@ -284,17 +285,14 @@ class Collectives:
     def route(self, nbytes: int, dtype: Any = None) -> str:
         """Which kernel a message of `nbytes` goes to, e.g. "one_shot_push (bucket 2)"."""
         torch = _torch()
-        if nbytes < 0:
-            raise InvalidArgument(f"nbytes {nbytes} is negative")
-        return self._live().route(self._code(torch.bfloat16 if dtype is None else dtype),
-                                  int(nbytes))
+        return self._live().route(self._code(torch.bfloat16 if dtype is None else dtype), nbytes)
 
     def force(self, bucket: int, profile: str, dtype: Any = None) -> None:
         """Runs candidate `profile` for bucket `bucket` instead of the agreed winner (the
         override tests use). Every rank must force the same, before the all-reduces."""
         torch = _torch()
-        self._live().force(self._code(torch.bfloat16 if dtype is None else dtype),
-                           int(bucket), str(profile))
+        self._live().force(self._code(torch.bfloat16 if dtype is None else dtype), bucket,
+                           profile)
 
     def check(self) -> None:
         """Raises `prepare.PeerTimeout`, naming the peer, when a kernel gave up waiting for

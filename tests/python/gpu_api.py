@@ -122,7 +122,7 @@ def main():
     expect("the context manager closed it", collectives.closed)
     collectives.close()
     expect("close is idempotent", collectives.closed)
-    expect_raises("use after close", prepare.PrepareError, "closed",
+    expect_raises("use after close", prepare.InvalidArgument, "closed",
                   lambda: collectives.all_reduce(tensor))
     # The zero-copy view keeps its memory after close: writing it must not crash.
     view.fill_(1.0)

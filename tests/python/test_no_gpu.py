@@ -96,17 +96,6 @@ def test_bad_arguments_are_invalid_arguments(tmp_path, arguments, message):
         prepare.NativeHandle.open_unique_id(**call)
 
 
-def test_a_closed_handle_refuses_every_call():
-    handle = prepare.NativeHandle(None)
-    assert handle.closed
-    handle.close()
-    for call in (lambda: handle.check(), lambda: handle.route(0, 2),
-                 lambda: handle.choice_json(0), lambda: handle.zero_copy_region(0),
-                 lambda: handle.force(0, 0, "nccl"), lambda: handle.all_reduce(1, 1, 1, 0, 0)):
-        with pytest.raises(prepare.PrepareError, match="closed"):
-            call()
-
-
 def test_the_library_refuses_a_null_handle_itself():
     # Past the Python checks: the C library's own null check answers with a status.
     library = prepare._binding.library()
