@@ -12,7 +12,10 @@
 //   signals: PREPARE_SIGNAL_WORDS 64-bit flags, written by peers with st.release.sys and read
 //            by the owner with ld.acquire.sys; zeroed once at allocation, never reset.
 //   state:   local only: state[0] is the sticky abort word, state[1 + b] block b's epoch, then
-//            the double-buffered kernels' launch count, one copy per block number.
+//            the double-buffered kernels' launch count, one copy per block number, then the
+//            arrivals: when block b last began a launch (%globaltimer, written by the block
+//            alone), so a deadline passed while some block had not started yet is told from a
+//            kernel's failure.
 // After an abort the ranks' epochs may disagree: only zeroing every rank's signals, state and
 // scratch together (no launch in flight anywhere) makes the kernels usable again.
 // Epochs live in device memory and advance on every launch, so a captured graph replays any
@@ -27,10 +30,12 @@
 #define PREPARE_SIGNAL_SETS 6
 // signals[set][source_rank][block]
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
-#define PREPARE_STATE_WORDS (1 + 2 * PREPARE_MAX_BLOCKS)
+#define PREPARE_STATE_WORDS (1 + 3 * PREPARE_MAX_BLOCKS)
 // Launches of double-buffered kernels so far, one copy per block number: block b reads
 // state[PREPARE_STATE_LAUNCH_WORDS + b].
 #define PREPARE_STATE_LAUNCH_WORDS (1 + PREPARE_MAX_BLOCKS)
+// When block b last began a launch past its checks: state[PREPARE_STATE_ARRIVAL_WORDS + b].
+#define PREPARE_STATE_ARRIVAL_WORDS (1 + 2 * PREPARE_MAX_BLOCKS)
 
 // Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | rank, where
 // rank is the peer that did not arrive (PEER_TIMEOUT) or this rank (INVALID_LAUNCH).

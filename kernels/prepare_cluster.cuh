@@ -190,6 +190,7 @@ __device__ __forceinline__ void cluster_kernel(const AllReduceParams& params) {
         }
         return;
     }
+    record_arrival(params);
     __shared__ ClusterFlags flags;
     __shared__ int outcome;
     const ClusterPlace place = cluster_place();

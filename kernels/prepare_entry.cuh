@@ -16,9 +16,9 @@
 namespace prepare {
 
 // The body of every block kernel's entry: waits for the previous kernel of the stream
-// (prepare_sync.cuh), checks the launch, begins it as the algorithm's protocol does
-// (`Algorithm::begin<N>`, which its base gives: StartBarrier, LaunchCounter or NoBegin), then
-// runs the algorithm, unless the begin gave up.
+// (prepare_sync.cuh), checks the launch, stamps the block's arrival, begins it as the
+// algorithm's protocol does (`Algorithm::begin<N>`, which its base gives: StartBarrier,
+// LaunchCounter or NoBegin), then runs the algorithm, unless the begin gave up.
 template <typename Algorithm, typename T, int N>
 __device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
     wait_for_previous_grid();
@@ -26,6 +26,7 @@ __device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
     if (!block_launch_is_valid<T, N>(params)) {
         return;
     }
+    record_arrival(params);
     __shared__ BlockFlags flags;
     if (Algorithm::template begin<N>(params, flags)) {
         Algorithm::template run<T, N>(params, flags);

@@ -243,6 +243,14 @@ __device__ __forceinline__ void block_end(const AllReduceParams& params, const B
     }
 }
 
+// Stamps the block's arrival word with when this launch began (%globaltimer), once the launch
+// checks passed; only this block writes it, and only the host reads it, after the launch.
+__device__ __forceinline__ void record_arrival(const AllReduceParams& params) {
+    if (threadIdx.x == 0) {
+        params.state[PREPARE_STATE_ARRIVAL_WORDS + blockIdx.x] = global_timer_ns();
+    }
+}
+
 // Refuses an invalid launch for every block and records why once per block.
 template <typename T, int N>
 __device__ __forceinline__ bool block_launch_is_valid(const AllReduceParams& params) {

@@ -43,9 +43,14 @@ pub const SIGNAL_SETS: usize = 6;
 pub const SIGNAL_WORDS: usize = SIGNAL_SETS * MAX_RANKS * MAX_BLOCKS;
 /// Bytes of signal flags per rank (peer-mapped, like the buffer).
 pub const SIGNAL_BYTES: u64 = SIGNAL_WORDS as u64 * 8;
-/// 64-bit state words per rank: the abort word, the blocks' epochs, and the double-buffered
-/// kernels' launch count, one copy per block number.
-pub const STATE_WORDS: usize = 1 + 2 * MAX_BLOCKS;
+/// 64-bit state words per rank: the abort word, the blocks' epochs, the double-buffered
+/// kernels' launch count, one copy per block number, and the blocks' arrivals.
+pub const STATE_WORDS: usize = 1 + 3 * MAX_BLOCKS;
+/// The first arrival word: `state[STATE_ARRIVAL_WORDS + b]` holds when block `b` last began a
+/// launch past the launch checks (`%globaltimer`, nanoseconds), so a wait that passed its
+/// deadline while some block had not started yet (blocks that were not all resident at once)
+/// can be told from a kernel's failure.
+pub const STATE_ARRIVAL_WORDS: usize = 1 + 2 * MAX_BLOCKS;
 /// Set in the abort word when a kernel gave up.
 pub const ABORT_FLAG: u64 = 1 << 63;
 /// Abort reason: a peer did not arrive before the deadline (the low 32 bits name the peer).
@@ -200,8 +205,14 @@ mod tests {
         );
         assert_eq!(
             defines["PREPARE_STATE_WORDS"],
+            "(1 + 3 * PREPARE_MAX_BLOCKS)"
+        );
+        assert_eq!(
+            defines["PREPARE_STATE_ARRIVAL_WORDS"],
             "(1 + 2 * PREPARE_MAX_BLOCKS)"
         );
+        assert_eq!(STATE_ARRIVAL_WORDS, 1 + 2 * MAX_BLOCKS);
+        assert_eq!(STATE_WORDS, STATE_ARRIVAL_WORDS + MAX_BLOCKS);
     }
 
     #[test]

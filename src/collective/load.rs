@@ -50,6 +50,39 @@ fn capacity_elements(ladder: &Ladder) -> usize {
     largest.div_ceil(ladder.dtype.size_bytes()) as usize
 }
 
+/// Where a ladder's messages and its kernels' scratch lie in every rank's registered buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLayout {
+    /// Bytes at the buffer's start that hold a message: the largest of any bucket, so NCCL
+    /// reads the same buffer as the custom kernels even where only NCCL takes a bucket.
+    pub input_region: u64,
+    /// Bytes of scratch after the input region.
+    pub scratch: u64,
+}
+
+impl PeerLayout {
+    /// The layout of `ladder`'s registered buffer.
+    pub fn of(ladder: &Ladder) -> PeerLayout {
+        let message_bytes = capacity_elements(ladder) as u64 * ladder.dtype.size_bytes();
+        PeerLayout {
+            input_region: kernels::input_region_bytes(ladder)
+                .max(message_bytes.next_multiple_of(kernels::REGION_ALIGNMENT_BYTES)),
+            scratch: kernels::scratch_region_bytes(ladder),
+        }
+    }
+
+    /// Bytes of the whole registered buffer.
+    pub fn buffer_bytes(&self) -> u64 {
+        self.input_region + self.scratch
+    }
+
+    /// Where `spec`'s scratch starts in every rank's buffer, the `scratch_offset` it is
+    /// launched with.
+    pub fn scratch_offset(&self, ladder: &Ladder, spec: &kernels::KernelSpec) -> u64 {
+        self.input_region + kernels::scratch_offset_after_input(ladder, spec)
+    }
+}
+
 /// The package's architecture must be this rank's GPU's.
 pub fn check_architecture(runtime: &Runtime, package: &Package) -> Result<(), RuntimeError> {
     let rank = runtime.rank();
@@ -107,13 +140,10 @@ impl Collectives {
         };
         let has_custom = kernels::input_region_bytes(ladder) > 0;
         let message_bytes = capacity * ladder.dtype.size_bytes() as usize;
-        // The input region holds the largest message of any bucket, so NCCL reads the same
-        // buffer as the custom kernels even where only NCCL takes a bucket.
-        let input_region = kernels::input_region_bytes(ladder)
-            .max((message_bytes as u64).next_multiple_of(kernels::REGION_ALIGNMENT_BYTES));
+        let layout = PeerLayout::of(ladder);
+        let input_region = layout.input_region;
         let input = if peer_reason.is_none() && has_custom {
-            let scratch = kernels::scratch_region_bytes(ladder);
-            Input::Peer(runtime.map_peer_memory((input_region + scratch) as usize)?)
+            Input::Peer(runtime.map_peer_memory(layout.buffer_bytes() as usize)?)
         } else {
             Input::Plain(
                 runtime
@@ -220,8 +250,7 @@ impl Collectives {
                                         .expect("a kernel of this crate"),
                                     kernel,
                                     geometry,
-                                    scratch_offset: input_region
-                                        + kernels::scratch_offset_after_input(ladder, &spec),
+                                    scratch_offset: layout.scratch_offset(ladder, &spec),
                                 },
                             });
                         }

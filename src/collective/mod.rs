@@ -20,7 +20,7 @@ pub use copy_engine::{copy_engine_chunks, COPY_ENGINE_CHUNK_BYTES};
 use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
-pub use load::{check_architecture, private_output_bytes};
+pub use load::{check_architecture, private_output_bytes, PeerLayout};
 pub use operands::{
     moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };

@@ -11,7 +11,7 @@ mod spec;
 pub use crate::abi::{
     AllReduceParams, ABORT_FLAG, ABORT_INVALID_LAUNCH, ABORT_PEER_TIMEOUT, ALIGNMENT_BYTES,
     BUFFER_ALIGNMENT_BYTES, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, SIGNAL_SETS, SIGNAL_WORDS,
-    STATE_WORDS,
+    STATE_ARRIVAL_WORDS, STATE_WORDS,
 };
 #[cfg(feature = "testing")]
 pub use scratch::scratch_layouts;
