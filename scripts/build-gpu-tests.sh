@@ -41,7 +41,7 @@ for entry in "${tests[@]}"; do
     esac
     cp "$executable" "$destination/tests/$copy"
 done
-cp scripts/gpu-env.sh scripts/gpu-tests.sh scripts/gpu-bench.sh scripts/gpu-world.sh "$destination/scripts/"
+cp scripts/gpu-env.sh scripts/gpu-tests.sh scripts/gpu-bench.sh scripts/gpu-world.sh scripts/gpu-one-gpu.sh "$destination/scripts/"
 if [ -d ladders ]; then
     cp -r ladders "$destination/ladders"
 fi

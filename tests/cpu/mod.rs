@@ -14,6 +14,7 @@ mod decision_properties;
 mod json_output_proptest;
 mod launch;
 mod nccl_library;
+mod one_gpu_plan;
 mod package;
 mod reader_proptest;
 mod reference;

@@ -8,7 +8,9 @@
 mod driver;
 mod guard;
 mod mutations;
+mod one_gpu;
 mod qualify;
+mod ranks_on_one_gpu;
 mod runtime;
 mod smoke;
 mod support;

@@ -136,7 +136,7 @@ fn names(value: &serde_json::Value, profile: &str) -> bool {
 /// 10 x 20 passes. A profile that ladder does not have (`one_shot_ll` beyond two ranks) is
 /// taken from the TP2 ladder and made a candidate of the buckets up to the largest size where
 /// the TP2 ladder has it.
-fn cut_ladder(dir: &Path, world: usize, profile: &str) -> PathBuf {
+pub(super) fn cut_ladder(dir: &Path, world: usize, profile: &str) -> PathBuf {
     let name = h200_ladder(world);
     let mut value = shipped(&name);
     let profiles = value["profiles"]

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The ranks-on-one-GPU checks (tests/gpu/ranks_on_one_gpu.rs) on a machine with one GPU or more:
+# every rank of a world as a stream of GPU 0, for every shipped sm_90 ladder at its own world
+# size (2, 4 and 8), the GB202 ladders retargeted to sm_90, and the planted mutations at 2, 4 and
+# 8 ranks. Each test prints a table per ladder: candidates run, exact, geometry (own or reduced),
+# the multi-size sequence, the rank that never launches, the time taken; and per mutation and
+# world what was caught. Run from the repository root after scripts/build-gpu-tests.sh:
+#   bash .device-carry/scripts/gpu-one-gpu.sh [OUT]
+# OUT (optional) receives one.log, the whole output. PREPARE_TEST_SECONDS (default 600) bounds
+# each test. Exits non-zero when the guard or any test fails.
+set -uo pipefail
+
+carry=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=gpu-env.sh
+source "$carry/scripts/gpu-env.sh"
+# A hardware queue for every stream (8 ranks and the capture stream): with the driver's default
+# of 8, a rank's kernel queued behind a peer's on a shared queue starts only after the peer's
+# deadline. The harness refuses to run without it.
+export CUDA_DEVICE_MAX_CONNECTIONS=32
+out=${1:-}
+log=${out:+$out/one.log}
+log=${log:-/dev/null}
+[ -n "$out" ] && mkdir -p "$out"
+
+echo "== machine" | tee -a "$log"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log"
+
+failed=()
+for test in \
+    gpu::guard::a_run_that_requires_gpus_finds_one \
+    gpu::ranks_on_one_gpu::every_shipped_sm90_ladder_is_exact_at_its_world_on_one_gpu \
+    gpu::ranks_on_one_gpu::gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu \
+    gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu; do
+    echo "== $test" | tee -a "$log"
+    start=$(date +%s)
+    if timeout --kill-after=10 "${PREPARE_TEST_SECONDS:-600}" "$carry/tests/integration" --exact "$test" \
+        --include-ignored --test-threads=1 --nocapture 2>&1 | tee -a "$log"; then
+        echo "== $test passed in $(($(date +%s) - start)) s" | tee -a "$log"
+    else
+        echo "== $test FAILED in $(($(date +%s) - start)) s" | tee -a "$log"
+        failed+=("$test")
+    fi
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "FAILED: ${failed[*]}" | tee -a "$log"
+    exit 1
+fi
+echo "every ranks-on-one-GPU check passed" | tee -a "$log"
