@@ -653,7 +653,7 @@ mod tests {
             world,
             gpu: 0,
             timeout,
-            rendezvous: Rendezvous::CommId,
+            rendezvous: Rendezvous::CommId("127.0.0.1:29500".to_owned()),
             host: "host".to_owned(),
         }
     }
