@@ -48,7 +48,9 @@ pub enum ServeError {
     },
     /// Two packages hold the same dtype.
     #[error(
-        "rank {rank}: packages {first} and {second} both hold {dtype}; give one package per dtype"
+        "rank {rank}: packages {} and {} both hold {dtype}; give one package per dtype",
+        crate::files::shorten(first),
+        crate::files::shorten(second)
     )]
     DuplicateDtype {
         /// This rank.
@@ -61,7 +63,10 @@ pub enum ServeError {
         second: String,
     },
     /// The packages are for different world sizes, or not for this world.
-    #[error("rank {rank}: package {ladder} is for {expected} ranks, the world has {world}")]
+    #[error(
+        "rank {rank}: package {} is for {expected} ranks, the world has {world}",
+        crate::files::shorten(ladder)
+    )]
     WorldSize {
         /// This rank.
         rank: u32,

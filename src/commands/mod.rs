@@ -41,6 +41,41 @@ enum Command {
     Bench(bench::Args),
 }
 
+impl Cli {
+    /// The command line, parsed; a refusal (exit 2) quotes what it was given as every error
+    /// does, through [`quoted`].
+    pub fn from_command_line() -> Cli {
+        Cli::try_parse().unwrap_or_else(|error| quoting_briefly(error).exit())
+    }
+}
+
+/// A value from the command line as an error quotes it: escaped for the terminal and shortened,
+/// so that a huge or hostile argument still gives one readable line.
+pub fn quoted(text: &str) -> String {
+    prepare::files::shorten(&prepare::files::escape_control(text)).into_owned()
+}
+
+/// Clap's refusal with the values it quotes (the argument, the flag, the value given) through
+/// [`quoted`]; what it says about them is unchanged.
+fn quoting_briefly(mut error: clap::Error) -> clap::Error {
+    use clap::error::ContextValue;
+    let values: Vec<_> = error
+        .context()
+        .filter_map(|(kind, value)| match value {
+            ContextValue::String(text) => Some((kind, ContextValue::String(quoted(text)))),
+            ContextValue::Strings(texts) => Some((
+                kind,
+                ContextValue::Strings(texts.iter().map(|text| quoted(text)).collect()),
+            )),
+            _ => None,
+        })
+        .collect();
+    for (kind, value) in values {
+        error.insert(kind, value);
+    }
+    error
+}
+
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {

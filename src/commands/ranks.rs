@@ -101,7 +101,7 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
     let seconds: f64 = text
         .trim()
         .parse()
-        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+        .map_err(|_| format!("`{}` is not a number of seconds", super::quoted(text)))?;
     if seconds > 0.0
         && seconds <= MAX_TIMEOUT.as_secs_f64()
         && Duration::try_from_secs_f64(seconds).is_ok_and(|timeout| !timeout.is_zero())
@@ -109,7 +109,8 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
         Ok(seconds)
     } else {
         Err(format!(
-            "{text} is not a positive number of seconds up to {} (a day)",
+            "{} is not a positive number of seconds up to {} (a day)",
+            super::quoted(text),
             MAX_TIMEOUT.as_secs()
         ))
     }
@@ -147,7 +148,7 @@ impl RankArgs {
             .ok_or_else(|| {
                 Failure::usage(anyhow::anyhow!(
                     "--timeout {} is not a positive number of seconds up to a day",
-                    self.timeout
+                    super::quoted(&self.timeout.to_string())
                 ))
             })
     }
