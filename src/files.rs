@@ -271,6 +271,13 @@ pub fn shorten(text: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{}…{}", &text[..head_end], &text[tail_start..]))
 }
 
+/// A value from the command line (a flag's value, an argument) as an error quotes it: escaped
+/// for the terminal ([`escape_control`]) and shortened ([`shorten`]), so that a huge or hostile
+/// argument still gives one readable line.
+pub fn quoted(text: &str) -> String {
+    shorten(&escape_control(text)).into_owned()
+}
+
 /// The length of the unit `rest` starts with, in bytes and in characters: an escape
 /// (backslash escapes of JSON and of Rust, a JSON pointer's `~0` and `~1`) is one unit.
 fn unit_at(rest: &str) -> (usize, usize) {

@@ -72,7 +72,7 @@ fn parse_batch(text: &str) -> Result<usize, String> {
         .ok_or_else(|| {
             format!(
                 "`{}` is not a batch size from 0 to 65536",
-                super::quoted(text)
+                prepare::files::quoted(text)
             )
         })
 }
@@ -86,7 +86,7 @@ fn parse_sample_us(text: &str) -> Result<f64, String> {
         .ok_or_else(|| {
             format!(
                 "{} is not a number of microseconds from 1 to 1000000",
-                super::quoted(text)
+                prepare::files::quoted(text)
             )
         })
 }
@@ -108,7 +108,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| {
             format!(
                 "`{}` is not a size such as 4096, 256K or 64M",
-                super::quoted(text)
+                prepare::files::quoted(text)
             )
         })
 }

@@ -43,22 +43,17 @@ enum Command {
 
 impl Cli {
     /// The command line, parsed; a refusal (exit 2) quotes what it was given as every error
-    /// does, through [`quoted`].
+    /// does, through [`prepare::files::quoted`].
     pub fn from_command_line() -> Cli {
         Cli::try_parse().unwrap_or_else(|error| quoting_briefly(error).exit())
     }
 }
 
-/// A value from the command line as an error quotes it: escaped for the terminal and shortened,
-/// so that a huge or hostile argument still gives one readable line.
-pub fn quoted(text: &str) -> String {
-    prepare::files::shorten(&prepare::files::escape_control(text)).into_owned()
-}
-
 /// Clap's refusal with the values it quotes (the argument, the flag, the value given) through
-/// [`quoted`]; what it says about them is unchanged.
+/// [`prepare::files::quoted`]; what it says about them is unchanged.
 fn quoting_briefly(mut error: clap::Error) -> clap::Error {
     use clap::error::ContextValue;
+    use prepare::files::quoted;
     let values: Vec<_> = error
         .context()
         .filter_map(|(kind, value)| match value {

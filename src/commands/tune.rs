@@ -61,7 +61,7 @@ fn parse_margin(text: &str) -> Result<f64, String> {
         .ok_or_else(|| {
             format!(
                 "--margin {} is not a percentage from 0 to below 100",
-                super::quoted(text)
+                prepare::files::quoted(text)
             )
         })
 }
@@ -72,7 +72,7 @@ fn parse_rounds(text: &str) -> Result<u32, String> {
     let rounds: u32 = text
         .trim()
         .parse()
-        .map_err(|_| format!("--rounds {} is not a count", super::quoted(text)))?;
+        .map_err(|_| format!("--rounds {} is not a count", prepare::files::quoted(text)))?;
     match rounds {
         0..5 => Err(format!(
             "--rounds {rounds} is too few for a significance test; use at least 5"
