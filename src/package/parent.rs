@@ -6,7 +6,6 @@
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use super::write::io_error;
 use super::PackageError;
 
 /// How often the output's directory is made and locked again when another export removed it
@@ -115,4 +114,13 @@ fn lock_directory(dir: &Path) -> Result<nix::fcntl::Flock<File>, PackageError> {
         crate::files::open_directory(dir).map_err(|source| io_error("open", dir, source))?;
     nix::fcntl::Flock::lock(handle, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, errno)| io_error("lock", dir, errno.into()))
+}
+
+/// The package error for `action` on `path` failing.
+pub(super) fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> PackageError {
+    PackageError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
 }

@@ -18,7 +18,7 @@ use super::manifest::{
     BucketRecord, CandidateRecord, CompilerRecord, KernelRecord, LadderRecord, Manifest,
     Qualification,
 };
-use super::parent::{create_and_lock, remove_created};
+use super::parent::{create_and_lock, io_error, remove_created};
 use super::{
     kernel_file, PackageError, PackageSummary, KERNELS_DIR, LADDER_FILE, MANIFEST_FILE,
     PACKAGE_FORMAT_VERSION,
@@ -682,12 +682,4 @@ fn sync_directory(path: &Path) -> Result<(), PackageError> {
             .map_err(|source| io_error("sync", path, source))?;
     }
     Ok(())
-}
-
-pub(super) fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> PackageError {
-    PackageError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
 }
