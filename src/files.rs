@@ -2,8 +2,8 @@
 //! opened once, checked to be a regular file through its open handle, and read with a size
 //! limit, so a FIFO, a device or a huge file is refused by name instead of blocking the tool
 //! or exhausting its memory. Also writing a file atomically (so a reader never sees a torn one),
-//! and the escaping of file text before it reaches a terminal. A leaf: it names nothing else in
-//! the crate.
+//! and the escaping and shortening of file text before it reaches a terminal. A leaf: it names
+//! nothing else in the crate.
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
@@ -230,6 +230,81 @@ pub fn escape_control_json(json: &str) -> Cow<'_, str> {
     Cow::Owned(escaped)
 }
 
+/// The most characters of one value (a name, an id, a key, a number as given) that an error or
+/// a diagnostic quotes; [`shorten`] cuts longer ones.
+pub const QUOTED_CHARS: usize = 120;
+
+/// A value a user gave, shortened for an error or a diagnostic: up to [`QUOTED_CHARS`]
+/// characters it is kept whole; a longer one keeps its beginning and its end around `…`, so that
+/// a line stays readable and still shows how the value starts and ends. Cuts fall between
+/// characters and never inside an escape (`\"`, `\u001b`, `\u{1b}`, a JSON pointer's `~1`), so
+/// text already escaped stays well formed.
+pub fn shorten(text: &str) -> Cow<'_, str> {
+    if text.chars().count() <= QUOTED_CHARS {
+        return Cow::Borrowed(text);
+    }
+    // Where each unit (a character, or a whole escape) starts, and its length in characters.
+    let mut units: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let (bytes, characters) = unit_at(&text[at..]);
+        units.push((at, characters));
+        at += bytes;
+    }
+    let head_budget = (QUOTED_CHARS - 1) / 2;
+    let tail_budget = QUOTED_CHARS - 1 - head_budget;
+    let fitting = |units: &mut dyn Iterator<Item = &(usize, usize)>, budget: usize| {
+        let mut used = 0;
+        units
+            .take_while(|&&(_, length)| {
+                used += length;
+                used <= budget
+            })
+            .count()
+    };
+    let head_units = fitting(&mut units.iter(), head_budget);
+    let tail_units = fitting(&mut units[head_units..].iter().rev(), tail_budget);
+    let head_end = units[head_units].0;
+    let tail_start = units
+        .get(units.len() - tail_units)
+        .map_or(text.len(), |&(start, _)| start);
+    Cow::Owned(format!("{}…{}", &text[..head_end], &text[tail_start..]))
+}
+
+/// A value from the command line (a flag's value, an argument) as an error quotes it: escaped
+/// for the terminal ([`escape_control`]) and shortened ([`shorten`]), so that a huge or hostile
+/// argument still gives one readable line.
+pub fn quoted(text: &str) -> String {
+    shorten(&escape_control(text)).into_owned()
+}
+
+/// The length of the unit `rest` starts with, in bytes and in characters: an escape
+/// (backslash escapes of JSON and of Rust, a JSON pointer's `~0` and `~1`) is one unit.
+fn unit_at(rest: &str) -> (usize, usize) {
+    let ascii = |length: usize| (length, length);
+    if let Some(after) = rest.strip_prefix('\\') {
+        if let Some(braced) = after.strip_prefix("u{") {
+            if let Some(close) = braced.find('}').filter(|&close| close <= 6) {
+                return ascii(close + 4);
+            }
+        }
+        if let Some(digits) = after.strip_prefix('u') {
+            if digits.len() >= 4 && digits.as_bytes()[..4].iter().all(u8::is_ascii_hexdigit) {
+                return ascii(6);
+            }
+        }
+        if let Some(next) = after.chars().next() {
+            return (1 + next.len_utf8(), 2);
+        }
+    }
+    if let Some(after) = rest.strip_prefix('~') {
+        if after.starts_with(['0', '1']) {
+            return ascii(2);
+        }
+    }
+    (rest.chars().next().map_or(1, char::len_utf8), 1)
+}
+
 /// Checks that files can be made in `dir` (or in the directory that would hold it, when it
 /// does not exist yet): a directory the process may write and enter.
 pub fn check_writable_directory(dir: &Path) -> io::Result<()> {
@@ -398,6 +473,39 @@ mod tests {
         );
         assert!(escaped.contains(r"b\u007fc\u009bd"), "{escaped}");
         assert!(matches!(escape_control_json("{}"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn long_values_keep_their_ends_around_an_ellipsis() {
+        let short = "x".repeat(QUOTED_CHARS);
+        assert!(matches!(shorten(&short), Cow::Borrowed(_)));
+        let long = format!("start{}end", "é".repeat(100_000));
+        let shortened = shorten(&long);
+        assert_eq!(shortened.chars().count(), QUOTED_CHARS);
+        assert!(shortened.starts_with("startéé") && shortened.ends_with("éend"));
+        assert_eq!(shortened.matches('…').count(), 1);
+    }
+
+    #[test]
+    fn no_escape_is_cut() {
+        for escape in [r#"\""#, r"\u001b", r"\u{1b}", r"\\", "~1"] {
+            let text = escape.repeat(QUOTED_CHARS);
+            let shortened = shorten(&text);
+            let (head, tail) = shortened.split_once('…').unwrap();
+            assert!(shortened.chars().count() <= QUOTED_CHARS, "{shortened}");
+            assert!(head.len() > QUOTED_CHARS / 3, "{shortened}");
+            for part in [head, tail] {
+                assert_eq!(part.len() % escape.len(), 0, "{escape}: {shortened}");
+                assert_eq!(part, escape.repeat(part.len() / escape.len()));
+            }
+        }
+        // A JSON string shortened stays a JSON string.
+        let json = serde_json::Value::String("\u{1b}\"".repeat(100)).to_string();
+        let shortened = shorten(&json);
+        assert!(
+            serde_json::from_str::<String>(&shortened).is_ok(),
+            "{shortened}"
+        );
     }
 
     #[test]

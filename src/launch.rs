@@ -318,7 +318,7 @@ pub enum RankEnvironmentError {
         name: &'static str,
     },
     /// A variable does not parse.
-    #[error("{name}={value:?} is not valid: {expected}")]
+    #[error("{name}={} is not valid: {expected}", crate::files::shorten(&format!("{value:?}")))]
     Invalid {
         /// The variable.
         name: &'static str,

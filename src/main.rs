@@ -5,8 +5,6 @@ mod commands;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
     // NVRTC builds that use the CUDA compute cache answer a repeated compile without running
     // ptxas, so without the resource report packages record; kernels load as cubins, so the
@@ -14,7 +12,7 @@ fn main() -> ExitCode {
     if std::env::var_os("CUDA_CACHE_DISABLE").is_none() {
         std::env::set_var("CUDA_CACHE_DISABLE", "1");
     }
-    let cli = commands::Cli::parse();
+    let cli = commands::Cli::from_command_line();
     // A panic is a bug, but the exit code stays one of the four documented: 3, after the
     // panic's own message.
     let Ok(result) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commands::run(cli)))

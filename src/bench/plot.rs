@@ -1,6 +1,7 @@
 //! SVG plots of a [`super::BenchReport`] (plotters, SVG backend only), so a run can be read at
 //! a glance: latency and bus bandwidth per message size for every contender with the tuned
-//! choice ringed, and the decode emulation's step time per batch.
+//! choice drawn over them, and the decode emulation's step time per batch. Every contender has a
+//! style of its own ([`contender_style`]), so no two lines can be mistaken for each other.
 //!
 //! Text is written as plain SVG `<text>` elements and laid out with plotters' built-in width
 //! estimate, so no font library is loaded. The same report always gives the same bytes.
@@ -14,10 +15,12 @@ use plotters::coord::combinators::{BindKeyPoints, LogCoord, WithKeyPoints};
 use plotters::coord::ranged1d::{Ranged, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
+use plotters::element::{ComposedElement, Drawable, PointCollection};
 use plotters::prelude::{
-    ChartBuilder, ChartContext, Circle, Color, DrawingArea, DrawingAreaErrorKind, EmptyElement,
-    FontFamily, IntoDrawingArea, IntoLogRange, LineSeries, PathElement, RGBColor, Rectangle,
-    SVGBackend, SeriesLabelPosition, ShapeStyle, TextStyle, BLACK, WHITE,
+    ChartBuilder, ChartContext, Circle, Color, Cross, DashedLineSeries, DrawingArea,
+    DrawingAreaErrorKind, DrawingBackend, EmptyElement, FontFamily, IntoDrawingArea, IntoLogRange,
+    LineSeries, PathElement, Polygon, RGBColor, Rectangle, SVGBackend, SeriesLabelPosition,
+    ShapeStyle, TextStyle, TriangleMarker, BLACK, WHITE,
 };
 
 use super::{BenchReport, DecodeRow, SizeRow};
@@ -36,7 +39,7 @@ const NCCL_PROFILE: &str = "nccl";
 /// Pixels, width by height.
 const CANVAS: (u32, u32) = (1200, 720);
 
-/// Contender colours (Tableau 10 without its grey), cycled; NCCL is always black.
+/// Contender hues (Tableau 10 without its red, which is the tuned choice's); NCCL is black.
 const PALETTE: [RGBColor; 9] = [
     RGBColor(0x4E, 0x79, 0xA7),
     RGBColor(0xF2, 0x8E, 0x2B),
@@ -49,8 +52,94 @@ const PALETTE: [RGBColor; 9] = [
     RGBColor(0x79, 0x70, 0x6E),
 ];
 
-/// The tuned choice's colour (its rings, its decode line), one no contender takes.
+/// The tuned choice's colour (its line, its rings), one no contender takes.
 const CHOICE_COLOR: RGBColor = RGBColor(0xD6, 0x27, 0x28);
+
+/// The markers contenders take in turn; NCCL's square is its own.
+const CONTENDER_MARKERS: [Marker; 4] = [
+    Marker::Circle,
+    Marker::Triangle,
+    Marker::Diamond,
+    Marker::Cross,
+];
+
+/// How many contenders get a style no other contender has: every hue with each of four shades
+/// (the shades after the first dashed every other time), the markers taken in turn.
+pub const DISTINCT_STYLES: usize = PALETTE.len() * 4;
+
+/// A point's marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Marker {
+    /// NCCL's.
+    Square,
+    /// A filled dot.
+    Circle,
+    /// A wide ring around the point: the tuned choice's.
+    Ring,
+    /// A filled triangle.
+    Triangle,
+    /// A filled diamond.
+    Diamond,
+    /// An upright cross.
+    Cross,
+}
+
+/// How one series is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SeriesStyle {
+    /// The line's and the markers' colour.
+    pub color: RGBColor,
+    /// The line's width, pixels.
+    pub width: u32,
+    /// Whether the line is dashed.
+    pub dashed: bool,
+    /// The marker at each point.
+    pub marker: Marker,
+}
+
+/// NCCL's style: black, wider, squares.
+pub const NCCL_STYLE: SeriesStyle = SeriesStyle {
+    color: BLACK,
+    width: 3,
+    dashed: false,
+    marker: Marker::Square,
+};
+
+/// The tuned choice's style: the widest line, in a colour of its own and see-through, ringing
+/// each point; drawn over every other line.
+pub const CHOICE_STYLE: SeriesStyle = SeriesStyle {
+    color: CHOICE_COLOR,
+    width: 6,
+    dashed: false,
+    marker: Marker::Ring,
+};
+
+/// The style of the `index`th contender other than NCCL. The first [`DISTINCT_STYLES`] differ
+/// from each other in colour (a hue and a shade of it) and from NCCL's and the choice's, and
+/// contenders next to each other also differ in hue and marker; later ones repeat them.
+pub fn contender_style(index: usize) -> SeriesStyle {
+    let index = index % DISTINCT_STYLES;
+    let hue = PALETTE[index % PALETTE.len()];
+    let round = index / PALETTE.len();
+    // Base, darker, lighter, darkest: each round its own colour for every hue.
+    let shade = |channel: u8| -> u8 {
+        let channel = u16::from(channel);
+        let shaded = match round {
+            0 => channel,
+            1 => channel * 3 / 5,
+            2 => channel + (255 - channel) * 2 / 5,
+            _ => channel * 2 / 5,
+        };
+        u8::try_from(shaded).unwrap_or(u8::MAX)
+    };
+    SeriesStyle {
+        color: RGBColor(shade(hue.0), shade(hue.1), shade(hue.2)),
+        width: 2,
+        dashed: round % 2 == 1,
+        // Four markers against nine hues: the pair repeats only after 36 contenders.
+        marker: CONTENDER_MARKERS[index % CONTENDER_MARKERS.len()],
+    }
+}
 
 /// The most labelled ticks on a log axis.
 const MAX_LOG_LABELS: i32 = 10;
@@ -155,7 +244,7 @@ impl From<DrawingAreaErrorKind<io::Error>> for Failure {
 /// One line of the size plots: a profile with a median at some size.
 struct Contender<'a> {
     profile: &'a str,
-    color: RGBColor,
+    style: SeriesStyle,
     rows: Vec<&'a SizeRow>,
 }
 
@@ -169,17 +258,17 @@ impl<'a> Contender<'a> {
                 Some(contender) => contender.rows.push(row),
                 None => contenders.push(Contender {
                     profile: &row.profile,
-                    color: BLACK,
+                    style: NCCL_STYLE,
                     rows: vec![row],
                 }),
             }
         }
         contenders.sort_by_key(Contender::is_nccl);
-        let mut colors = PALETTE.iter().cycle();
+        let others = contenders.iter_mut().filter(|c| !c.is_nccl());
+        for (index, contender) in others.enumerate() {
+            contender.style = contender_style(index);
+        }
         for contender in &mut contenders {
-            if !contender.is_nccl() {
-                contender.color = *colors.next().expect("the palette cycles");
-            }
             contender.rows.sort_by_key(|row| row.bytes);
         }
         contenders
@@ -187,10 +276,6 @@ impl<'a> Contender<'a> {
 
     fn is_nccl(&self) -> bool {
         self.profile == NCCL_PROFILE
-    }
-
-    fn line_style(&self) -> ShapeStyle {
-        self.color.stroke_width(if self.is_nccl() { 3 } else { 2 })
     }
 
     /// The points `value` gives, skipping rows it has no usable figure for.
@@ -283,11 +368,20 @@ fn size_svg<Y>(
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
-    let lines: Vec<Line> = contenders
+    let mut lines: Vec<Line> = contenders
         .iter()
-        .map(|contender| Line::of(contender, contender.points(plot.value)))
+        .map(|contender| Line {
+            label: contender.profile.to_owned(),
+            style: contender.style,
+            points: contender.points(plot.value),
+        })
         .collect();
-    let choice = chosen_points(&report.sizes, plot.value);
+    // Last, so that it is drawn over every contender.
+    lines.push(Line {
+        label: "tuned choice".to_owned(),
+        style: CHOICE_STYLE,
+        points: chosen_points(&report.sizes, plot.value),
+    });
     let (x, y) =
         bounds(lines.iter().flat_map(|line| &line.points)).ok_or(Failure::Empty(plot.none))?;
     let x_axis = log_axis(x, power_of_two_ticks);
@@ -303,7 +397,7 @@ where
             .build_cartesian_2d(x_axis, y_axis)
             .map_err(Failure::from)?;
         mesh(&mut chart, "message size", human_bytes, plot.y_description)?;
-        draw_lines(&mut chart, &lines, &choice)?;
+        draw_lines(&mut chart, &lines)?;
         Ok(())
     })
 }
@@ -330,18 +424,14 @@ fn decode_svg(report: &BenchReport) -> Result<String, Failure> {
     let title = format!("{}: decode step{shape}, {}", report.ladder, machine(report));
     let lines = [
         Line {
-            label: "tuned choice".to_owned(),
-            color: CHOICE_COLOR,
-            style: CHOICE_COLOR.stroke_width(2),
-            square: false,
-            points: tuned,
+            label: "NCCL alone".to_owned(),
+            style: NCCL_STYLE,
+            points: nccl,
         },
         Line {
-            label: "NCCL alone".to_owned(),
-            color: BLACK,
-            style: BLACK.stroke_width(3),
-            square: true,
-            points: nccl,
+            label: "tuned choice".to_owned(),
+            style: CHOICE_STYLE,
+            points: tuned,
         },
     ];
     render(|root| {
@@ -354,7 +444,7 @@ fn decode_svg(report: &BenchReport) -> Result<String, Failure> {
             format_number,
             "microseconds per token step",
         )?;
-        draw_lines(&mut chart, &lines, &[])?;
+        draw_lines(&mut chart, &lines)?;
         Ok(())
     })
 }
@@ -362,22 +452,8 @@ fn decode_svg(report: &BenchReport) -> Result<String, Failure> {
 /// One series as drawn: a line with a marker at each point.
 struct Line {
     label: String,
-    color: RGBColor,
-    style: ShapeStyle,
-    square: bool,
+    style: SeriesStyle,
     points: Vec<(f64, f64)>,
-}
-
-impl Line {
-    fn of(contender: &Contender, points: Vec<(f64, f64)>) -> Line {
-        Line {
-            label: contender.profile.to_owned(),
-            color: contender.color,
-            style: contender.line_style(),
-            square: contender.is_nccl(),
-            points,
-        }
-    }
 }
 
 /// An SVG document drawn by `draw` on a white canvas.
@@ -434,38 +510,45 @@ where
         .draw()
 }
 
-/// Every line with its markers, the tuned choice's rings on top, and the legend.
+/// Every line with its markers, in order (each over the ones before), and the legend.
 fn draw_lines<'a, X, Y>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     lines: &[Line],
-    choice: &[(f64, f64)],
 ) -> DrawResult
 where
     X: Ranged<ValueType = f64>,
     Y: Ranged<ValueType = f64>,
 {
     for line in lines.iter().filter(|line| !line.points.is_empty()) {
-        let (color, style) = (line.color, line.style);
-        chart.draw_series(LineSeries::new(line.points.iter().copied(), style))?;
-        let points = line.points.iter().map(|point| EmptyElement::at(*point));
-        let stroke = move |(x, y)| EmptyElement::at((x, y)) + PathElement::new(STROKE, style);
-        if line.square {
-            chart
-                .draw_series(points.map(|point| point + square(color)))?
-                .label(line.label.as_str())
-                .legend(move |at| stroke(at) + square(color));
+        let style = line.style;
+        let stroke = stroke_of(style);
+        let points = line.points.iter().copied();
+        if style.dashed {
+            chart.draw_series(DashedLineSeries::new(points, 8, 5, stroke))?;
         } else {
-            chart
-                .draw_series(points.map(|point| point + dot(color)))?
-                .label(line.label.as_str())
-                .legend(move |at| stroke(at) + dot(color));
+            chart.draw_series(LineSeries::new(points, stroke))?;
         }
-    }
-    if !choice.is_empty() {
-        chart
-            .draw_series(choice.iter().map(|point| Circle::new(*point, 8, ring())))?
-            .label("tuned choice")
-            .legend(|(x, y)| Circle::new((x, y), 7, ring()));
+        let color = style.color;
+        match style.marker {
+            Marker::Square => draw_marks(chart, line, move || {
+                Rectangle::new([(-4, -4), (4, 4)], color.filled())
+            }),
+            Marker::Circle => {
+                draw_marks(chart, line, move || Circle::new((0, 0), 4, color.filled()))
+            }
+            Marker::Ring => draw_marks(chart, line, move || {
+                Circle::new((0, 0), 8, color.stroke_width(2))
+            }),
+            Marker::Triangle => draw_marks(chart, line, move || {
+                TriangleMarker::new((0, 0), 5, color.filled())
+            }),
+            Marker::Diamond => draw_marks(chart, line, move || {
+                Polygon::new(vec![(0, -5), (5, 0), (0, 5), (-5, 0)], color.filled())
+            }),
+            Marker::Cross => draw_marks(chart, line, move || {
+                Cross::new((0, 0), 4, color.stroke_width(2))
+            }),
+        }?;
     }
     chart
         .configure_series_labels()
@@ -477,21 +560,53 @@ where
         .draw()
 }
 
-fn ring() -> ShapeStyle {
-    CHOICE_COLOR.stroke_width(2)
+/// The marker `mark` makes (relative to its point) at each of `line`'s points, and the line's
+/// legend entry: its stroke, dashed as the line is, with the marker.
+fn draw_marks<'a, X, Y, M>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    line: &Line,
+    mark: impl Fn() -> M + Copy + 'a,
+) -> DrawResult
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+    M: Drawable<SVGBackend<'a>> + 'static,
+    for<'b> &'b M: PointCollection<'b, (i32, i32)>,
+{
+    let style = line.style;
+    chart
+        .draw_series(
+            line.points
+                .iter()
+                .map(|point| EmptyElement::at(*point) + mark()),
+        )?
+        .label(line.label.as_str())
+        .legend(move |at| legend_stroke(at, style) + mark());
+    Ok(())
 }
 
-/// A legend entry's line, relative to its centre.
-const STROKE: [(i32, i32); 2] = [(-10, 0), (10, 0)];
+/// A legend entry's line: two halves of a stroke.
+type LegendStroke<DB> =
+    ComposedElement<(i32, i32), DB, PathElement<(i32, i32)>, PathElement<(i32, i32)>>;
 
-/// NCCL's marker, relative to its point.
-fn square(color: RGBColor) -> Rectangle<(i32, i32)> {
-    Rectangle::new([(-4, -4), (4, 4)], color.filled())
+/// A legend entry's line at `at`, in two halves: they meet for a solid line and leave a gap for
+/// a dashed one.
+fn legend_stroke<DB: DrawingBackend>(at: (i32, i32), style: SeriesStyle) -> LegendStroke<DB> {
+    let stroke = stroke_of(style);
+    let gap = if style.dashed { 3 } else { 0 };
+    EmptyElement::at(at)
+        + PathElement::new([(-12, 0), (-gap, 0)], stroke)
+        + PathElement::new([(gap, 0), (12, 0)], stroke)
 }
 
-/// A contender's marker, relative to its point.
-fn dot(color: RGBColor) -> Circle<(i32, i32), i32> {
-    Circle::new((0, 0), 4, color.filled())
+/// A series' line: the tuned choice's is see-through, so the contender under it shows.
+fn stroke_of(style: SeriesStyle) -> ShapeStyle {
+    let color = if style == CHOICE_STYLE {
+        style.color.mix(0.45)
+    } else {
+        style.color.mix(1.0)
+    };
+    color.stroke_width(style.width)
 }
 
 /// The smallest and largest x and y among `points`, if any.

@@ -69,7 +69,12 @@ fn parse_batch(text: &str) -> Result<usize, String> {
         .parse::<usize>()
         .ok()
         .filter(|&batch| batch <= 65_536)
-        .ok_or_else(|| format!("`{text}` is not a batch size from 0 to 65536"))
+        .ok_or_else(|| {
+            format!(
+                "`{}` is not a batch size from 0 to 65536",
+                prepare::files::quoted(text)
+            )
+        })
 }
 
 /// Microseconds per sample: from 1 to a second.
@@ -78,7 +83,12 @@ fn parse_sample_us(text: &str) -> Result<f64, String> {
         .parse::<f64>()
         .ok()
         .filter(|us| us.is_finite() && (1.0..=1e6).contains(us))
-        .ok_or_else(|| format!("{text} is not a number of microseconds from 1 to 1000000"))
+        .ok_or_else(|| {
+            format!(
+                "{} is not a number of microseconds from 1 to 1000000",
+                prepare::files::quoted(text)
+            )
+        })
 }
 
 /// A size with an optional K, M or G suffix (powers of 1024).
@@ -95,7 +105,12 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|value| value.checked_mul(scale))
         .filter(|&bytes| bytes > 0)
-        .ok_or_else(|| format!("`{text}` is not a size such as 4096, 256K or 64M"))
+        .ok_or_else(|| {
+            format!(
+                "`{}` is not a size such as 4096, 256K or 64M",
+                prepare::files::quoted(text)
+            )
+        })
 }
 
 /// Runs `prepare bench`.

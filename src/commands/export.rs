@@ -76,7 +76,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
                 return Err(Failure::usage(anyhow!(
                     "name the architecture to compile for with --arch (ladder `{}` targets {}); \
                      no GPU is visible here to take it from",
-                    ladder.name,
+                    prepare::files::shorten(&ladder.name),
                     targets.join(", ")
                 )));
             }
@@ -114,7 +114,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 
     let reporter = BarReporter::new();
     let compilation = prepare::compile::compile_ladder(&ladder, arch, &reporter)
-        .with_context(|| format!("cannot compile the kernels of `{}` for {arch}", ladder.name))
+        .with_context(|| {
+            format!(
+                "cannot compile the kernels of `{}` for {arch}",
+                prepare::files::shorten(&ladder.name)
+            )
+        })
         .map_err(Failure::runtime)?;
     if let Some(existing) = existing {
         return up_to_date(args, &text, &ladder, &compilation, &existing);

@@ -41,6 +41,36 @@ enum Command {
     Bench(bench::Args),
 }
 
+impl Cli {
+    /// The command line, parsed; a refusal (exit 2) quotes what it was given as every error
+    /// does, through [`prepare::files::quoted`].
+    pub fn from_command_line() -> Cli {
+        Cli::try_parse().unwrap_or_else(|error| quoting_briefly(error).exit())
+    }
+}
+
+/// Clap's refusal with the values it quotes (the argument, the flag, the value given) through
+/// [`prepare::files::quoted`]; what it says about them is unchanged.
+fn quoting_briefly(mut error: clap::Error) -> clap::Error {
+    use clap::error::ContextValue;
+    use prepare::files::quoted;
+    let values: Vec<_> = error
+        .context()
+        .filter_map(|(kind, value)| match value {
+            ContextValue::String(text) => Some((kind, ContextValue::String(quoted(text)))),
+            ContextValue::Strings(texts) => Some((
+                kind,
+                ContextValue::Strings(texts.iter().map(|text| quoted(text)).collect()),
+            )),
+            _ => None,
+        })
+        .collect();
+    for (kind, value) in values {
+        error.insert(kind, value);
+    }
+    error
+}
+
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {

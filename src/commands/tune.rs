@@ -58,7 +58,12 @@ fn parse_margin(text: &str) -> Result<f64, String> {
         .parse::<f64>()
         .ok()
         .filter(|margin| margin.is_finite() && (0.0..100.0).contains(margin))
-        .ok_or_else(|| format!("--margin {text} is not a percentage from 0 to below 100"))
+        .ok_or_else(|| {
+            format!(
+                "--margin {} is not a percentage from 0 to below 100",
+                prepare::files::quoted(text)
+            )
+        })
 }
 
 /// Enough rounds for the significance test, and few enough that the gathered matrix stays
@@ -67,7 +72,7 @@ fn parse_rounds(text: &str) -> Result<u32, String> {
     let rounds: u32 = text
         .trim()
         .parse()
-        .map_err(|_| format!("--rounds {text} is not a count"))?;
+        .map_err(|_| format!("--rounds {} is not a count", prepare::files::quoted(text)))?;
     match rounds {
         0..5 => Err(format!(
             "--rounds {rounds} is too few for a significance test; use at least 5"

@@ -116,7 +116,7 @@ pub fn validate_ladder_bytes(bytes: &[u8]) -> Result<Ladder, ValidationReport> {
             let (line, column) = map.line_column(offset);
             let mut diagnostic = Diagnostic::new(
                 Rule::JsonSyntax,
-                map.pointer_at(offset),
+                crate::files::shorten(&map.pointer_at(offset)).into_owned(),
                 format!("byte 0x{:02x}, which is not UTF-8", bytes[offset]),
                 "UTF-8 text (JSON is UTF-8)",
             );
@@ -185,7 +185,8 @@ pub fn validate_ladder(ladder: &Ladder) -> Result<(), ValidationReport> {
     }
 }
 
-/// Adds line and column to diagnostics that lack them and sorts them into document order.
+/// Adds line and column to diagnostics that lack them, shortens paths through long keys, and
+/// sorts them into document order.
 fn place(mut diagnostics: Vec<Diagnostic>, map: &SourceMap<'_>) -> Vec<Diagnostic> {
     for diagnostic in &mut diagnostics {
         if diagnostic.line.is_none() {
@@ -194,6 +195,7 @@ fn place(mut diagnostics: Vec<Diagnostic>, map: &SourceMap<'_>) -> Vec<Diagnosti
                 diagnostic.column = Some(column);
             }
         }
+        diagnostic.path = crate::files::shorten(&diagnostic.path).into_owned();
     }
     // Stable: problems at one place keep the order the checks found them in.
     diagnostics.sort_by_key(|diagnostic| (diagnostic.line, diagnostic.column));

@@ -283,8 +283,8 @@ pub(super) fn ladder_problems(manifest: &Manifest, ladder: &Ladder) -> Vec<Probl
     if record.name != ladder.name {
         problem(
             "/ladder/name",
-            format!("`{}`", record.name),
-            format!("`{}`", ladder.name),
+            format!("`{}`", crate::files::shorten(&record.name)),
+            format!("`{}`", crate::files::shorten(&ladder.name)),
         );
     }
     if record.collective != ladder.collective {

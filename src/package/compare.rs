@@ -22,9 +22,9 @@ pub fn manifest_differences(existing: &Manifest, new: &Manifest) -> Vec<String> 
     if existing.ladder != new.ladder {
         differences.push(format!(
             "its ladder is `{}` (sha256 {}), this export's `{}` (sha256 {})",
-            existing.ladder.name,
+            crate::files::shorten(&existing.ladder.name),
             short(&existing.ladder.sha256),
-            new.ladder.name,
+            crate::files::shorten(&new.ladder.name),
             short(&new.ladder.sha256)
         ));
     }

@@ -183,7 +183,10 @@ pub enum PackageError {
         source: std::io::Error,
     },
     /// The architecture is not one of the ladder's targets.
-    #[error("ladder `{ladder}` does not target {arch}; its targets are {targets}")]
+    #[error(
+        "ladder `{}` does not target {arch}; its targets are {targets}",
+        crate::files::shorten(ladder)
+    )]
     NotTargeted {
         /// The ladder's name.
         ladder: String,
@@ -196,7 +199,10 @@ pub enum PackageError {
     #[error("the ladder text does not validate to the ladder it came with")]
     LadderTextMismatch,
     /// A bucket names a profile the ladder lacks.
-    #[error("bucket {bucket} names profile `{profile}`, which the ladder does not define")]
+    #[error(
+        "bucket {bucket} names profile `{}`, which the ladder does not define",
+        crate::files::shorten(profile)
+    )]
     UnknownProfile {
         /// The bucket's index.
         bucket: usize,
@@ -204,7 +210,10 @@ pub enum PackageError {
         profile: String,
     },
     /// No kernel implements a custom profile.
-    #[error("no kernel implements profile `{profile}` for {dtype}")]
+    #[error(
+        "no kernel implements profile `{}` for {dtype}",
+        crate::files::shorten(profile)
+    )]
     NoKernel {
         /// The profile id.
         profile: String,
@@ -212,7 +221,10 @@ pub enum PackageError {
         dtype: &'static str,
     },
     /// The compilation lacks a kernel a candidate needs.
-    #[error("the compilation has no kernel `{kernel}`, which profile `{profile}` needs")]
+    #[error(
+        "the compilation has no kernel `{kernel}`, which profile `{}` needs",
+        crate::files::shorten(profile)
+    )]
     MissingKernel {
         /// The kernel's name.
         kernel: String,

@@ -31,7 +31,10 @@ pub enum OperandError {
         largest: usize,
     },
     /// The entry does not run on this machine.
-    #[error("{profile} in bucket {bucket} was dropped: {reason}")]
+    #[error(
+        "{} in bucket {bucket} was dropped: {reason}",
+        crate::files::shorten(profile)
+    )]
     Dropped {
         /// The entry's profile.
         profile: String,

@@ -1,10 +1,13 @@
 //! The bench plots: every file is written, holds what a reader looks for (contenders, the tuned
-//! choice, human sizes, the titles), is the same bytes for the same report, and a failure
-//! names the file it was writing.
+//! choice, human sizes, the titles), gives every series a style of its own, is the same bytes
+//! for the same report, and a failure names the file it was writing.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use prepare::bench::plot::{write_plots, PlotError};
+use prepare::bench::plot::{
+    contender_style, write_plots, PlotError, SeriesStyle, CHOICE_STYLE, DISTINCT_STYLES, NCCL_STYLE,
+};
 use prepare::bench::{BenchReport, DecodeRow, DecodeShape, SizeRow};
 
 const PROFILES: [&str; 6] = [
@@ -296,4 +299,111 @@ fn a_report_with_nothing_timed_names_the_plot_it_cannot_draw() {
     );
     assert!(error.to_string().contains("latency.svg"), "{error}");
     assert!(!dir.path().join("latency.svg").exists());
+}
+
+/// A bench of `count` contenders and NCCL over 8 KiB..8 MiB, each a little slower than the one
+/// before; the fastest at each size is the choice.
+fn wide_report(count: usize) -> BenchReport {
+    let mut report = report();
+    report.sizes.clear();
+    let mut bytes = 8 * KIB;
+    while bytes <= 8 * KIB * KIB {
+        let megabytes = bytes as f64 / 1e6;
+        for index in 0..=count {
+            let profile = if index == count {
+                "nccl".to_owned()
+            } else {
+                format!("profile_{index:02}")
+            };
+            let median = 5.0 + index as f64 + (30.0 - index as f64) * megabytes;
+            report.sizes.push(SizeRow {
+                bytes,
+                bucket: 0,
+                profile,
+                median_us: Some(median),
+                min_us: Some(median),
+                max_us: Some(median),
+                rounds: 20,
+                ops_per_sample: 16,
+                bus_gbps: Some(bytes as f64 / (median * 1e3)),
+                speedup_vs_nccl: None,
+                excluded: None,
+                chosen: index == if bytes < KIB * KIB { 0 } else { count - 1 },
+            });
+        }
+        bytes *= 4;
+    }
+    report
+}
+
+/// The `(stroke, stroke-width, opacity)` of every polyline at least 2 pixels wide: the series'
+/// lines and their legend strokes (the axes and the grid are thinner).
+fn series_strokes(svg: &str) -> HashSet<(String, String, String)> {
+    let attribute = |element: &str, name: &str| {
+        let start = element.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(element[start..start + element[start..].find('"')?].to_owned())
+    };
+    svg.split("<polyline")
+        .skip(1)
+        .filter_map(|element| {
+            let element = &element[..element.find("/>")?];
+            let width = attribute(element, "stroke-width")?;
+            (width.parse::<u32>().ok()? >= 2).then(|| {
+                let stroke = attribute(element, "stroke")?;
+                Some((stroke, width, attribute(element, "opacity")?))
+            })?
+        })
+        .collect()
+}
+
+#[test]
+fn every_contender_style_is_its_own() {
+    // At least two dozen, however many the palette gives.
+    let styles: Vec<SeriesStyle> = (0..DISTINCT_STYLES.max(24)).map(contender_style).collect();
+    let colors: HashSet<(u8, u8, u8)> = styles
+        .iter()
+        .map(|style| (style.color.0, style.color.1, style.color.2))
+        .collect();
+    assert_eq!(colors.len(), styles.len(), "two contenders share a colour");
+    for special in [NCCL_STYLE, CHOICE_STYLE] {
+        let color = (special.color.0, special.color.1, special.color.2);
+        assert!(!colors.contains(&color), "{special:?}");
+        assert!(!styles.contains(&special));
+    }
+    for pair in styles.windows(2) {
+        assert_ne!(pair[0].marker, pair[1].marker, "{pair:?}");
+    }
+    // Contenders after the first hues are dashed in turn, so the shade is not all that differs.
+    assert!(styles[..9].iter().all(|style| !style.dashed));
+    assert!(styles[9..18].iter().all(|style| style.dashed));
+    // The tuned choice is the widest line.
+    assert!(styles
+        .iter()
+        .chain([&NCCL_STYLE])
+        .all(|style| style.width < CHOICE_STYLE.width));
+    assert_eq!(contender_style(DISTINCT_STYLES), contender_style(0));
+}
+
+#[test]
+fn with_two_dozen_contenders_every_series_has_a_stroke_of_its_own() {
+    let count = 24;
+    let dir = tempfile::tempdir().unwrap();
+    write_plots(&wide_report(count), dir.path()).unwrap();
+    for file in ["latency.svg", "bus_bandwidth.svg"] {
+        let svg = read(&dir.path().join(file));
+        assert_well_formed(&svg, file);
+        // Every contender, NCCL and the tuned choice.
+        let strokes = series_strokes(&svg);
+        assert_eq!(strokes.len(), count + 2, "{file}: {strokes:?}");
+        let texts = texts(&svg);
+        for index in 0..count {
+            let profile = format!("profile_{index:02}");
+            assert!(texts.contains(&profile.as_str()), "{file}: {profile}");
+        }
+        assert!(texts.contains(&"tuned choice"), "{file}");
+        // The choice's line is drawn after (over) every contender's, NCCL's last among them.
+        let choice = svg.find(r##"stroke="#D62728" stroke-width="6""##).unwrap();
+        let nccl = svg.find(r##"stroke="#000000" stroke-width="3""##).unwrap();
+        assert!(nccl < choice, "{file}");
+    }
 }

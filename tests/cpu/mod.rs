@@ -4,6 +4,7 @@ mod bench_plots;
 mod cache;
 mod choice;
 mod cli_export;
+mod cli_long_values;
 mod cli_robustness;
 mod cli_show;
 mod cli_tune;

@@ -244,19 +244,12 @@ impl fmt::Display for Diagnostic {
 
 /// A value as JSON, shortened for one line of a report.
 pub(super) fn render_value(value: &Value) -> String {
-    const LIMIT: usize = 60;
-    let text = value.to_string();
-    if text.chars().count() <= LIMIT {
-        return text;
-    }
-    let mut short: String = text.chars().take(LIMIT).collect();
-    short.push('…');
-    short
+    crate::files::shorten(&value.to_string()).into_owned()
 }
 
-/// A string as a JSON string literal.
+/// A string as a JSON string literal, shortened for one line of a report.
 pub(super) fn json_string(text: &str) -> String {
-    Value::String(text.to_owned()).to_string()
+    render_value(&Value::String(text.to_owned()))
 }
 
 /// The closest of `candidates` to `word`, when it is close enough to be a likely typo.
