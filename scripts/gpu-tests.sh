@@ -61,7 +61,10 @@ if [ -x "$carry/tests/integration" ]; then
     fi
     for module in "${modules[@]}"; do
         mapfile -t names < <(printf '%s\n' "${tests[@]}" | grep "^$module::")
-        run "$module" "$carry/tests/integration" --exact "${names[@]}" \
+        # The ranks-on-one-GPU harness needs a hardware queue per stream (gpu-one-gpu.sh).
+        queues=()
+        [ "$module" = gpu::ranks_on_one_gpu ] && queues=(env CUDA_DEVICE_MAX_CONNECTIONS=32)
+        run "$module" "${queues[@]}" "$carry/tests/integration" --exact "${names[@]}" \
             --include-ignored --test-threads=1 --nocapture
     done
 else
