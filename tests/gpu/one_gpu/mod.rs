@@ -26,8 +26,8 @@ use prepare::gpu::driver::{
     Module, ModuleImage, Stream,
 };
 use prepare::kernels::{
-    kernel_for, AllReduceParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES,
-    STATE_ARRIVAL_WORDS, STATE_WORDS,
+    kernel_for, AllReduceParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS,
+    STATE_WORDS,
 };
 use prepare::ladder::{Arch, Ladder};
 use prepare::reference::{random_rank_inputs, reference_sum};
@@ -35,8 +35,8 @@ use prepare::reference::{random_rank_inputs, reference_sum};
 use super::support::compile_ptx;
 use crate::support::one_gpu::{judge_abort, plan_launch, LaunchPlan, Verdict};
 
-use checks::{check_connections, hex, COMPARE_PARAMS_BYTES, HELPERS, RESULT_WORDS};
 pub use checks::{bucket_sizes, compile, dtype_name, gpu_lock, Outcome};
+use checks::{check_connections, hex, COMPARE_PARAMS_BYTES, HELPERS, RESULT_WORDS};
 
 /// The deadline of every spin in a checked run: long for any message here, short enough that
 /// a hang fails in seconds.
