@@ -44,11 +44,11 @@ impl From<ServeError> for Failure {
 fn status(error: &ServeError) -> PrepareStatus {
     match error {
         ServeError::NoPackage { .. }
-        | ServeError::DtypeNotServed { .. }
+        | ServeError::NotServed { .. }
         | ServeError::BadArgument { .. }
         | ServeError::CannotForce { .. }
         | ServeError::MessageTooLarge { .. } => PrepareStatus::InvalidArgument,
-        ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
+        ServeError::DuplicatePackage { .. } | ServeError::WorldSize { .. } => {
             PrepareStatus::PackageRefused
         }
         ServeError::PeerTimeout { .. } => PrepareStatus::PeerTimeout,

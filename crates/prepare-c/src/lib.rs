@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use prepare::gpu::driver::DeviceMemory as _;
 use prepare::gpu::nccl::Communicator;
-use prepare::ladder::Dtype;
+use prepare::ladder::{Collective, Dtype};
 use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
 use prepare::runtime::{timeout_from_seconds, RankSetup, Rendezvous, MAX_TIMEOUT};
@@ -511,7 +511,11 @@ pub unsafe extern "C" fn prepare_route(
     capacity: usize,
     needed: *mut usize,
 ) -> PrepareStatus {
-    let route = |handle: &Handle, dtype| Ok(handle.route(dtype, bytes)?.to_string());
+    let route = |handle: &Handle, dtype| {
+        Ok(handle
+            .route(Collective::AllReduce, dtype, bytes)?
+            .to_string())
+    };
     // SAFETY: the caller's promise.
     unsafe { text_out(handle, dtype, route, buffer, capacity, needed) }
 }
@@ -530,7 +534,7 @@ pub unsafe extern "C" fn prepare_choice_json(
     needed: *mut usize,
 ) -> PrepareStatus {
     let json = |handle: &Handle, dtype| {
-        String::from_utf8(handle.choice(dtype)?.to_bytes())
+        String::from_utf8(handle.choice(Collective::AllReduce, dtype)?.to_bytes())
             .map_err(|_| Failure::invalid("the choice is not UTF-8"))
     };
     // SAFETY: the caller's promise.
@@ -550,7 +554,9 @@ pub unsafe extern "C" fn prepare_serves(
     guard(|| {
         // SAFETY: the caller's promise.
         let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
-        let served_now = handle.dtypes().any(|held| held == dtype);
+        let served_now = handle
+            .served_keys()
+            .any(|held| held == (Collective::AllReduce, dtype));
         // SAFETY: the caller's promise.
         unsafe { write(served, i32::from(served_now), "served") }
     })
@@ -573,7 +579,7 @@ pub unsafe extern "C" fn prepare_zero_copy_region(
     guard(|| {
         // SAFETY: the caller's promise.
         let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
-        let region = handle.zero_copy_region(dtype)?;
+        let region = handle.zero_copy_region(Collective::AllReduce, dtype)?;
         let (start, length) =
             region.map_or((0, 0), |region| (region.address(), region.len_bytes()));
         if address.is_null() || bytes.is_null() {
@@ -610,7 +616,9 @@ pub unsafe extern "C" fn prepare_force(
         let profile = unsafe { c_str(profile, "profile") }?
             .to_str()
             .map_err(|_| Failure::invalid("profile is not UTF-8"))?;
-        handle.handle.force(self::dtype(dtype)?, bucket, profile)?;
+        handle
+            .handle
+            .force(Collective::AllReduce, self::dtype(dtype)?, bucket, profile)?;
         Ok(())
     })
 }
