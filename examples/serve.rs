@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use prepare::collective::Operands;
 use prepare::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory as _, Graph};
-use prepare::ladder::Dtype;
+use prepare::ladder::{Collective, Dtype};
 use prepare::package::Package;
 use prepare::reference::{random_inputs, reference_sum_bf16};
 use prepare::serve::{Handle, Options, Server};
@@ -97,12 +97,12 @@ fn serve(handle: &Handle, package: &Package) -> anyhow::Result<()> {
         / 2;
     let rank = handle.rank();
     let world = handle.world() as usize;
-    let selection = handle.selection(Dtype::Bf16)?;
+    let selection = handle.selection(Collective::AllReduce, Dtype::Bf16)?;
     println!(
         "selected: cache hit {}, {:.1} ms of selection work, choice sha256 {}",
         selection.cache_hit,
         selection.times.selection.as_secs_f64() * 1e3,
-        prepare::hash::hex(&handle.choice(Dtype::Bf16)?.digest())
+        prepare::hash::hex(&handle.choice(Collective::AllReduce, Dtype::Bf16)?.digest())
     );
 
     // The server's own stream, buffers and graphs.
@@ -116,7 +116,7 @@ fn serve(handle: &Handle, package: &Package) -> anyhow::Result<()> {
     // Two bytes of room for the misaligned mode.
     let input = device.allocate(most * 2 + 16)?;
     let output = device.allocate(most * 2 + 16)?;
-    let zero_copy = handle.zero_copy_region(Dtype::Bf16)?;
+    let zero_copy = handle.zero_copy_region(Collective::AllReduce, Dtype::Bf16)?;
     let operands = |mode: Mode, elements: usize| -> Option<Operands> {
         let bytes = elements as u64 * 2;
         let at = |buffer: &DeviceBuffer, offset: u64| {
@@ -174,7 +174,7 @@ fn serve(handle: &Handle, package: &Package) -> anyhow::Result<()> {
         handle.check()?;
         let mut got = vec![0_u16; elements];
         stream.read(&operands.output, 0, &mut got)?;
-        let route = handle.route(Dtype::Bf16, elements as u64 * 2)?;
+        let route = handle.route(Collective::AllReduce, Dtype::Bf16, elements as u64 * 2)?;
         let views: Vec<&[u16]> = inputs.iter().map(Vec::as_slice).collect();
         let expected = reference_sum_bf16(&views);
         // NCCL sums in rank order only at two ranks.
@@ -203,7 +203,7 @@ fn serve(handle: &Handle, package: &Package) -> anyhow::Result<()> {
     for &elements in &sizes {
         println!(
             "{elements} elements: {} in the server's graphs, exact",
-            handle.route(Dtype::Bf16, elements as u64 * 2)?
+            handle.route(Collective::AllReduce, Dtype::Bf16, elements as u64 * 2)?
         );
     }
     println!("served {checked} graph replays, every one exact");

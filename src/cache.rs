@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fingerprint {
-    /// The package identity (sha256 of its manifest).
+    /// The package identity (sha256 of its manifest, which records the collective and dtype).
     pub package: String,
     /// The tool's version.
     pub tool_version: String,

@@ -1,6 +1,6 @@
 //! The serving handle: what a tensor-parallel server holds once start-up selection is done.
-//! One runtime (one bootstrap, one communicator) serves one package per dtype; the handle
-//! all-reduces the server's own device memory on the server's own stream, enqueue only, so a
+//! One runtime (one bootstrap, one communicator) serves one package per (collective, dtype);
+//! the handle all-reduces the server's own device memory on the server's own stream, enqueue only, so a
 //! server captures it in its own CUDA graphs. Messages up to a package's largest bucket go to
 //! the bucket's agreed winner; larger ones to NCCL on the same communicator. Nothing is
 //! allocated, registered or opened after start: a caller's memory is never registered for
@@ -20,7 +20,7 @@ use crate::collective::{Collectives, EntryId, Operands};
 use crate::gpu::abort::{Abort, AbortReason};
 use crate::gpu::driver::{CallerMemory, DriverError, HostWords, Stream};
 use crate::gpu::nccl::Communicator;
-use crate::ladder::Dtype;
+use crate::ladder::{Collective, Dtype};
 use crate::package::Package;
 use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Runtime, RuntimeError};
@@ -41,18 +41,23 @@ pub enum ServeError {
     #[error(transparent)]
     Runtime(RuntimeError),
     /// No package was given.
-    #[error("rank {rank}: no package was given; give one per dtype the server all-reduces")]
+    #[error(
+        "rank {rank}: no package was given; give one per collective and dtype the server runs"
+    )]
     NoPackage {
         /// This rank.
         rank: u32,
     },
-    /// Two packages hold the same dtype.
+    /// Two packages hold the same collective and dtype.
     #[error(
-        "rank {rank}: packages {first} and {second} both hold {dtype}; give one package per dtype"
+        "rank {rank}: packages {first} and {second} both hold {collective} {dtype}; give one \
+         package per collective and dtype"
     )]
-    DuplicateDtype {
+    DuplicatePackage {
         /// This rank.
         rank: u32,
+        /// The collective.
+        collective: Collective,
         /// The dtype.
         dtype: &'static str,
         /// The first package's ladder.
@@ -72,14 +77,16 @@ pub enum ServeError {
         /// The runtime's.
         world: u32,
     },
-    /// A dtype no package holds.
-    #[error("rank {rank}: no package holds {dtype}; this handle serves {served}")]
-    DtypeNotServed {
+    /// A collective and dtype no package holds.
+    #[error("rank {rank}: no package holds {collective} {dtype}; this handle serves {served}")]
+    NotServed {
         /// This rank.
         rank: u32,
+        /// The collective asked for.
+        collective: Collective,
         /// The dtype asked for.
-        dtype: String,
-        /// The dtypes it serves.
+        dtype: Dtype,
+        /// The collectives and dtypes it serves (`all_reduce bf16, all_reduce fp32`).
         served: String,
     },
     /// A pointer or stream the caller gave is not usable on this rank's GPU.
@@ -131,16 +138,17 @@ pub enum ServeError {
 }
 
 impl ServeError {
-    /// Whether the packages are refused for these ranks (none given, two for one dtype, for
-    /// another world size or architecture, none for the dtype asked for), rather than
+    /// Whether the packages are refused for these ranks (none given, two for one collective and
+    /// dtype, for another world size or architecture, none for the collective and dtype asked
+    /// for), rather than
     /// something failing at run time.
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
             ServeError::NoPackage { .. }
-                | ServeError::DuplicateDtype { .. }
+                | ServeError::DuplicatePackage { .. }
                 | ServeError::WorldSize { .. }
-                | ServeError::DtypeNotServed { .. }
+                | ServeError::NotServed { .. }
                 | ServeError::Select(SelectError::Runtime(RuntimeError::WrongArchitecture { .. }))
         )
     }
@@ -202,6 +210,7 @@ impl fmt::Display for Route<'_> {
 /// One package served by the handle.
 #[derive(Debug)]
 struct Served {
+    collective: Collective,
     dtype: Dtype,
     ladder: String,
     collectives: Collectives,
@@ -245,7 +254,7 @@ pub struct Handle {
 
 impl Handle {
     /// Brings the runtime up (bootstrap and topology agreement, bounded by `setup.timeout`) and
-    /// selects for every package (one per dtype).
+    /// selects for every package (one per collective and dtype).
     pub fn start(
         setup: &RankSetup,
         packages: &[Package],
@@ -290,12 +299,13 @@ impl Handle {
                     world: runtime.world(),
                 });
             }
-            if let Some(first) = packages[..index]
-                .iter()
-                .find(|other| other.ladder().dtype == ladder.dtype)
-            {
-                return Err(ServeError::DuplicateDtype {
+            if let Some(first) = packages[..index].iter().find(|other| {
+                (other.ladder().collective, other.ladder().dtype)
+                    == (ladder.collective, ladder.dtype)
+            }) {
+                return Err(ServeError::DuplicatePackage {
                     rank,
+                    collective: ladder.collective,
                     dtype: ladder.dtype.name(),
                     first: first.ladder().name.clone(),
                     second: ladder.name.clone(),
@@ -337,6 +347,7 @@ impl Handle {
                 .collect();
             let pieces = pieces_entry(&collectives, &selection.choice);
             served.push(Served {
+                collective: package.ladder().collective,
                 dtype: package.ladder().dtype,
                 ladder: package.ladder().name.clone(),
                 collectives,
@@ -371,51 +382,48 @@ impl Handle {
         &self.runtime
     }
 
-    /// The dtypes served, in the order the packages were given.
-    pub fn dtypes(&self) -> impl Iterator<Item = Dtype> + '_ {
-        self.served.iter().map(|served| served.dtype)
-    }
-
-    fn served(&self, dtype: Dtype) -> Result<&Served, ServeError> {
+    /// The collectives and dtypes served, in the order the packages were given.
+    pub fn served_keys(&self) -> impl Iterator<Item = (Collective, Dtype)> + '_ {
         self.served
             .iter()
-            .find(|served| served.dtype == dtype)
-            .ok_or_else(|| ServeError::DtypeNotServed {
+            .map(|served| (served.collective, served.dtype))
+    }
+
+    fn position(&self, collective: Collective, dtype: Dtype) -> Result<usize, ServeError> {
+        self.served
+            .iter()
+            .position(|served| (served.collective, served.dtype) == (collective, dtype))
+            .ok_or_else(|| ServeError::NotServed {
                 rank: self.rank(),
-                dtype: dtype.name().to_owned(),
-                served: self.served_names(),
+                collective,
+                dtype,
+                served: served_names(self.served_keys()),
             })
     }
 
-    fn served_names(&self) -> String {
-        self.served
-            .iter()
-            .map(|served| served.dtype.name())
-            .collect::<Vec<_>>()
-            .join(", ")
+    fn served(&self, collective: Collective, dtype: Dtype) -> Result<&Served, ServeError> {
+        Ok(&self.served[self.position(collective, dtype)?])
     }
 
-    /// The name of the ladder whose package serves `dtype`.
-    pub fn ladder(&self, dtype: Dtype) -> Result<&str, ServeError> {
-        Ok(&self.served(dtype)?.ladder)
+    /// The name of the ladder whose package serves `collective` in `dtype`.
+    pub fn ladder(&self, collective: Collective, dtype: Dtype) -> Result<&str, ServeError> {
+        Ok(&self.served(collective, dtype)?.ladder)
     }
 
-    /// Routes bucket `bucket` of the `dtype` package to `profile` instead of its agreed
-    /// winner, for tests and comparisons that must run one candidate at every size. Every rank
-    /// must force the same, before the all-reduces it affects (the ranks' launches must match).
-    /// A candidate dropped on this machine cannot be forced.
-    pub fn force(&mut self, dtype: Dtype, bucket: usize, profile: &str) -> Result<(), ServeError> {
+    /// Routes bucket `bucket` of the package of `collective` in `dtype` to `profile` instead of
+    /// its agreed winner, for tests and comparisons that must run one candidate at every size.
+    /// Every rank must force the same, before the collectives it affects (the ranks' launches
+    /// must match). A candidate dropped on this machine cannot be forced.
+    pub fn force(
+        &mut self,
+        collective: Collective,
+        dtype: Dtype,
+        bucket: usize,
+        profile: &str,
+    ) -> Result<(), ServeError> {
         let rank = self.rank();
-        let names = self.served_names();
-        let served = self
-            .served
-            .iter_mut()
-            .find(|served| served.dtype == dtype)
-            .ok_or_else(|| ServeError::DtypeNotServed {
-                rank,
-                dtype: dtype.name().to_owned(),
-                served: names,
-            })?;
+        let position = self.position(collective, dtype)?;
+        let served = &mut self.served[position];
         let invalid = |reason: String| ServeError::CannotForce { rank, reason };
         let Some(route) = served.routes.get_mut(bucket) else {
             return Err(invalid(format!(
@@ -439,19 +447,28 @@ impl Handle {
         Ok(())
     }
 
-    /// The agreed choice for `dtype`.
-    pub fn choice(&self, dtype: Dtype) -> Result<&Choice, ServeError> {
-        Ok(&self.served(dtype)?.selection.choice)
+    /// The agreed choice for `collective` in `dtype`.
+    pub fn choice(&self, collective: Collective, dtype: Dtype) -> Result<&Choice, ServeError> {
+        Ok(&self.served(collective, dtype)?.selection.choice)
     }
 
-    /// What selection did for `dtype` and how long it took.
-    pub fn selection(&self, dtype: Dtype) -> Result<&Selection, ServeError> {
-        Ok(&self.served(dtype)?.selection)
+    /// What selection did for `collective` in `dtype` and how long it took.
+    pub fn selection(
+        &self,
+        collective: Collective,
+        dtype: Dtype,
+    ) -> Result<&Selection, ServeError> {
+        Ok(&self.served(collective, dtype)?.selection)
     }
 
-    /// Where a message of `bytes` of `dtype` goes.
-    pub fn route(&self, dtype: Dtype, bytes: u64) -> Result<Route<'_>, ServeError> {
-        let served = self.served(dtype)?;
+    /// Where a message of `bytes` of `collective` in `dtype` goes.
+    pub fn route(
+        &self,
+        collective: Collective,
+        dtype: Dtype,
+        bytes: u64,
+    ) -> Result<Route<'_>, ServeError> {
+        let served = self.served(collective, dtype)?;
         Ok(match served.route(bytes) {
             Some(id) => {
                 let entry = &served.collectives.entries()[id];
@@ -469,13 +486,17 @@ impl Handle {
         })
     }
 
-    /// The zero-copy region of the `dtype` package: this rank's registered memory that peers
-    /// can read. A message written here (from byte 0) is all-reduced without any copy by every
+    /// The zero-copy region of the package of `collective` in `dtype`: this rank's registered
+    /// memory that peers can read. A message written here (from byte 0) is all-reduced without any copy by every
     /// candidate. One region per package: every tensor a server places here shares it, so it
     /// holds one message at a time. `None` when no custom kernel runs (only NCCL), where any
     /// memory is as good.
-    pub fn zero_copy_region(&self, dtype: Dtype) -> Result<Option<CallerMemory>, ServeError> {
-        Ok(self.served(dtype)?.collectives.input_region())
+    pub fn zero_copy_region(
+        &self,
+        collective: Collective,
+        dtype: Dtype,
+    ) -> Result<Option<CallerMemory>, ServeError> {
+        Ok(self.served(collective, dtype)?.collectives.input_region())
     }
 
     /// Enqueues the all-reduce of `elements` of `dtype` from device address `input` into
@@ -500,7 +521,7 @@ impl Handle {
         stream: u64,
     ) -> Result<(), ServeError> {
         let rank = self.rank();
-        let served = self.served(dtype)?;
+        let served = self.served(Collective::AllReduce, dtype)?;
         if elements == 0 {
             return Ok(());
         }
@@ -527,7 +548,7 @@ impl Handle {
         elements: usize,
         dtype: Dtype,
     ) -> Result<(), ServeError> {
-        let served = self.served(dtype)?;
+        let served = self.served(Collective::AllReduce, dtype)?;
         if elements == 0 {
             return Ok(());
         }
@@ -631,6 +652,13 @@ impl Handle {
     }
 }
 
+/// `all_reduce bf16, all_reduce fp32`: what a handle serves, for its refusals.
+fn served_names(keys: impl Iterator<Item = (Collective, Dtype)>) -> String {
+    keys.map(|(collective, dtype)| format!("{collective} {dtype}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Makes an NCCL unique id for [`crate::runtime::Rendezvous::UniqueId`]: call it on one rank
 /// and give the bytes to every rank.
 pub fn unique_id() -> Result<[u8; 128], ServeError> {
@@ -691,6 +719,40 @@ mod tests {
                 "{error:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_package_is_refused_or_missing_by_its_collective_and_dtype() {
+        let duplicate = ServeError::DuplicatePackage {
+            rank: 1,
+            collective: Collective::AllReduce,
+            dtype: Dtype::Bf16.name(),
+            first: "a".to_owned(),
+            second: "b".to_owned(),
+        };
+        assert_eq!(
+            duplicate.to_string(),
+            "rank 1: packages a and b both hold all_reduce bf16; give one package per collective \
+             and dtype"
+        );
+        let missing = ServeError::NotServed {
+            rank: 0,
+            collective: Collective::ReduceScatter,
+            dtype: Dtype::Bf16,
+            served: served_names(
+                [
+                    (Collective::AllReduce, Dtype::Bf16),
+                    (Collective::AllReduce, Dtype::Fp32),
+                ]
+                .into_iter(),
+            ),
+        };
+        assert_eq!(
+            missing.to_string(),
+            "rank 0: no package holds reduce_scatter bf16; this handle serves all_reduce bf16, \
+             all_reduce fp32"
+        );
+        assert!(duplicate.is_refusal() && missing.is_refusal());
     }
 
     #[test]

@@ -19,7 +19,7 @@ from ._binding import (
 )
 from .collectives import Collectives
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Collectives",

@@ -18,6 +18,11 @@ UNIQUE_ID_BYTES = 128
 
 #: The C enum PrepareDtype: the codes the library takes for element types.
 DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp32": 2}
+# PrepareCollective's values, in its order.
+COLLECTIVE_CODES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2,
+                    "all_reduce_add_rms_norm": 3}
+# The C ABI these bindings are written for (PREPARE_ABI_VERSION of prepare.h).
+ABI_VERSION = 1
 
 TUNINGS = {"runtime": 0, "static": 1}
 
@@ -208,6 +213,7 @@ def library_path() -> str:
 
 
 _SIGNATURES = {
+    "prepare_abi_version": ([], ctypes.c_uint32),
     "prepare_version": ([], ctypes.c_char_p),
     "prepare_last_error": ([], ctypes.c_char_p),
     "prepare_options_init": ([ctypes.POINTER(_Options)], ctypes.c_int32),
@@ -222,16 +228,18 @@ _SIGNATURES = {
                            ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
     "prepare_all_reduce": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                             ctypes.c_int32, ctypes.c_void_p], ctypes.c_int32),
-    "prepare_route": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_char_p,
+    "prepare_route": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_char_p,
                        ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int32),
-    "prepare_choice_json": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t,
+    "prepare_choice_json": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t,
                              ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int32),
-    "prepare_serves": ([ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)],
+    "prepare_serves": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                        ctypes.POINTER(ctypes.c_int32)],
                        ctypes.c_int32),
-    "prepare_zero_copy_region": ([ctypes.c_void_p, ctypes.c_int32,
+    "prepare_zero_copy_region": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
                                   ctypes.POINTER(ctypes.c_void_p),
                                   ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int32),
-    "prepare_force": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t, ctypes.c_char_p],
+    "prepare_force": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t,
+                       ctypes.c_char_p],
                       ctypes.c_int32),
     "prepare_check": ([ctypes.c_void_p], ctypes.c_int32),
     "prepare_close": ([ctypes.c_void_p], ctypes.c_int32),
@@ -274,6 +282,17 @@ def _load(path: str, named_by_variable: bool) -> ctypes.CDLL:
         raise refused(
             f"which is prepare {version}, but this package is prepare {__version__}: the "
             "package's calls may not match that library's functions")
+    try:
+        abi_of = loaded.prepare_abi_version
+    except AttributeError:
+        raise refused(f"which has no prepare_abi_version, though it says it is prepare "
+                      f"{version}") from None
+    abi_of.argtypes, abi_of.restype = _SIGNATURES["prepare_abi_version"]
+    abi = abi_of()
+    if abi != ABI_VERSION:
+        raise refused(
+            f"which offers C ABI version {abi}, but this package is written for C ABI version "
+            f"{ABI_VERSION}: its calls do not match that library's functions")
     for name, (arguments, result) in _SIGNATURES.items():
         try:
             function = getattr(loaded, name)
@@ -435,31 +454,33 @@ class NativeHandle:
                      _address("stream", stream))
         _check(library().prepare_all_reduce(self._live(), *arguments))
 
-    def route(self, dtype: int, nbytes: int) -> str:
-        arguments = (_integer("dtype", dtype, "int32_t"), _integer("nbytes", nbytes, "uint64_t"))
+    # Each call below takes the package's key: a collective code, then a dtype code.
+
+    def route(self, collective: int, dtype: int, nbytes: int) -> str:
+        arguments = (*_key(collective, dtype), _integer("nbytes", nbytes, "uint64_t"))
         return _text(library().prepare_route, self._live(), *arguments)
 
-    def choice_json(self, dtype: int) -> str:
-        code = _integer("dtype", dtype, "int32_t")
-        return _text(library().prepare_choice_json, self._live(), code)
+    def choice_json(self, collective: int, dtype: int) -> str:
+        key = _key(collective, dtype)
+        return _text(library().prepare_choice_json, self._live(), *key)
 
-    def serves(self, dtype: int) -> bool:
-        code = _integer("dtype", dtype, "int32_t")
+    def serves(self, collective: int, dtype: int) -> bool:
+        key = _key(collective, dtype)
         served = ctypes.c_int32(0)
-        _check(library().prepare_serves(self._live(), code, ctypes.byref(served)))
+        _check(library().prepare_serves(self._live(), *key, ctypes.byref(served)))
         return bool(served.value)
 
-    def zero_copy_region(self, dtype: int) -> Tuple[int, int]:
+    def zero_copy_region(self, collective: int, dtype: int) -> Tuple[int, int]:
         """(device address, bytes) of the zero-copy region; (0, 0) when only NCCL runs."""
-        code = _integer("dtype", dtype, "int32_t")
+        key = _key(collective, dtype)
         address = ctypes.c_void_p()
         nbytes = ctypes.c_size_t()
-        _check(library().prepare_zero_copy_region(self._live(), code, ctypes.byref(address),
+        _check(library().prepare_zero_copy_region(self._live(), *key, ctypes.byref(address),
                                                   ctypes.byref(nbytes)))
         return address.value or 0, nbytes.value
 
-    def force(self, dtype: int, bucket: int, profile: str) -> None:
-        arguments = (_integer("dtype", dtype, "int32_t"), _integer("bucket", bucket, "size_t"),
+    def force(self, collective: int, dtype: int, bucket: int, profile: str) -> None:
+        arguments = (*_key(collective, dtype), _integer("bucket", bucket, "size_t"),
                      _c_string("profile", profile, path=False))
         _check(library().prepare_force(self._live(), *arguments))
 
@@ -478,6 +499,10 @@ class NativeHandle:
             pass
 
 
-def served_names(handle: NativeHandle) -> Iterable[str]:
-    """The dtype names a handle serves."""
-    return [name for name, code in DTYPE_CODES.items() if handle.serves(code)]
+def served_names(handle: NativeHandle, collective: int = 0) -> Iterable[str]:
+    """The dtype names a handle serves for a collective code (all-reduce by default)."""
+    return [name for name, code in DTYPE_CODES.items() if handle.serves(collective, code)]
+
+
+def _key(collective: int, dtype: int) -> Tuple[int, int]:
+    return _integer("collective", collective, "int32_t"), _integer("dtype", dtype, "int32_t")

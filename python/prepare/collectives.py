@@ -9,6 +9,7 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._binding import (
+    COLLECTIVE_CODES,
     DTYPE_CODES,
     InvalidArgument,
     NativeHandle,
@@ -20,6 +21,9 @@ from ._binding import (
 )
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+# The collective code of every call this module makes so far.
+_ALL_REDUCE = COLLECTIVE_CODES["all_reduce"]
 
 # Live handles by integer id: what the custom op `prepare::all_reduce` refers to, so a
 # compiled graph holds a number rather than a Python object.
@@ -157,7 +161,7 @@ class Collectives:
             paths, payload, rank, world, self.device, cache_dir=cache_dir,
             timeout=timeout, tuning=tuning)
         self._served = {dtype: name for dtype, name in self._names.items()
-                        if self._native.serves(_code(name))}
+                        if self._native.serves(_ALL_REDUCE, _code(name))}
         _registered_op()
         with _REGISTRY_LOCK:
             self._id = next(_NEXT_ID)
@@ -250,7 +254,7 @@ class Collectives:
             raise InvalidArgument(f"shape {shape} has a negative size")
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        address, capacity = native.zero_copy_region(code)
+        address, capacity = native.zero_copy_region(_ALL_REDUCE, code)
         if address == 0 or numel == 0:
             return torch.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
         if nbytes > capacity:
@@ -264,8 +268,8 @@ class Collectives:
     def zero_copy_bytes(self, dtype: Any = None) -> int:
         """Bytes the zero-copy region of `dtype` holds (0 where only NCCL runs)."""
         torch = _torch()
-        return self._live().zero_copy_region(self._code(torch.bfloat16 if dtype is None
-                                                        else dtype))[1]
+        dtype = torch.bfloat16 if dtype is None else dtype
+        return self._live().zero_copy_region(_ALL_REDUCE, self._code(dtype))[1]
 
     # What was chosen.
 
@@ -279,20 +283,21 @@ class Collectives:
         """The agreed choice per torch dtype, as the choice file's JSON: per bucket its
         winner, and every candidate with its figures or why it was excluded."""
         native = self._live()
-        return {dtype: json.loads(native.choice_json(_code(name)))
+        return {dtype: json.loads(native.choice_json(_ALL_REDUCE, _code(name)))
                 for dtype, name in self._served.items()}
 
     def route(self, nbytes: int, dtype: Any = None) -> str:
         """Which kernel a message of `nbytes` goes to, e.g. "one_shot_push (bucket 2)"."""
         torch = _torch()
-        return self._live().route(self._code(torch.bfloat16 if dtype is None else dtype), nbytes)
+        dtype = torch.bfloat16 if dtype is None else dtype
+        return self._live().route(_ALL_REDUCE, self._code(dtype), nbytes)
 
     def force(self, bucket: int, profile: str, dtype: Any = None) -> None:
         """Runs candidate `profile` for bucket `bucket` instead of the agreed winner (the
         override tests use). Every rank must force the same, before the all-reduces."""
         torch = _torch()
-        self._live().force(self._code(torch.bfloat16 if dtype is None else dtype), bucket,
-                           profile)
+        dtype = torch.bfloat16 if dtype is None else dtype
+        self._live().force(_ALL_REDUCE, self._code(dtype), bucket, profile)
 
     def check(self) -> None:
         """Raises `prepare.PeerTimeout`, naming the peer, when a kernel gave up waiting for

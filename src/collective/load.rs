@@ -28,7 +28,9 @@ pub fn private_output_bytes(ladder: &Ladder) -> u64 {
     let reads_until_end = |profile: &str| {
         ladder
             .profile(profile)
-            .and_then(|profile| kernels::kernel_for(profile, ladder.dtype, ladder.world_size))
+            .and_then(|profile| {
+                kernels::kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
+            })
             .and_then(|spec| kernels::input_access(&spec))
             == Some(InputAccess::Peers {
                 output_may_alias: false,
@@ -219,8 +221,13 @@ impl Collectives {
                         message: reason.clone(),
                     });
                 } else {
-                    let spec = kernels::kernel_for(profile, ladder.dtype, ladder.world_size)
-                        .expect("every custom profile has a kernel");
+                    let spec = kernels::kernel_for(
+                        profile,
+                        ladder.collective,
+                        ladder.dtype,
+                        ladder.world_size,
+                    )
+                    .expect("every custom profile has a kernel");
                     let (_, module) = modules
                         .iter()
                         .find(|(name, _)| *name == spec.name)

@@ -141,7 +141,7 @@ fn render_header(out: &mut String, package: &Package, width: Option<usize>) {
         &format!(
             "{}: {}, {}, {} ranks",
             ladder.name,
-            collective_name(ladder.collective),
+            ladder.collective.name(),
             ladder.dtype.name(),
             ladder.world_size
         ),
@@ -463,10 +463,4 @@ fn render_qualification(out: &mut String, manifest: &Manifest, width: Option<usi
         }
     }
     table.render(out, width);
-}
-
-fn collective_name(collective: prepare::ladder::Collective) -> &'static str {
-    match collective {
-        prepare::ladder::Collective::AllReduce => "all_reduce",
-    }
 }

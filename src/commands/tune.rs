@@ -169,7 +169,9 @@ fn run_rank(args: &Args, options: &SelectOptions) -> Result<(), Failure> {
     let dtype: Dtype = package.ladder().dtype;
     let handle = Handle::select(runtime, std::slice::from_ref(&package), options, &reporter)
         .map_err(Failure::serving)?;
-    let selection = handle.selection(dtype).map_err(Failure::serving)?;
+    let selection = handle
+        .selection(package.ladder().collective, dtype)
+        .map_err(Failure::serving)?;
     let choice = &selection.choice;
     let digest = prepare::hash::hex(&choice.digest());
     if rank == 0 {

@@ -188,7 +188,7 @@ fn custom_bucket_kernels(ladder: &Ladder) -> impl Iterator<Item = (u64, KernelSp
             let profile = ladder.profile(id)?;
             Some((
                 bucket.max_bytes,
-                kernel_for(profile, ladder.dtype, ladder.world_size)?,
+                kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)?,
             ))
         })
     })
@@ -199,6 +199,7 @@ mod tests {
     use super::*;
     use crate::kernels::all_kernels;
     use crate::kernels::spec::tests::{ladder, spec, EXAMPLE};
+    use crate::ladder::Collective;
 
     fn scratch(name: &str, world: u32, max_bytes: u64) -> u64 {
         scratch_bytes(&spec(name, world), max_bytes)
@@ -356,7 +357,13 @@ mod tests {
         assert!(!is_double_buffered(&push));
         assert!(is_double_buffered(&ll) && is_double_buffered(&simple));
         // `protocol: barrier` is the ordinary push kernel.
-        let barrier = kernel_for(mixed.profile("barrier").unwrap(), Dtype::Bf16, 2).unwrap();
+        let barrier = kernel_for(
+            mixed.profile("barrier").unwrap(),
+            Collective::AllReduce,
+            Dtype::Bf16,
+            2,
+        )
+        .unwrap();
         assert_eq!(barrier, push);
         // Shared: one-shot push at 64 KiB, one peer slot. Then ll (16 KiB: room for 2048 + 7
         // lines, 5 chunks a slot) and simple (64 KiB), two halves of one peer slot each. Every
@@ -380,7 +387,13 @@ mod tests {
         // Largest scratch: one_shot_push (or full_phased) at 96 KiB, 3 peer slots, in a page.
         assert_eq!(
             scratch_bytes(
-                &kernel_for(example.profile("one_shot_push").unwrap(), Dtype::Bf16, 4).unwrap(),
+                &kernel_for(
+                    example.profile("one_shot_push").unwrap(),
+                    Collective::AllReduce,
+                    Dtype::Bf16,
+                    4
+                )
+                .unwrap(),
                 98304
             ),
             3 * 98304
@@ -409,7 +422,13 @@ mod tests {
         assert_eq!(copy_engine_slot_bytes(&example), Some(16384));
         example.buckets[2].candidates.push("copy".to_owned());
         assert_eq!(copy_engine_slot_bytes(&example), Some(1 << 20));
-        let spec = kernel_for(example.profile("copy").unwrap(), Dtype::Bf16, 4).unwrap();
+        let spec = kernel_for(
+            example.profile("copy").unwrap(),
+            Collective::AllReduce,
+            Dtype::Bf16,
+            4,
+        )
+        .unwrap();
         assert_eq!(
             spec.copy_engine_barriers(),
             Some([

@@ -1,7 +1,7 @@
 //! The kernel table: which kernel runs each profile, its source and entry symbol, how it lays
 //! out its scratch and how it reads this rank's message.
 
-use crate::ladder::{Algorithm, Dtype, Ladder, Profile, Protocol, Schedule, Transfer};
+use crate::ladder::{Algorithm, Collective, Dtype, Ladder, Profile, Protocol, Schedule, Transfer};
 
 /// A custom kernel as a package compiles it: one entry symbol in one source file, instantiated
 /// for one element type and world size.
@@ -221,10 +221,21 @@ pub(super) fn kernel_named(spec: &KernelSpec) -> &'static Kernel {
     kernel_of(spec).unwrap_or_else(|| panic!("`{}` is not a kernel of this crate", spec.name))
 }
 
-/// The kernel that runs a profile in a package of `dtype` at `world` ranks, or `None` for NCCL
-/// profiles (and for combinations that validation refuses, such as a phased one-shot or an
-/// unphased full all-reduce).
-pub fn kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelSpec> {
+/// The kernel that runs a profile of a `collective` in a package of `dtype` at `world` ranks,
+/// or `None` for NCCL profiles (and for what validation refuses, such as a phased one-shot, an
+/// unphased full all-reduce or a collective the table does not serve).
+pub fn kernel_for(
+    profile: &Profile,
+    collective: Collective,
+    dtype: Dtype,
+    world: u32,
+) -> Option<KernelSpec> {
+    match collective {
+        Collective::AllReduce => {}
+        Collective::ReduceScatter | Collective::AllGather | Collective::AllReduceAddRmsNorm => {
+            return None
+        }
+    }
     let name = match (profile.algorithm, profile.schedule) {
         (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
             (Transfer::Pull, None | Some(Protocol::Barrier)) => "all_reduce_one_shot_pull",
@@ -278,7 +289,9 @@ pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
     let mut kernels: Vec<KernelSpec> = ladder
         .profiles
         .iter()
-        .filter_map(|profile| kernel_for(profile, ladder.dtype, ladder.world_size))
+        .filter_map(|profile| {
+            kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
+        })
         .collect();
     kernels.sort();
     kernels.dedup();
@@ -339,8 +352,12 @@ pub(super) mod tests {
                     if let Some(schedule) = schedule {
                         profile["schedule"] = schedule.into();
                     }
-                    let kernel =
-                        kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Bf16, 2);
+                    let kernel = kernel_for(
+                        &serde_json::from_value(profile).unwrap(),
+                        Collective::AllReduce,
+                        Dtype::Bf16,
+                        2,
+                    );
                     writeln!(
                         table,
                         "{algorithm} transfer={} schedule={} -> {}",
@@ -358,6 +375,20 @@ pub(super) mod tests {
             }
         }
         insta::assert_snapshot!(table);
+    }
+
+    #[test]
+    fn the_table_serves_the_built_collectives_only() {
+        let ladder = ladder(EXAMPLE);
+        for collective in Collective::ALL {
+            let served = ladder
+                .profiles
+                .iter()
+                .filter_map(|profile| kernel_for(profile, collective, Dtype::Bf16, 4))
+                .count();
+            assert_eq!(served > 0, collective.is_built(), "{collective}");
+        }
+        assert_eq!(Collective::BUILT, [Collective::AllReduce]);
     }
 
     #[test]
@@ -398,7 +429,12 @@ pub(super) mod tests {
             let profile = serde_json::json!({
                 "id": "p", "algorithm": algorithm, "transfer": transfer, "protocol": protocol
             });
-            let spec = kernel_for(&serde_json::from_value(profile).unwrap(), Dtype::Fp16, 4);
+            let spec = kernel_for(
+                &serde_json::from_value(profile).unwrap(),
+                Collective::AllReduce,
+                Dtype::Fp16,
+                4,
+            );
             assert_eq!(
                 spec.map(|spec| spec.name).as_deref(),
                 kernel,

@@ -58,12 +58,63 @@ pub struct Ladder {
     pub buckets: Vec<Bucket>,
 }
 
-/// A collective operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+/// A collective operation: with the dtype, the key of a package, of the kernel table and of
+/// every serving call.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Collective {
     /// Every rank ends with the element-wise sum of every rank's input.
     AllReduce,
+    /// Every rank ends with the sum of its own run of whole rows of the message.
+    ReduceScatter,
+    /// Every rank ends with every rank's rows, in rank order.
+    AllGather,
+    /// The all-reduce, then a residual added and an RMSNorm of every row.
+    AllReduceAddRmsNorm,
+}
+
+impl Collective {
+    /// Every collective, in the order of the C enum `PrepareCollective`.
+    pub const ALL: [Collective; 4] = [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::AllReduceAddRmsNorm,
+    ];
+
+    /// The collectives the kernel table serves (`kernels::kernel_for`); validation refuses a
+    /// ladder of any other (`collective_not_built`).
+    pub const BUILT: &'static [Collective] = &[Collective::AllReduce];
+
+    /// Whether the kernel table serves this collective.
+    pub fn is_built(self) -> bool {
+        Collective::BUILT.contains(&self)
+    }
+
+    /// The name used in ladders, packages and tables (`all_reduce`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllGather => "all_gather",
+            Collective::AllReduceAddRmsNorm => "all_reduce_add_rms_norm",
+        }
+    }
+
+    /// Parses the name.
+    pub fn from_name(name: &str) -> Option<Collective> {
+        Collective::ALL
+            .into_iter()
+            .find(|collective| collective.name() == name)
+    }
+}
+
+impl std::fmt::Display for Collective {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
+    }
 }
 
 /// Element types. Every one is summed in fp32 in rank order; bf16 and fp16 are then rounded
@@ -524,6 +575,32 @@ mod tests {
             ]
         }))
         .expect("the ladder parses")
+    }
+
+    #[test]
+    fn collective_names_are_their_json_names_in_the_c_order() {
+        let names: Vec<String> = Collective::ALL
+            .into_iter()
+            .map(|collective| serde_json::to_value(collective).unwrap().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "\"all_reduce\"",
+                "\"reduce_scatter\"",
+                "\"all_gather\"",
+                "\"all_reduce_add_rms_norm\""
+            ]
+        );
+        for collective in Collective::ALL {
+            assert_eq!(
+                names[collective as usize],
+                format!("\"{collective}\""),
+                "the C value is the index"
+            );
+            assert_eq!(Collective::from_name(collective.name()), Some(collective));
+        }
+        assert_eq!(Collective::from_name("all-reduce"), None);
     }
 
     #[test]

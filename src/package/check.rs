@@ -384,7 +384,8 @@ pub(super) fn ladder_problems(manifest: &Manifest, ladder: &Ladder) -> Vec<Probl
             }
             // What the writer records for this profile in this bucket, so that a candidate can
             // never launch another profile's kernel or geometry.
-            let spec = kernels::kernel_for(profile, ladder.dtype, ladder.world_size);
+            let spec =
+                kernels::kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size);
             let kernel = spec.as_ref().map(|spec| spec.name.as_str());
             if !profile.is_nccl() && candidate.kernel.as_deref() != kernel {
                 problem(

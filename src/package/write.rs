@@ -278,11 +278,16 @@ pub fn build_manifest(
                     blocks: None,
                 }
             } else {
-                let spec = kernels::kernel_for(profile, ladder.dtype, ladder.world_size)
-                    .ok_or_else(|| PackageError::NoKernel {
-                        profile: id.clone(),
-                        dtype: ladder.dtype.name(),
-                    })?;
+                let spec = kernels::kernel_for(
+                    profile,
+                    ladder.collective,
+                    ladder.dtype,
+                    ladder.world_size,
+                )
+                .ok_or_else(|| PackageError::NoKernel {
+                    profile: id.clone(),
+                    dtype: ladder.dtype.name(),
+                })?;
                 let record = kernels
                     .iter()
                     .find(|record| record.name == spec.name)

@@ -36,7 +36,8 @@ pub struct Choice {
     pub format_version: u32,
     /// The tool that made it.
     pub tool_version: String,
-    /// The package identity (sha256 of its manifest).
+    /// The package identity (sha256 of its manifest, which records the ladder's collective
+    /// and dtype, so a choice is never taken for another collective's package).
     pub package: String,
     /// The ladder's name.
     pub ladder: String,

@@ -491,6 +491,7 @@ fn show_json_prints_the_identity_and_the_manifest() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&fs::read(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(document["manifest"], manifest);
+    assert_eq!(document["manifest"]["ladder"]["collective"], "all_reduce");
     assert_eq!(document["choice"], serde_json::Value::Null);
     let schema = prepare::schema::SchemaName::Show.generate();
     let validator = jsonschema::validator_for(&schema).unwrap();

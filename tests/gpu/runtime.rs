@@ -377,7 +377,7 @@ const SERVED_LAYOUTS: [ServedLayout; 6] = [
 fn serve_every_layout(package: &std::path::Path) {
     use prepare::collective::{private_output_bytes, Operands};
     use prepare::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory as _};
-    use prepare::ladder::Dtype;
+    use prepare::ladder::{Collective, Dtype};
     use prepare::reference::{random_inputs, reference_sum_bf16};
     use prepare::serve::{Options, Server};
 
@@ -395,7 +395,10 @@ fn serve_every_layout(package: &std::path::Path) {
     let rank = handle.rank();
     let ladder = package.ladder().clone();
     // What the package keeps once selection is done, measured by the device's free memory.
-    let kept = handle.selection(Dtype::Bf16).unwrap().load_memory_bytes;
+    let kept = handle
+        .selection(Collective::AllReduce, Dtype::Bf16)
+        .unwrap()
+        .load_memory_bytes;
     eprintln!(
         "rank {rank}: the package keeps {:.1} MiB of device memory after selection (peer buffer \
          {:.1} MiB, private output buffer {:.1} MiB)",
@@ -410,7 +413,10 @@ fn serve_every_layout(package: &std::path::Path) {
          the private output buffer"
     );
 
-    let region = handle.zero_copy_region(Dtype::Bf16).unwrap().unwrap();
+    let region = handle
+        .zero_copy_region(Collective::AllReduce, Dtype::Bf16)
+        .unwrap()
+        .unwrap();
     let region_bytes = region.len_bytes() as u64;
     let private_bytes = private_output_bytes(&ladder);
     let device = handle.runtime().device().clone();
@@ -432,7 +438,9 @@ fn serve_every_layout(package: &std::path::Path) {
     let mut checked = 0;
     for (case, (profile, bytes)) in cases.into_iter().enumerate() {
         let bucket = ladder.bucket_for(bytes).unwrap();
-        handle.force(Dtype::Bf16, bucket, profile).unwrap();
+        handle
+            .force(Collective::AllReduce, Dtype::Bf16, bucket, profile)
+            .unwrap();
         let elements = (bytes / 2) as usize;
         let at = |buffer: &DeviceBuffer, offset: u64| {
             CallerMemory::prefix(buffer, offset + bytes).offset(offset)

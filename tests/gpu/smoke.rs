@@ -358,7 +358,9 @@ fn run_ladder(
             let profile = ladder
                 .profile(id)
                 .expect("validated candidates name profiles");
-            let Some(spec) = kernel_for(profile, ladder.dtype, ladder.world_size) else {
+            let Some(spec) =
+                kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
+            else {
                 continue;
             };
             let geometry = candidate_geometry(bucket, profile);

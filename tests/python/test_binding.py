@@ -104,29 +104,34 @@ def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(tmp_path, timeout,
 @pytest.mark.parametrize(
     "method, arguments, shown",
     [
-        ("route", (0, 2**64), "nbytes=18446744073709551616 is out of range: give an integer "
+        ("route", (0, 0, 2**64), "nbytes=18446744073709551616 is out of range: give an integer "
          + UINT64),
-        ("route", (0, -1), "nbytes=-1 is out of range"),
-        ("route", (2**31, 0), "dtype=2147483648 is out of range: give an integer " + INT32),
-        ("force", (0, 2**64, "nccl"), "bucket=18446744073709551616 is out of range: give an "
+        ("route", (0, 0, -1), "nbytes=-1 is out of range"),
+        ("route", (0, 2**31, 0), "dtype=2147483648 is out of range: give an integer " + INT32),
+        ("force", (0, 0, 2**64, "nccl"), "bucket=18446744073709551616 is out of range: give an "
          "integer " + SIZE),
-        ("force", (0, -1, "nccl"), "bucket=-1 is out of range"),
-        ("force", (0, 1.5, "nccl"), "bucket is a float"),
+        ("force", (0, 0, -1, "nccl"), "bucket=-1 is out of range"),
+        ("force", (0, 0, 1.5, "nccl"), "bucket is a float"),
         ("all_reduce", (-1, 0, 1, 0, None), "input=-1 is out of range: give an integer "
          + POINTER),
         ("all_reduce", (0, 2**64, 1, 0, None), "output=18446744073709551616 is out of range"),
         ("all_reduce", (0, 0, 2**64, 0, None), "count=18446744073709551616 is out of range"),
         ("all_reduce", (0, 0, 1, -2**31 - 1, None), "dtype=-2147483649 is out of range"),
         ("all_reduce", (0, 0, 1, 0, -1), "stream=-1 is out of range"),
-        ("choice_json", (2**32,), "dtype=4294967296 is out of range"),
-        ("serves", (2**32,), "dtype=4294967296 is out of range"),
-        ("zero_copy_region", (2**32,), "dtype=4294967296 is out of range"),
+        ("choice_json", (0, 2**32), "dtype=4294967296 is out of range"),
+        ("serves", (0, 2**32), "dtype=4294967296 is out of range"),
+        ("zero_copy_region", (0, 2**32), "dtype=4294967296 is out of range"),
+        ("route", (2**31, 0, 0), "collective=2147483648 is out of range: give an integer "
+         + INT32),
+        ("choice_json", (-2**31 - 1, 0), "collective=-2147483649 is out of range"),
+        ("force", (2**32, 0, 0, "nccl"), "collective=4294967296 is out of range"),
     ],
     ids=["route-nbytes-2^64", "route-nbytes-negative", "route-dtype-2^31", "force-bucket-2^64",
          "force-bucket-negative", "force-bucket-float", "all_reduce-input-negative",
          "all_reduce-output-2^64", "all_reduce-count-2^64", "all_reduce-dtype-below-int32",
          "all_reduce-stream-negative", "choice_json-dtype-2^32", "serves-dtype-2^32",
-         "zero_copy_region-dtype-2^32"],
+         "zero_copy_region-dtype-2^32", "route-collective-2^31",
+         "choice_json-collective-below-int32", "force-collective-2^32"],
 )
 def test_handle_methods_refuse_integers_outside_their_c_type(method, arguments, shown):
     # Arguments are checked before the handle's state, so a closed handle shows the check.
@@ -151,9 +156,9 @@ def test_a_cache_dir_with_a_nul_byte_is_refused_not_cut(tmp_path):
 
 
 def test_a_profile_with_a_nul_byte_or_of_another_type_is_refused():
-    refused(lambda: closed_handle().force(0, 0, "nccl\0one_shot_push"),
+    refused(lambda: closed_handle().force(0, 0, 0, "nccl\0one_shot_push"),
             "profile", "embedded null byte")
-    refused(lambda: closed_handle().force(0, 0, b"nccl"), "profile is a bytes: give a str")
+    refused(lambda: closed_handle().force(0, 0, 0, b"nccl"), "profile is a bytes: give a str")
 
 
 def test_packages_of_another_type_are_refused_by_name(tmp_path):
@@ -201,9 +206,9 @@ def test_every_error_raised_is_the_class_of_its_status():
 def test_use_after_close_is_an_invalid_argument():
     handle = closed_handle()
     handle.close()
-    for call in (handle.check, lambda: handle.route(0, 2), lambda: handle.choice_json(0),
-                 lambda: handle.serves(0), lambda: handle.zero_copy_region(0),
-                 lambda: handle.force(0, 0, "nccl"), lambda: handle.all_reduce(1, 1, 1, 0, 0)):
+    for call in (handle.check, lambda: handle.route(0, 0, 2), lambda: handle.choice_json(0, 0),
+                 lambda: handle.serves(0, 0), lambda: handle.zero_copy_region(0, 0),
+                 lambda: handle.force(0, 0, 0, "nccl"), lambda: handle.all_reduce(1, 1, 1, 0, 0)):
         assert refused(call, "closed").status == 1
     collectives = prepare.Collectives.__new__(prepare.Collectives)
     collectives._native, collectives._id = None, None
@@ -273,3 +278,23 @@ def test_a_library_of_another_version_is_refused_naming_both_and_the_file(unload
     refused(prepare.native_version,
             f"{where} which is prepare {version}, but this package is prepare 0.0.9",
             error=ImportError)
+
+
+@pytest.mark.parametrize("named_by_variable", [False, True], ids=["installed", "variable"])
+def test_a_library_of_another_abi_version_is_refused_naming_both_and_the_file(unloaded,
+                                                                               named_by_variable):
+    if named_by_variable:
+        unloaded.setenv("PREPARE_LIBRARY", prepare.library_path())
+    else:
+        unloaded.delenv("PREPARE_LIBRARY", raising=False)
+    path = prepare.library_path()
+    where = f"PREPARE_LIBRARY names {path}," if named_by_variable else f"prepare, {path},"
+    assert prepare._binding.ABI_VERSION == 1
+    unloaded.setattr(prepare._binding, "ABI_VERSION", 7)
+    refused(prepare.native_version,
+            f"{where} which offers C ABI version 1, but this package is written for C ABI "
+            "version 7", error=ImportError)
+
+
+def test_the_library_offers_the_abi_version_the_package_is_written_for():
+    assert prepare._binding.library().prepare_abi_version() == prepare._binding.ABI_VERSION

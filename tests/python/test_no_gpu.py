@@ -22,7 +22,7 @@ def test_import_does_not_import_torch():
 
 
 def test_version_matches_the_library():
-    assert prepare.__version__ == "0.1.0"
+    assert prepare.__version__ == "0.2.0"
     assert prepare.native_version() == prepare.__version__
 
 

@@ -29,7 +29,8 @@ pub fn ladder(text: &str) -> Ladder {
 pub fn compilation(ladder: &Ladder, arch: Arch) -> Compilation {
     let mut kernels = BTreeMap::new();
     for profile in &ladder.profiles {
-        let Some(spec) = kernel_for(profile, ladder.dtype, ladder.world_size) else {
+        let Some(spec) = kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
+        else {
             continue;
         };
         let mut cubin = b"\x7fELF fake cubin ".to_vec();

@@ -1,6 +1,6 @@
 //! What every call does at the boundary: a failure becomes a status and the thread's last
 //! error, a caught panic [`PrepareStatus::Internal`] (and nothing on the host's stderr); and
-//! the checks of the caller's pointers, strings and dtype codes.
+//! the checks of the caller's pointers, strings, collective and dtype codes.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CStr, CString};
@@ -8,12 +8,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
 use prepare::gpu::abort::{Abort, AbortReason};
-use prepare::ladder::Dtype;
+use prepare::ladder::{Collective, Dtype};
 use prepare::runtime::RuntimeError;
 use prepare::select::SelectError;
 use prepare::serve::ServeError;
 
-use crate::{PrepareDtype, PrepareStatus};
+use crate::{PrepareCollective, PrepareDtype, PrepareStatus};
 
 /// A failure on its way to the caller: a status and its message.
 #[derive(Debug)]
@@ -44,11 +44,11 @@ impl From<ServeError> for Failure {
 fn status(error: &ServeError) -> PrepareStatus {
     match error {
         ServeError::NoPackage { .. }
-        | ServeError::DtypeNotServed { .. }
+        | ServeError::NotServed { .. }
         | ServeError::BadArgument { .. }
         | ServeError::CannotForce { .. }
         | ServeError::MessageTooLarge { .. } => PrepareStatus::InvalidArgument,
-        ServeError::DuplicateDtype { .. } | ServeError::WorldSize { .. } => {
+        ServeError::DuplicatePackage { .. } | ServeError::WorldSize { .. } => {
             PrepareStatus::PackageRefused
         }
         ServeError::PeerTimeout { .. } => PrepareStatus::PeerTimeout,
@@ -196,6 +196,32 @@ pub(crate) fn guard(body: impl FnOnce() -> Result<(), Failure>) -> PrepareStatus
             PrepareStatus::Internal
         }
     }
+}
+
+/// The one place C collective codes become the library's collectives.
+pub(crate) fn collective(code: i32) -> Result<Collective, Failure> {
+    const COLLECTIVES: [(i32, Collective); 4] = [
+        (PrepareCollective::AllReduce as i32, Collective::AllReduce),
+        (
+            PrepareCollective::ReduceScatter as i32,
+            Collective::ReduceScatter,
+        ),
+        (PrepareCollective::AllGather as i32, Collective::AllGather),
+        (
+            PrepareCollective::AllReduceAddRmsNorm as i32,
+            Collective::AllReduceAddRmsNorm,
+        ),
+    ];
+    COLLECTIVES
+        .iter()
+        .find(|(known, _)| *known == code)
+        .map(|(_, collective)| *collective)
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "collective {code} is not a PrepareCollective (0 all_reduce, 1 reduce_scatter, \
+                 2 all_gather, 3 all_reduce_add_rms_norm)"
+            ))
+        })
 }
 
 /// The one place C dtype codes become the library's dtypes.
@@ -401,6 +427,24 @@ mod tests {
             Failure::from(ServeError::from(fault)).status,
             PrepareStatus::RuntimeFailure
         );
+    }
+
+    #[test]
+    fn collectives_map_in_one_place_in_the_order_of_the_library() {
+        for (code, expected) in Collective::ALL.into_iter().enumerate() {
+            assert_eq!(collective(i32::try_from(code).unwrap()).unwrap(), expected);
+        }
+        for code in [-1, 4, i32::MAX] {
+            let failure = collective(code).unwrap_err();
+            assert_eq!(failure.status, PrepareStatus::InvalidArgument);
+            assert!(
+                failure
+                    .message
+                    .starts_with(&format!("collective {code} is not a PrepareCollective")),
+                "{}",
+                failure.message
+            );
+        }
     }
 
     #[test]

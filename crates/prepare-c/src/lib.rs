@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use prepare::gpu::driver::DeviceMemory as _;
 use prepare::gpu::nccl::Communicator;
-use prepare::ladder::Dtype;
+use prepare::ladder::{Collective, Dtype};
 use prepare::launch::RankEnvironment;
 use prepare::package::{open_package_retrying, Package};
 use prepare::runtime::{timeout_from_seconds, RankSetup, Rendezvous, MAX_TIMEOUT};
@@ -25,13 +25,19 @@ use prepare::select::SelectOptions;
 use prepare::serve::{gpu_for_rank, rendezvous_address, Handle};
 use prepare::tune::choice::Tuning;
 
-use boundary::{c_str, chain, copy_out, dtype, guard, last_error, reference, write, Failure};
+use boundary::{
+    c_str, chain, collective, copy_out, dtype, guard, last_error, reference, write, Failure,
+};
+
+/// The ABI this library offers ([`prepare_abi_version`]): raised whenever a call, a struct or
+/// an enum changes, so a binding written for another refuses the library before any call.
+pub const PREPARE_ABI_VERSION: u32 = 1;
 
 /// Bytes in an NCCL unique id ([`prepare_unique_id`], [`prepare_open_unique_id`]).
 pub const PREPARE_UNIQUE_ID_BYTES: usize = 128;
 
-/// The most packages one handle takes ([`PrepareOptions::package_count`]): one per dtype is
-/// what a handle serves; a larger count is refused before anything is read.
+/// The most packages one handle takes ([`PrepareOptions::package_count`]): one per collective
+/// and dtype is what a handle serves; a larger count is refused before anything is read.
 pub const PREPARE_MAX_PACKAGES: usize = 64;
 
 /// What every call returns; 0 is success. The message of a failure is [`prepare_last_error`].
@@ -40,8 +46,8 @@ pub const PREPARE_MAX_PACKAGES: usize = 64;
 pub enum PrepareStatus {
     /// Success.
     Ok = 0,
-    /// An argument is invalid: null, out of range, not of this GPU, a dtype no package holds,
-    /// a missing torchrun variable.
+    /// An argument is invalid: null, out of range, not of this GPU, a collective and dtype no
+    /// package holds, a missing torchrun variable.
     InvalidArgument = 1,
     /// A package or its ladder was refused: unreadable, tampered, invalid, for another GPU or
     /// world size. The message names the file.
@@ -55,7 +61,23 @@ pub enum PrepareStatus {
     Internal = 5,
 }
 
-/// Element types; a handle serves those its packages hold (one package per dtype).
+/// Collectives; a handle serves those its packages hold (one package per collective and
+/// dtype). Only all-reduce packages can be exported so far.
+#[repr(C)]
+#[derive(Debug)]
+pub enum PrepareCollective {
+    /// Every rank ends with the element-wise sum of every rank's input.
+    AllReduce = 0,
+    /// Every rank ends with the sum of its own run of whole rows.
+    ReduceScatter = 1,
+    /// Every rank ends with every rank's rows, in rank order.
+    AllGather = 2,
+    /// The all-reduce, then a residual added and an RMSNorm of every row.
+    AllReduceAddRmsNorm = 3,
+}
+
+/// Element types; a handle serves those its packages hold (one package per collective and
+/// dtype).
 #[repr(C)]
 #[derive(Debug)]
 pub enum PrepareDtype {
@@ -81,7 +103,7 @@ pub enum PrepareTuning {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PrepareOptions {
-    /// Package directories, one per dtype served (UTF-8 or raw bytes, NUL-terminated).
+    /// Package directories, one per collective and dtype served (UTF-8 or raw bytes, NUL-terminated).
     pub packages: *const *const c_char,
     /// Entries in `packages`; 1 to [`PREPARE_MAX_PACKAGES`].
     pub package_count: usize,
@@ -121,13 +143,14 @@ unsafe fn start(options: *const PrepareOptions) -> Result<Start, Failure> {
     let options = unsafe { reference(options, "options") }?;
     if options.packages.is_null() || options.package_count == 0 {
         return Err(Failure::invalid(
-            "options.packages is empty: give one package directory per dtype served",
+            "options.packages is empty: give one package directory per collective and dtype \
+             served",
         ));
     }
     if options.package_count > PREPARE_MAX_PACKAGES {
         return Err(Failure::invalid(format!(
             "options.package_count is {}; a handle takes 1 to {PREPARE_MAX_PACKAGES} packages \
-             (one per dtype served)",
+             (one per collective and dtype served)",
             options.package_count
         )));
     }
@@ -238,29 +261,50 @@ unsafe fn handle_and_dtype<'a>(
     Ok((unsafe { self::handle(handle) }?, dtype(code)?))
 }
 
-/// Runs a call that answers with text: writes what `text` says of the handle and dtype into
-/// `buffer` ([`copy_out`]).
+/// The handle behind a caller's pointer and the key of a package, each checked.
+///
+/// # Safety
+/// As [`handle`].
+unsafe fn handle_and_key<'a>(
+    handle: *const PrepareHandle,
+    collective_code: i32,
+    dtype_code: i32,
+) -> Result<(&'a Handle, Collective, Dtype), Failure> {
+    // SAFETY: the caller's promise.
+    let handle = unsafe { self::handle(handle) }?;
+    Ok((handle, collective(collective_code)?, dtype(dtype_code)?))
+}
+
+/// Runs a call that answers with text: writes what `text` says of the handle's package of a
+/// collective and dtype into `buffer` ([`copy_out`]).
 ///
 /// # Safety
 /// `handle` as [`handle`]; `buffer`, `capacity` and `needed` as [`copy_out`].
 unsafe fn text_out(
     handle: *const PrepareHandle,
-    dtype: i32,
-    text: impl FnOnce(&Handle, Dtype) -> Result<String, Failure>,
+    (collective, dtype): (i32, i32),
+    text: impl FnOnce(&Handle, Collective, Dtype) -> Result<String, Failure>,
     buffer: *mut c_char,
     capacity: usize,
     needed: *mut usize,
 ) -> PrepareStatus {
     guard(|| {
         // SAFETY: the caller's promise.
-        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
-        let text = text(handle, dtype)?;
+        let (handle, collective, dtype) = unsafe { handle_and_key(handle, collective, dtype) }?;
+        let text = text(handle, collective, dtype)?;
         // SAFETY: the caller's promise.
         unsafe { copy_out(&text, buffer, capacity, needed) }
     })
 }
 
-/// The library's version, a static NUL-terminated string ("0.1.0").
+/// The ABI version, [`PREPARE_ABI_VERSION`] of the header this library was built with: a
+/// binding compares it with the one it was written for before any other call.
+#[no_mangle]
+pub extern "C" fn prepare_abi_version() -> u32 {
+    PREPARE_ABI_VERSION
+}
+
+/// The library's version, a static NUL-terminated string ("0.2.0").
 #[no_mangle]
 pub extern "C" fn prepare_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
@@ -495,7 +539,7 @@ pub unsafe extern "C" fn prepare_all_reduce(
     })
 }
 
-/// Writes where a message of `bytes` of `dtype` goes ("one_shot_push (bucket 2)", or NCCL
+/// Writes where a message of `bytes` of `collective` in `dtype` goes ("one_shot_push (bucket 2)", or NCCL
 /// above the ladder) into `buffer` as a NUL-terminated string. `*needed` (when not NULL)
 /// receives the size needed, NUL included; a NULL `buffer` only asks for the size.
 ///
@@ -505,18 +549,21 @@ pub unsafe extern "C" fn prepare_all_reduce(
 #[no_mangle]
 pub unsafe extern "C" fn prepare_route(
     handle: *const PrepareHandle,
+    collective: i32,
     dtype: i32,
     bytes: u64,
     buffer: *mut c_char,
     capacity: usize,
     needed: *mut usize,
 ) -> PrepareStatus {
-    let route = |handle: &Handle, dtype| Ok(handle.route(dtype, bytes)?.to_string());
+    let route = |handle: &Handle, collective, dtype| {
+        Ok(handle.route(collective, dtype, bytes)?.to_string())
+    };
     // SAFETY: the caller's promise.
-    unsafe { text_out(handle, dtype, route, buffer, capacity, needed) }
+    unsafe { text_out(handle, (collective, dtype), route, buffer, capacity, needed) }
 }
 
-/// Writes the agreed choice for `dtype` (the choice file's JSON: per bucket its winner, every
+/// Writes the agreed choice for `collective` in `dtype` (the choice file's JSON: per bucket its winner, every
 /// candidate's figures or why it was excluded) into `buffer`, as [`prepare_route`] does.
 ///
 /// # Safety
@@ -524,39 +571,41 @@ pub unsafe extern "C" fn prepare_route(
 #[no_mangle]
 pub unsafe extern "C" fn prepare_choice_json(
     handle: *const PrepareHandle,
+    collective: i32,
     dtype: i32,
     buffer: *mut c_char,
     capacity: usize,
     needed: *mut usize,
 ) -> PrepareStatus {
-    let json = |handle: &Handle, dtype| {
-        String::from_utf8(handle.choice(dtype)?.to_bytes())
+    let json = |handle: &Handle, collective, dtype| {
+        String::from_utf8(handle.choice(collective, dtype)?.to_bytes())
             .map_err(|_| Failure::invalid("the choice is not UTF-8"))
     };
     // SAFETY: the caller's promise.
-    unsafe { text_out(handle, dtype, json, buffer, capacity, needed) }
+    unsafe { text_out(handle, (collective, dtype), json, buffer, capacity, needed) }
 }
 
-/// Sets `*served` to 1 when a package of the handle holds `dtype`, else 0.
+/// Sets `*served` to 1 when a package of the handle holds `collective` in `dtype`, else 0.
 ///
 /// # Safety
 /// `handle` is a live handle; `served` is null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn prepare_serves(
     handle: *const PrepareHandle,
+    collective: i32,
     dtype: i32,
     served: *mut i32,
 ) -> PrepareStatus {
     guard(|| {
         // SAFETY: the caller's promise.
-        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
-        let served_now = handle.dtypes().any(|held| held == dtype);
+        let (handle, collective, dtype) = unsafe { handle_and_key(handle, collective, dtype) }?;
+        let served_now = handle.served_keys().any(|held| held == (collective, dtype));
         // SAFETY: the caller's promise.
         unsafe { write(served, i32::from(served_now), "served") }
     })
 }
 
-/// The zero-copy region of the `dtype` package: this rank's peer-visible memory. A message
+/// The zero-copy region of the package of `collective` in `dtype`: this rank's peer-visible memory. A message
 /// whose input starts at `*address` is all-reduced without any copy; the region holds one
 /// message at a time, of at most `*bytes`. `*address` is NULL and `*bytes` 0 when only NCCL
 /// runs (then any memory is as good). The region lives as long as the handle.
@@ -566,14 +615,15 @@ pub unsafe extern "C" fn prepare_serves(
 #[no_mangle]
 pub unsafe extern "C" fn prepare_zero_copy_region(
     handle: *const PrepareHandle,
+    collective: i32,
     dtype: i32,
     address: *mut *mut c_void,
     bytes: *mut usize,
 ) -> PrepareStatus {
     guard(|| {
         // SAFETY: the caller's promise.
-        let (handle, dtype) = unsafe { handle_and_dtype(handle, dtype) }?;
-        let region = handle.zero_copy_region(dtype)?;
+        let (handle, collective, dtype) = unsafe { handle_and_key(handle, collective, dtype) }?;
+        let region = handle.zero_copy_region(collective, dtype)?;
         let (start, length) =
             region.map_or((0, 0), |region| (region.address(), region.len_bytes()));
         if address.is_null() || bytes.is_null() {
@@ -588,7 +638,7 @@ pub unsafe extern "C" fn prepare_zero_copy_region(
     })
 }
 
-/// Routes bucket `bucket` of the `dtype` package to candidate `profile` instead of its agreed
+/// Routes bucket `bucket` of the package of `collective` in `dtype` to candidate `profile` instead of its agreed
 /// winner: the override tests and comparisons use to run one candidate. Every rank must force
 /// the same before the all-reduces it affects. A candidate dropped on this machine cannot be
 /// forced (InvalidArgument, with the reason).
@@ -598,6 +648,7 @@ pub unsafe extern "C" fn prepare_zero_copy_region(
 #[no_mangle]
 pub unsafe extern "C" fn prepare_force(
     handle: *mut PrepareHandle,
+    collective: i32,
     dtype: i32,
     bucket: usize,
     profile: *const c_char,
@@ -610,7 +661,12 @@ pub unsafe extern "C" fn prepare_force(
         let profile = unsafe { c_str(profile, "profile") }?
             .to_str()
             .map_err(|_| Failure::invalid("profile is not UTF-8"))?;
-        handle.handle.force(self::dtype(dtype)?, bucket, profile)?;
+        handle.handle.force(
+            self::collective(collective)?,
+            self::dtype(dtype)?,
+            bucket,
+            profile,
+        )?;
         Ok(())
     })
 }

@@ -61,6 +61,8 @@ rules! {
     UnrepresentableValue => "unrepresentable_value", Parse;
     /// `name` is empty.
     EmptyName => "empty_name", Rules;
+    /// `collective` names a collective no kernel table serves yet.
+    CollectiveNotBuilt => "collective_not_built", Rules;
     /// `ordinary_ladder` is present but empty.
     EmptyOrdinaryLadder => "empty_ordinary_ladder", Rules;
     /// `world_size` is not 2 to 8.

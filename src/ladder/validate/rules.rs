@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use super::diagnostic::{closest, json_string, Diagnostic, Rule};
 use crate::ladder::{
-    Algorithm, Arch, Bucket, Ladder, Profile, Protocol, Schedule, Transfer, CLUSTER_BLOCKS,
-    CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,
+    Algorithm, Arch, Bucket, Collective, Ladder, Profile, Protocol, Schedule, Transfer,
+    CLUSTER_BLOCKS, CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,
 };
 
 /// Ranks a ladder may have: peer kernels run within one host.
@@ -66,6 +66,22 @@ impl Checker<'_> {
                 "/name".into(),
                 json_string(&ladder.name),
                 "a name that identifies the catalog, such as \"h200_nvlink_tp2\"",
+            );
+        }
+        if !ladder.collective.is_built() {
+            let built: Vec<String> = Collective::BUILT
+                .iter()
+                .map(|collective| json_string(collective.name()))
+                .collect();
+            self.report(
+                Rule::CollectiveNotBuilt,
+                "/collective".into(),
+                json_string(ladder.collective.name()),
+                format!(
+                    "{} (collective {} is not built yet)",
+                    built.join(" or "),
+                    ladder.collective
+                ),
             );
         }
         if let Some(ordinary) = &ladder.ordinary_ladder {

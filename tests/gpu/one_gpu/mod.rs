@@ -147,7 +147,9 @@ impl<'a> World<'a> {
                 let profile = ladder
                     .profile(id)
                     .expect("a validated ladder names its profiles");
-                let Some(spec) = kernel_for(profile, ladder.dtype, ladder.world_size) else {
+                let Some(spec) =
+                    kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
+                else {
                     continue;
                 };
                 if spec.copy_engine_barriers().is_some() {

@@ -88,6 +88,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FAIL version: \"%s\", expected \"%s\"\n", prepare_version(), version);
         failures++;
     }
+    if (prepare_abi_version() != PREPARE_ABI_VERSION || PREPARE_ABI_VERSION != 1) {
+        fprintf(stderr, "FAIL abi version: %u, the header says %u\n", prepare_abi_version(),
+                (unsigned)PREPARE_ABI_VERSION);
+        failures++;
+    }
+    if (PREPARE_COLLECTIVE_ALL_REDUCE != 0 || PREPARE_COLLECTIVE_REDUCE_SCATTER != 1 ||
+        PREPARE_COLLECTIVE_ALL_GATHER != 2 || PREPARE_COLLECTIVE_ALL_REDUCE_ADD_RMS_NORM != 3) {
+        fprintf(stderr, "FAIL PrepareCollective: not the documented values\n");
+        failures++;
+    }
     if (strcmp(prepare_last_error(), "") != 0) {
         fprintf(stderr, "FAIL last error before any call: \"%s\"\n", prepare_last_error());
         failures++;
@@ -207,17 +217,19 @@ int main(int argc, char **argv) {
     char text[64];
     expect("all_reduce(NULL handle)", prepare_all_reduce(NULL, text, text, 1, 0, NULL),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
-    expect("route(NULL handle)", prepare_route(NULL, 0, 2, text, sizeof text, &needed),
+    expect("route(NULL handle)", prepare_route(NULL, PREPARE_COLLECTIVE_ALL_REDUCE, 0, 2, text,
+                                                  sizeof text, &needed),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
     expect("choice_json(NULL handle)",
-           prepare_choice_json(NULL, 0, text, sizeof text, &needed),
+           prepare_choice_json(NULL, PREPARE_COLLECTIVE_ALL_REDUCE, 0, text, sizeof text, &needed),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
     int32_t served = 0;
-    expect("serves(NULL handle)", prepare_serves(NULL, 0, &served),
+    expect("serves(NULL handle)", prepare_serves(NULL, PREPARE_COLLECTIVE_ALL_REDUCE, 0, &served),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
-    expect("zero_copy_region(NULL handle)", prepare_zero_copy_region(NULL, 0, &address, &bytes),
+    expect("zero_copy_region(NULL handle)",
+           prepare_zero_copy_region(NULL, PREPARE_COLLECTIVE_ALL_REDUCE, 0, &address, &bytes),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
-    expect("force(NULL handle)", prepare_force(NULL, 0, 0, "nccl"),
+    expect("force(NULL handle)", prepare_force(NULL, PREPARE_COLLECTIVE_ALL_REDUCE, 0, 0, "nccl"),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
     expect("check(NULL handle)", prepare_check(NULL), PREPARE_STATUS_INVALID_ARGUMENT,
            "handle is NULL");
