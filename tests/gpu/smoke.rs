@@ -17,15 +17,15 @@ use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, ModuleImage, Stream,
 };
 use prepare::kernels::{
-    input_region_bytes, kernel_for, kernels_for_ladder, peer_buffer_bytes, AllReduceParams,
-    MAX_RANKS, SIGNAL_BYTES, STATE_WORDS,
+    input_region_bytes, kernels_for_ladder, peer_buffer_bytes, AllReduceParams, MAX_RANKS,
+    SIGNAL_BYTES, STATE_WORDS,
 };
 use prepare::ladder::{validate_ladder_file, Bucket, Ladder, Profile};
 use prepare::progress::Silent;
 use prepare::reference::{random_bf16, reference_sum_bf16};
 use rayon::prelude::*;
 
-use super::support::{ladder, require_gpus, H200_TP2_LADDERS};
+use super::support::{custom_candidates, ladder, require_gpus, H200_TP2_LADDERS};
 
 /// Every spin's deadline in the kernels: long enough for any message here, short enough that a
 /// missing peer fails the test in seconds.
@@ -353,45 +353,34 @@ fn run_ladder(
         .map(|device| Rank::new(device, ladder, &cubins))
         .collect();
 
-    for (index, bucket) in ladder.buckets.iter().enumerate() {
-        for id in &bucket.candidates {
-            let profile = ladder
-                .profile(id)
-                .expect("validated candidates name profiles");
-            let Some(spec) =
-                kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
-            else {
-                continue;
+    for (index, bucket, profile, spec) in custom_candidates(ladder) {
+        let id = &profile.id;
+        let geometry = candidate_geometry(bucket, profile);
+        let largest = (bucket.max_bytes / 2) as usize;
+        // Just under the largest, odd: a tail past the last whole vector on every rank.
+        let odd = (largest - 3).max((ladder.bucket_min_bytes(index) / 2) as usize);
+        for elements in [largest, odd] {
+            *seed += 1;
+            let kernel = &ranks[0].kernels[&spec.name];
+            let outcome = match resident_capacity(kernel, geometry)
+                .map(|capacity| check_candidate_residency(bucket, profile, capacity))
+            {
+                Err(error) => Outcome::Failed(error.to_string()),
+                Ok(Err(reason)) => Outcome::Dropped(reason.to_string()),
+                Ok(Ok(())) => launch_once(&ranks, ladder, &spec.name, geometry, elements, *seed),
             };
-            let geometry = candidate_geometry(bucket, profile);
-            let largest = (bucket.max_bytes / 2) as usize;
-            // Just under the largest, odd: a tail past the last whole vector on every rank.
-            let odd = (largest - 3).max((ladder.bucket_min_bytes(index) / 2) as usize);
-            for elements in [largest, odd] {
-                *seed += 1;
-                let kernel = &ranks[0].kernels[&spec.name];
-                let outcome = match resident_capacity(kernel, geometry)
-                    .map(|capacity| check_candidate_residency(bucket, profile, capacity))
-                {
-                    Err(error) => Outcome::Failed(error.to_string()),
-                    Ok(Err(reason)) => Outcome::Dropped(reason.to_string()),
-                    Ok(Ok(())) => {
-                        launch_once(&ranks, ladder, &spec.name, geometry, elements, *seed)
-                    }
-                };
-                let row = Row {
-                    ladder: ladder.name.clone(),
-                    bucket: index,
-                    bytes: elements as u64 * 2,
-                    profile: id.clone(),
-                    kernel: spec.name.clone(),
-                    geometry: geometry.to_string(),
-                    outcome,
-                };
-                // Each row as it happens, so a run cut short still shows what it reached.
-                eprintln!("{}", row.line());
-                rows.push(row);
-            }
+            let row = Row {
+                ladder: ladder.name.clone(),
+                bucket: index,
+                bytes: elements as u64 * 2,
+                profile: id.clone(),
+                kernel: spec.name.clone(),
+                geometry: geometry.to_string(),
+                outcome,
+            };
+            // Each row as it happens, so a run cut short still shows what it reached.
+            eprintln!("{}", row.line());
+            rows.push(row);
         }
     }
 }

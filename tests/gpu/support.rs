@@ -565,3 +565,35 @@ pub fn assert_missed(survivor: &Survivor, victim: u32, world: usize) {
         "rank {rank}: {elapsed:?}"
     );
 }
+
+/// Every (bucket, candidate) of `ladder` that has a custom kernel, in ladder order: the
+/// bucket's index, the bucket, the profile and its kernel. NCCL candidates have none.
+pub fn custom_candidates(
+    ladder: &prepare::ladder::Ladder,
+) -> impl Iterator<
+    Item = (
+        usize,
+        &prepare::ladder::Bucket,
+        &prepare::ladder::Profile,
+        prepare::kernels::KernelSpec,
+    ),
+> {
+    ladder
+        .buckets
+        .iter()
+        .enumerate()
+        .flat_map(move |(index, bucket)| {
+            bucket.candidates.iter().filter_map(move |id| {
+                let profile = ladder
+                    .profile(id)
+                    .expect("a validated ladder names its profiles");
+                prepare::kernels::kernel_for(
+                    profile,
+                    ladder.collective,
+                    ladder.dtype,
+                    ladder.world_size,
+                )
+                .map(|spec| (index, bucket, profile, spec))
+            })
+        })
+}

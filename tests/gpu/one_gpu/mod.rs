@@ -26,13 +26,12 @@ use prepare::gpu::driver::{
     Module, ModuleImage, Stream,
 };
 use prepare::kernels::{
-    kernel_for, AllReduceParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS,
-    STATE_WORDS,
+    AllReduceParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS, STATE_WORDS,
 };
 use prepare::ladder::{Arch, Ladder};
 use prepare::reference::{random_rank_inputs, reference_sum};
 
-use super::support::compile_ptx;
+use super::support::{compile_ptx, custom_candidates};
 use crate::support::one_gpu::{judge_abort, plan_launch, LaunchPlan, Verdict};
 
 pub use checks::{bucket_sizes, compile, dtype_name, gpu_lock, Outcome};
@@ -142,61 +141,52 @@ impl<'a> World<'a> {
         }
         let mut cases = Vec::new();
         let mut impossible = Vec::new();
-        for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
-            for id in &bucket.candidates {
-                let profile = ladder
-                    .profile(id)
-                    .expect("a validated ladder names its profiles");
-                let Some(spec) =
-                    kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
-                else {
-                    continue;
-                };
-                if spec.copy_engine_barriers().is_some() {
-                    impossible.push((
-                        bucket_index,
-                        id.clone(),
-                        "copy-engine kernels are not run here".to_owned(),
-                    ));
-                    continue;
-                }
-                let (module, cluster) = &loaded[&spec.name];
-                let kernel = module.load(&spec.name, *cluster, PARAMS_BYTES).unwrap();
-                let own = geometry_for(bucket, profile).unwrap();
-                let capacity = resident_capacity(&kernel, own).unwrap();
-                let needed = required_residency(bucket, Some(profile));
-                let plan = plan_launch(needed, capacity, world as u32, own.cluster_size(), sms);
-                let Some(blocks) = plan.blocks(own.blocks()) else {
-                    impossible.push((
-                        bucket_index,
-                        id.clone(),
-                        format!("not one block per rank fits: the GPU holds {capacity}"),
-                    ));
-                    continue;
-                };
-                let geometry = match (plan, own.cluster_size()) {
-                    (LaunchPlan::Own, _) => own,
-                    (_, Some(size)) => Geometry::clustered(blocks, own.threads(), size)
-                        .unwrap()
-                        .into(),
-                    (_, None) => Geometry::new(blocks, own.threads()).unwrap(),
-                };
-                let recording = if *cluster {
-                    own.cluster_size().unwrap_or(1) as usize
-                } else {
-                    geometry.blocks() as usize
-                };
-                cases.push(Case {
-                    bucket: bucket_index,
-                    profile: id.clone(),
-                    kernel_name: spec.name.clone(),
-                    kernel,
-                    recording,
-                    own,
-                    geometry,
-                    scratch_offset: layout.scratch_offset(&ladder, &spec),
-                });
+        for (bucket_index, bucket, profile, spec) in custom_candidates(&ladder) {
+            let id = &profile.id;
+            if spec.copy_engine_barriers().is_some() {
+                impossible.push((
+                    bucket_index,
+                    id.clone(),
+                    "copy-engine kernels are not run here".to_owned(),
+                ));
+                continue;
             }
+            let (module, cluster) = &loaded[&spec.name];
+            let kernel = module.load(&spec.name, *cluster, PARAMS_BYTES).unwrap();
+            let own = geometry_for(bucket, profile).unwrap();
+            let capacity = resident_capacity(&kernel, own).unwrap();
+            let needed = required_residency(bucket, Some(profile));
+            let plan = plan_launch(needed, capacity, world as u32, own.cluster_size(), sms);
+            let Some(blocks) = plan.blocks(own.blocks()) else {
+                impossible.push((
+                    bucket_index,
+                    id.clone(),
+                    format!("not one block per rank fits: the GPU holds {capacity}"),
+                ));
+                continue;
+            };
+            let geometry = match (plan, own.cluster_size()) {
+                (LaunchPlan::Own, _) => own,
+                (_, Some(size)) => Geometry::clustered(blocks, own.threads(), size)
+                    .unwrap()
+                    .into(),
+                (_, None) => Geometry::new(blocks, own.threads()).unwrap(),
+            };
+            let recording = if *cluster {
+                own.cluster_size().unwrap_or(1) as usize
+            } else {
+                geometry.blocks() as usize
+            };
+            cases.push(Case {
+                bucket: bucket_index,
+                profile: id.clone(),
+                kernel_name: spec.name.clone(),
+                kernel,
+                recording,
+                own,
+                geometry,
+                scratch_offset: layout.scratch_offset(&ladder, &spec),
+            });
         }
         let datasets: Vec<Vec<Vec<u8>>> = (0..DATASETS as u64)
             .map(|dataset| random_rank_inputs(ladder.dtype, seed + dataset, world, capacity))
