@@ -22,8 +22,16 @@ from ._binding import (
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# The collective code of every call this module makes so far.
+# The collective of `all_reduce` and the default of every keyword `collective`.
 _ALL_REDUCE = COLLECTIVE_CODES["all_reduce"]
+
+
+def _collective_code(collective: Any) -> int:
+    """The C code of a collective's name; InvalidArgument listing the names otherwise."""
+    if not isinstance(collective, str) or collective not in COLLECTIVE_CODES:
+        names = ", ".join(repr(name) for name in COLLECTIVE_CODES)
+        raise InvalidArgument(f"collective={collective!r}: give one of {names}")
+    return COLLECTIVE_CODES[collective]
 
 # Live handles by integer id: what the custom op `prepare::all_reduce` refers to, so a
 # compiled graph holds a number rather than a Python object.
@@ -160,8 +168,9 @@ class Collectives:
         self._native = NativeHandle.open_unique_id(
             paths, payload, rank, world, self.device, cache_dir=cache_dir,
             timeout=timeout, tuning=tuning)
-        self._served = {dtype: name for dtype, name in self._names.items()
-                        if self._native.serves(_ALL_REDUCE, _code(name))}
+        self._served = [(collective, dtype) for collective, code in COLLECTIVE_CODES.items()
+                        for dtype, name in self._names.items()
+                        if self._native.serves(code, _code(name))]
         _registered_op()
         with _REGISTRY_LOCK:
             self._id = next(_NEXT_ID)
@@ -174,14 +183,21 @@ class Collectives:
             raise InvalidArgument("this prepare.Collectives is closed")
         return self._native
 
-    def _code(self, dtype: Any) -> int:
+    def _pair(self, collective: Any, dtype: Any) -> Tuple[int, int]:
+        """The C codes of (collective, dtype), which one of the handle's packages must hold."""
+        collective_code = _collective_code(collective)
         name = self._names.get(dtype)
-        if dtype not in self._served:
-            served = ", ".join(str(held) for held in self._served) or "nothing"
+        if (collective, dtype) not in self._served:
+            served = ", ".join(f"{held} {held_dtype}" for held, held_dtype in self._served)
             raise InvalidArgument(
-                f"no package holds {dtype}{'' if name else ' (prepare has no such dtype)'}; "
-                f"this handle serves {served}")
-        return _code(name)
+                f"no package holds {collective} {dtype}"
+                f"{'' if name else ' (prepare has no such dtype)'}; "
+                f"this handle serves {served or 'nothing'}")
+        return collective_code, _code(name)
+
+    def _code(self, dtype: Any) -> int:
+        """The C code of an all-reduce's dtype, which one of the handle's packages must hold."""
+        return self._pair("all_reduce", dtype)[1]
 
     def _check_tensor(self, tensor: Any, what: str) -> None:
         torch = _torch()
@@ -240,7 +256,8 @@ class Collectives:
 
     # Zero copy.
 
-    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = None) -> Any:
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = None, *,
+              collective: str = "all_reduce") -> Any:
         """A tensor in this rank's zero-copy region (peer-visible memory, like
         `symm_mem.empty`): all-reducing it copies nothing, for every kernel. Every tensor from
         `empty` starts at the region's first byte: the region holds one message at a time.
@@ -248,13 +265,13 @@ class Collectives:
         torch = _torch()
         dtype = torch.bfloat16 if dtype is None else dtype
         native = self._live()
-        code = self._code(dtype)
+        collective_code, code = self._pair(collective, dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(int(size) for size in shape)
         if any(size < 0 for size in shape):
             raise InvalidArgument(f"shape {shape} has a negative size")
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        address, capacity = native.zero_copy_region(_ALL_REDUCE, code)
+        address, capacity = native.zero_copy_region(collective_code, code)
         if address == 0 or numel == 0:
             return torch.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
         if nbytes > capacity:
@@ -265,39 +282,49 @@ class Collectives:
             raw = torch.as_tensor(_Region(native, address, nbytes), device=f"cuda:{self.device}")
         return raw.view(dtype).view(shape)
 
-    def zero_copy_bytes(self, dtype: Any = None) -> int:
-        """Bytes the zero-copy region of `dtype` holds (0 where only NCCL runs)."""
+    def zero_copy_bytes(self, dtype: Any = None, *, collective: str = "all_reduce") -> int:
+        """Bytes the zero-copy region of (`collective`, `dtype`) holds (0 where only NCCL
+        runs)."""
         torch = _torch()
         dtype = torch.bfloat16 if dtype is None else dtype
-        return self._live().zero_copy_region(_ALL_REDUCE, self._code(dtype))[1]
+        native = self._live()
+        return native.zero_copy_region(*self._pair(collective, dtype))[1]
 
     # What was chosen.
 
     @property
     def dtypes(self) -> Tuple[Any, ...]:
-        """The torch dtypes this handle serves."""
-        return tuple(self._served)
+        """The torch dtypes this handle all-reduces."""
+        return tuple(dtype for collective, dtype in self._served if collective == "all_reduce")
 
     @property
-    def choice(self) -> Dict[Any, Dict[str, Any]]:
-        """The agreed choice per torch dtype, as the choice file's JSON: per bucket its
-        winner, and every candidate with its figures or why it was excluded."""
+    def served(self) -> Tuple[Tuple[str, Any], ...]:
+        """Every (collective, torch dtype) one of this handle's packages holds."""
+        return tuple(self._served)
+
+    def choice(self, collective: str = "all_reduce") -> Dict[Any, Dict[str, Any]]:
+        """The agreed choice of `collective` per torch dtype, as the choice file's JSON: per
+        bucket its winner, and every candidate with its figures or why it was excluded."""
+        _collective_code(collective)
         native = self._live()
-        return {dtype: json.loads(native.choice_json(_ALL_REDUCE, _code(name)))
-                for dtype, name in self._served.items()}
+        return {dtype: json.loads(native.choice_json(*self._pair(collective, dtype)))
+                for held, dtype in self._served if held == collective}
 
-    def route(self, nbytes: int, dtype: Any = None) -> str:
-        """Which kernel a message of `nbytes` goes to, e.g. "one_shot_push (bucket 2)"."""
+    def route(self, nbytes: int, dtype: Any = None, *, collective: str = "all_reduce") -> str:
+        """Which kernel a message of `nbytes` of (`collective`, `dtype`) goes to, e.g.
+        "one_shot_push (bucket 2)"."""
         torch = _torch()
         dtype = torch.bfloat16 if dtype is None else dtype
-        return self._live().route(_ALL_REDUCE, self._code(dtype), nbytes)
+        return self._live().route(*self._pair(collective, dtype), nbytes)
 
-    def force(self, bucket: int, profile: str, dtype: Any = None) -> None:
-        """Runs candidate `profile` for bucket `bucket` instead of the agreed winner (the
-        override tests use). Every rank must force the same, before the all-reduces."""
+    def force(self, bucket: int, profile: str, dtype: Any = None, *,
+              collective: str = "all_reduce") -> None:
+        """Runs candidate `profile` for bucket `bucket` of (`collective`, `dtype`) instead of
+        the agreed winner (the override tests use). Every rank must force the same, before the
+        collectives run."""
         torch = _torch()
         dtype = torch.bfloat16 if dtype is None else dtype
-        self._live().force(_ALL_REDUCE, self._code(dtype), bucket, profile)
+        self._live().force(*self._pair(collective, dtype), bucket, profile)
 
     def check(self) -> None:
         """Raises `prepare.PeerTimeout`, naming the peer, when a kernel gave up waiting for
@@ -328,7 +355,8 @@ class Collectives:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"serving {', '.join(map(str, self._served))}"
+        state = "closed" if self.closed else "serving " + ", ".join(
+            f"{collective} {dtype}" for collective, dtype in self._served)
         return (f"prepare.Collectives(rank {getattr(self, 'rank', '?')} of "
                 f"{getattr(self, 'world_size', '?')}, cuda:{getattr(self, 'device', '?')}, "
                 f"{state})")

@@ -85,8 +85,8 @@ def main():
                           lambda: collectives.all_reduce(tensor.to(other)))
 
         expect("choice is a dict per dtype",
-               list(collectives.choice) == [torch.bfloat16]
-               and "buckets" in collectives.choice[torch.bfloat16])
+               list(collectives.choice()) == [torch.bfloat16]
+               and "buckets" in collectives.choice()[torch.bfloat16])
         expect("route names a bucket or NCCL", "bucket" in collectives.route(elements * 2)
                and collectives.route(1 << 30).startswith("nccl"),
                collectives.route(elements * 2))

@@ -115,7 +115,7 @@ def main():
     started = time.monotonic()
     collectives = prepare.Collectives(args.package, cache_dir=args.cache_dir,
                                       timeout=args.timeout)
-    choice = collectives.choice[torch.bfloat16]
+    choice = collectives.choice()[torch.bfloat16]
     if rank == 0:
         print(f"{collectives}: selected in {time.monotonic() - started:.1f} s, "
               f"ladder {choice['ladder']}, zero-copy region "

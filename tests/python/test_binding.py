@@ -298,3 +298,38 @@ def test_a_library_of_another_abi_version_is_refused_naming_both_and_the_file(un
 
 def test_the_library_offers_the_abi_version_the_package_is_written_for():
     assert prepare._binding.library().prepare_abi_version() == prepare._binding.ABI_VERSION
+
+
+@pytest.mark.parametrize("name, code", [("all_reduce", 0), ("reduce_scatter", 1),
+                                        ("all_gather", 2), ("all_reduce_add_rms_norm", 3)])
+def test_a_collective_is_named_as_the_c_library_numbers_it(name, code):
+    from prepare import collectives
+    assert collectives._collective_code(name) == code
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "ALL_REDUCE", "", 0, None, b"all_reduce"])
+def test_a_collective_of_no_such_name_is_refused_listing_the_names(collective):
+    from prepare import collectives
+    with pytest.raises(prepare.InvalidArgument) as raised:
+        collectives._collective_code(collective)
+    assert (f"collective={collective!r}: give one of 'all_reduce', 'reduce_scatter', "
+            "'all_gather', 'all_reduce_add_rms_norm'") in str(raised.value)
+
+
+def test_a_collective_and_dtype_no_package_holds_is_refused_naming_what_is_served():
+    """The keyword `collective=` of route, force, empty, zero_copy_bytes and choice: checked
+    against what the handle's packages hold before anything reaches the library (no torch or
+    GPU needed: the handle's table is set by hand)."""
+    from prepare import collectives
+    handle = object.__new__(collectives.Collectives)
+    handle._names = {"bf16 dtype": "bf16", "fp16 dtype": "fp16"}
+    handle._served = [("all_reduce", "bf16 dtype")]
+    assert handle._pair("all_reduce", "bf16 dtype") == (0, 0)
+    with pytest.raises(prepare.InvalidArgument,
+                       match="no package holds reduce_scatter bf16 dtype; this handle serves "
+                             "all_reduce bf16 dtype"):
+        handle._pair("reduce_scatter", "bf16 dtype")
+    with pytest.raises(prepare.InvalidArgument, match="no package holds all_reduce fp16 dtype"):
+        handle._pair("all_reduce", "fp16 dtype")
+    with pytest.raises(prepare.InvalidArgument, match="collective='allreduce'"):
+        handle._pair("allreduce", "bf16 dtype")
