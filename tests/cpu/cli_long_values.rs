@@ -41,15 +41,7 @@ fn a_huge_ladder_name_is_quoted_short_by_validate_and_export() {
     let (scratch, _) = scratch();
     let dir = scratch.path();
     write_ladder(dir, &blank_name());
-    let export = [
-        "export",
-        "--collective-ladder",
-        "ladder.json",
-        "--arch",
-        "sm_90",
-        "--out",
-        "pkg",
-    ];
+    let export = cli::export_args("ladder.json", "pkg", &["--arch", "sm_90"]);
     for args in [&["validate", "ladder.json"][..], &export] {
         let (code, stdout, stderr) = cli::run_in(dir, args);
         assert_eq!(code, 1, "{args:?}: {stderr}");
@@ -91,15 +83,7 @@ fn a_huge_valid_ladder_name_is_quoted_short_when_the_export_fails() {
         cli::prepare()
             .current_dir(dir)
             .env("PREPARE_NVRTC", dir.join("no-such-library.so"))
-            .args([
-                "export",
-                "--collective-ladder",
-                "ladder.json",
-                "--arch",
-                "sm_90",
-                "--out",
-                "pkg",
-            ]),
+            .args(cli::export_args("ladder.json", "pkg", &["--arch", "sm_90"])),
     );
     assert_eq!(code, Some(3), "{stderr}");
     assert_lines_short(&format!("{stdout}{stderr}"));
