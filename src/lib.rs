@@ -29,6 +29,7 @@ pub mod runtime;
 pub mod schema;
 pub mod select;
 pub mod serve;
+pub mod shape;
 pub mod show;
 pub mod timing;
 pub mod tune;

@@ -34,6 +34,7 @@ use crate::gpu::nccl::{Communicator, NcclDataType, NcclMemory};
 use crate::kernels::InputAccess;
 use crate::ladder::Dtype;
 use crate::runtime::{OperandError, PeerMemory, Runtime, RuntimeError};
+use crate::shape::ElementPieces;
 
 /// How an entry launches.
 #[derive(Debug)]
@@ -172,14 +173,13 @@ pub fn check_entry(entry: &Entry, elements: usize, largest: usize) -> Result<(),
     Ok(())
 }
 
-/// The pieces of a message of `elements` in pieces of at most `piece` elements, in order:
+/// The pieces of an all-reduce of `elements` in pieces of at most `piece` elements, in order:
 /// (first element, elements) each, the last one shorter when `piece` does not divide the
-/// message. One piece of everything when `piece` is 0 (no bucket).
+/// message. One piece of everything when `piece` is 0 (no bucket). The all-reduce's plan
+/// ([`crate::shape::piece_plan`]).
 pub fn pieces(elements: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
-    let piece = if piece == 0 { elements.max(1) } else { piece };
-    (0..elements)
-        .step_by(piece)
-        .map(move |first| (first, piece.min(elements - first)))
+    ElementPieces::new(elements as u64, piece as u64)
+        .map(|range| (range.start as usize, (range.end - range.start) as usize))
 }
 
 impl Collectives {
