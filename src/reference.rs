@@ -6,10 +6,16 @@
 //! while fp32 is the sum as it is. Subnormals are kept, overflow gives infinity (fp16 too, as
 //! IEEE conversion does), and a NaN result is the type's canonical NaN ([`canonical_nan`]).
 //! The kernels implement the same steps in `kernels/prepare_element.cuh`.
+//!
+//! Per collective ([`reference_outputs`]): the all-reduce gives every rank that sum; the
+//! reduce-scatter gives each rank its own rows of it ([`crate::shape`]); the all-gather moves
+//! each rank's rows into every rank's output untouched. So the all-gather of a reduce-scatter is
+//! the all-reduce, bit for bit.
 
 use rayon::prelude::*;
 
-use crate::ladder::Dtype;
+use crate::ladder::{Collective, Dtype};
+use crate::shape::Shape;
 
 /// The bf16 every NaN result becomes (positive, quiet, all mantissa bits set).
 pub const CANONICAL_NAN: u16 = 0x7FFF;
@@ -119,6 +125,115 @@ pub fn reference_sum(dtype: Dtype, inputs: &[&[u8]]) -> Vec<u8> {
             }
         });
     sums
+}
+
+/// Why a collective's reference cannot be given for these inputs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReferenceError {
+    /// No rank's input was given.
+    #[error("the reference of {collective} needs one input per rank; none was given")]
+    NoRanks {
+        /// The collective.
+        collective: Collective,
+    },
+    /// The collective's reference is not built yet.
+    #[error("the reference of {collective} is not built")]
+    NotBuilt {
+        /// The collective.
+        collective: Collective,
+    },
+    /// A rank's input is not as long as the collective takes from it.
+    #[error(
+        "rank {rank}: {collective} of {rows} x {width} {dtype} on {world} ranks takes \
+         {expected} bytes ({what}), but its input holds {bytes}"
+    )]
+    InputLength {
+        /// The collective.
+        collective: Collective,
+        /// The element type.
+        dtype: Dtype,
+        /// The rank whose input it is.
+        rank: u32,
+        /// The full message's rows.
+        rows: u64,
+        /// Its width.
+        width: u64,
+        /// Ranks.
+        world: u32,
+        /// What the rank's input must be (`the whole message`, `its own rows`).
+        what: &'static str,
+        /// Bytes it must hold.
+        expected: u64,
+        /// Bytes it holds.
+        bytes: u64,
+    },
+}
+
+/// Every rank's output of `collective` over a message of `shape` of `dtype`, `inputs[r]` being
+/// rank r's input (little-endian bytes): for the all-reduce and the reduce-scatter the whole
+/// message, for the all-gather that rank's own rows. The all-reduce gives every rank
+/// [`reference_sum`]; the reduce-scatter rank r its owned rows of it; the all-gather every rank
+/// each rank's rows in rank order, the bytes as given (a NaN's payload included).
+pub fn reference_outputs(
+    collective: Collective,
+    dtype: Dtype,
+    shape: Shape,
+    inputs: &[&[u8]],
+) -> Result<Vec<Vec<u8>>, ReferenceError> {
+    if inputs.is_empty() {
+        return Err(ReferenceError::NoRanks { collective });
+    }
+    let world = u32::try_from(inputs.len()).expect("fewer than 2^32 ranks");
+    let size = dtype.size_bytes();
+    // Byte ranges of the full message: from an element range of it.
+    let bytes_of = |elements: std::ops::Range<u64>| {
+        (elements.start * size) as usize..(elements.end * size) as usize
+    };
+    let owned = |rank: u32| {
+        shape
+            .owned_elements(world, rank)
+            .expect("every rank is below the world size")
+    };
+    let check = |what: &'static str, expected: &dyn Fn(u32) -> u64| {
+        for (rank, input) in (0..world).zip(inputs) {
+            let expected = expected(rank).saturating_mul(size);
+            if input.len() as u64 != expected {
+                return Err(ReferenceError::InputLength {
+                    collective,
+                    dtype,
+                    rank,
+                    rows: shape.rows(),
+                    width: shape.width(),
+                    world,
+                    what,
+                    expected,
+                    bytes: input.len() as u64,
+                });
+            }
+        }
+        Ok(())
+    };
+    match collective {
+        Collective::AllReduce | Collective::ReduceScatter => {
+            check("the whole message", &|_| shape.elements())?;
+            let sum = reference_sum(dtype, inputs);
+            Ok(if collective == Collective::AllReduce {
+                vec![sum; inputs.len()]
+            } else {
+                (0..world)
+                    .map(|rank| sum[bytes_of(owned(rank))].to_vec())
+                    .collect()
+            })
+        }
+        Collective::AllGather => {
+            check("its own rows", &|rank| {
+                let elements = owned(rank);
+                elements.end - elements.start
+            })?;
+            Ok(vec![inputs.concat(); inputs.len()])
+        }
+        Collective::AllReduceAddRmsNorm => Err(ReferenceError::NotBuilt { collective }),
+    }
 }
 
 /// The fp32 sum of one element's values in rank order, starting from rank 0's value (not from

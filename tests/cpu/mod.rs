@@ -19,6 +19,7 @@ mod one_gpu_plan;
 mod package;
 mod reader_proptest;
 mod reference;
+mod reference_collectives;
 mod reference_kernels_on_host;
 mod robustness;
 mod schemas;
