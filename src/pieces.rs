@@ -1,6 +1,7 @@
 //! Messages above the largest bucket: NCCL on the whole message, or the message in pieces of
 //! the largest bucket's largest message, each all-reduced by its bucket's winner
-//! ([`Collectives::enqueue_chunked`]). Start-up selection times both at twice the largest
+//! ([`Collectives::enqueue_chunked`], cut by the collective's plan, [`crate::shape::pieces`]).
+//! Start-up selection times both at twice the largest
 //! bucket's message and decides as it does for a bucket, NCCL being the baseline to beat by the
 //! margin; `prepare bench` times both at every size above the ladder.
 
