@@ -8,7 +8,7 @@
 //! rounds with a barrier before every sample; per round the slowest rank counts, and a
 //! candidate's figure is the median over rounds (`crate::timing`, `crate::tune`).
 
-use super::{DecodeRow, DecodeShape, ServingRow, SizeRow};
+use super::{bus_gbps, DecodeRow, DecodeShape, ServingRow, SizeRow};
 use crate::collective::{Collectives, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
 use crate::ladder::Ladder;
@@ -304,7 +304,6 @@ impl<'a> Bench<'a> {
                 _ => None,
             }
         });
-        let factor = 2.0 * f64::from(world - 1) / f64::from(world);
         let rows = decision.candidates.iter().map(|candidate| {
             let chosen = chosen(&candidate.profile);
             let excluded = SizeRow {
@@ -339,7 +338,7 @@ impl<'a> Bench<'a> {
                             .iter()
                             .find(|(profile, _)| *profile == candidate.profile)
                             .map_or(0, |(_, ops)| *ops),
-                        bus_gbps: Some(bytes as f64 * factor / (median_us * 1e3)),
+                        bus_gbps: Some(bus_gbps(self.ladder.collective, world, bytes, *median_us)),
                         speedup_vs_nccl: nccl_median.map(|nccl| nccl / median_us),
                         ..excluded
                     }

@@ -12,16 +12,54 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ladder::Collective;
+
+/// What the bus bandwidth multiplies the full message's bytes per second by for `collective` on
+/// `world` ranks, nccl-tests' convention: 2(n-1)/n for the all-reduce (the fused all-reduce
+/// too: its collective is the all-reduce), (n-1)/n for the reduce-scatter and the all-gather,
+/// so that each reads as what a link carries.
+pub fn bus_factor(collective: Collective, world: u32) -> f64 {
+    let (links, world) = (f64::from(world.saturating_sub(1)), f64::from(world));
+    match collective {
+        Collective::AllReduce | Collective::AllReduceAddRmsNorm => 2.0 * links / world,
+        Collective::ReduceScatter | Collective::AllGather => links / world,
+    }
+}
+
+/// [`bus_factor`] as the docs and the bench's header write it.
+pub fn bus_formula(collective: Collective) -> &'static str {
+    match collective {
+        Collective::AllReduce | Collective::AllReduceAddRmsNorm => "bytes x 2(n-1)/n / time",
+        Collective::ReduceScatter | Collective::AllGather => "bytes x (n-1)/n / time",
+    }
+}
+
+/// The bus bandwidth, GB/s, of a `collective` of `bytes` (the full message's) on `world` ranks
+/// taking `median_us` microseconds.
+pub fn bus_gbps(collective: Collective, world: u32, bytes: u64, median_us: f64) -> f64 {
+    bytes as f64 * bus_factor(collective, world) / (median_us * 1e3)
+}
+
+/// What one operation of `collective` is called in the bench's words (`all-reduce`).
+pub fn operation(collective: Collective) -> &'static str {
+    match collective {
+        Collective::AllReduce => "all-reduce",
+        Collective::ReduceScatter => "reduce-scatter",
+        Collective::AllGather => "all-gather",
+        Collective::AllReduceAddRmsNorm => "all-reduce + RMSNorm",
+    }
+}
+
 /// One contender at one message size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SizeRow {
-    /// Message size, bytes.
+    /// Message size, bytes (the full message's).
     pub bytes: u64,
     /// The bucket covering it.
     pub bucket: usize,
     /// The profile timed (`nccl` is NCCL).
     pub profile: String,
-    /// Median microseconds per all-reduce (per round the slowest rank counts).
+    /// Median microseconds per operation (per round the slowest rank counts).
     pub median_us: Option<f64>,
     /// Fastest round.
     pub min_us: Option<f64>,
@@ -31,7 +69,7 @@ pub struct SizeRow {
     pub rounds: usize,
     /// Operations per timed replay.
     pub ops_per_sample: u32,
-    /// Bus bandwidth at the median, GB/s: bytes x 2(n-1)/n / time.
+    /// Bus bandwidth at the median, GB/s, by the collective's formula ([`bus_gbps`]).
     pub bus_gbps: Option<f64>,
     /// NCCL's median over this one's (above 1: faster than NCCL).
     pub speedup_vs_nccl: Option<f64>,
@@ -134,6 +172,10 @@ impl Default for DecodeShape {
 pub struct BenchReport {
     /// The ladder's name.
     pub ladder: String,
+    /// The ladder's collective: what was timed, and the bus bandwidth's formula. Reports
+    /// written before it was recorded were all-reduces.
+    #[serde(default = "all_reduce")]
+    pub collective: Collective,
     /// The package identity.
     pub package: String,
     /// Ranks.
@@ -155,6 +197,10 @@ pub struct BenchReport {
     /// The serving path at every size a bucket covers, sizes ascending.
     #[serde(default)]
     pub serving: Vec<ServingRow>,
+}
+
+fn all_reduce() -> Collective {
+    Collective::AllReduce
 }
 
 /// The chosen candidate at one size through the serving handle's paths, timed in one

@@ -332,7 +332,7 @@ struct SizePlot<Y> {
     y_axis: fn((f64, f64)) -> Y,
     /// What the title says is plotted ("median latency").
     quantity: &'static str,
-    y_description: &'static str,
+    y_description: String,
     /// The failure when no contender has a value.
     none: &'static str,
 }
@@ -342,7 +342,10 @@ fn latency_svg(report: &BenchReport, contenders: &[Contender]) -> Result<String,
         value: median,
         y_axis: |values| log_axis(values, decade_ticks),
         quantity: "median latency",
-        y_description: "median microseconds per all-reduce",
+        y_description: format!(
+            "median microseconds per {}",
+            super::operation(report.collective)
+        ),
         none: "no contender has a median at any size",
     };
     size_svg(report, contenders, &plot)
@@ -353,7 +356,7 @@ fn bus_bandwidth_svg(report: &BenchReport, contenders: &[Contender]) -> Result<S
         value: bus_gbps,
         y_axis: |(_, hi)| linear_from_zero(hi),
         quantity: "bus bandwidth",
-        y_description: "bus bandwidth, GB/s",
+        y_description: "bus bandwidth, GB/s".to_owned(),
         none: "no contender has a bus bandwidth at any size",
     };
     size_svg(report, contenders, &plot)
@@ -387,16 +390,17 @@ where
     let x_axis = log_axis(x, power_of_two_ticks);
     let y_axis = (plot.y_axis)(y);
     let title = format!(
-        "{}: {} per all-reduce, {}",
+        "{}: {} per {}, {}",
         report.ladder,
         plot.quantity,
+        super::operation(report.collective),
         machine(report)
     );
     render(|root| {
         let mut chart = chart(root, &title)
             .build_cartesian_2d(x_axis, y_axis)
             .map_err(Failure::from)?;
-        mesh(&mut chart, "message size", human_bytes, plot.y_description)?;
+        mesh(&mut chart, "message size", human_bytes, &plot.y_description)?;
         draw_lines(&mut chart, &lines)?;
         Ok(())
     })

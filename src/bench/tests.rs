@@ -1,4 +1,4 @@
-//! The bench's summaries over its rows.
+//! The bench's summaries over its rows, and the bus bandwidth of each collective.
 
 use super::*;
 
@@ -52,4 +52,98 @@ fn a_choice_that_is_fastest_everywhere_is_zero_behind() {
     assert_eq!((gap.bytes, gap.behind()), (16, 0.0));
     assert_eq!(gap.best.0, "ll_64");
     assert!(largest_choice_gap(&[row(16, "ll_64", None, true)]).is_none());
+}
+
+/// nccl-tests' factors: 2(n-1)/n for the all-reduce and the fused one, (n-1)/n for the
+/// reduce-scatter and the all-gather, 0 on one rank.
+#[test]
+fn each_collective_has_its_own_bus_bandwidth_factor() {
+    for (world, all_reduce, half) in [
+        (1, 0.0, 0.0),
+        (2, 1.0, 0.5),
+        (4, 1.5, 0.75),
+        (8, 1.75, 0.875),
+    ] {
+        for (collective, factor) in [
+            (Collective::AllReduce, all_reduce),
+            (Collective::AllReduceAddRmsNorm, all_reduce),
+            (Collective::ReduceScatter, half),
+            (Collective::AllGather, half),
+        ] {
+            assert_eq!(
+                bus_factor(collective, world).to_bits(),
+                f64::to_bits(factor),
+                "{collective} on {world} ranks"
+            );
+        }
+    }
+    // 64 MiB in 200 us on 8 ranks: 335.5 GB/s of algorithm bandwidth.
+    let bytes = 64 << 20;
+    let algorithm = bytes as f64 / (200.0 * 1e3);
+    for (collective, factor) in [
+        (Collective::AllReduce, 1.75),
+        (Collective::ReduceScatter, 0.875),
+        (Collective::AllGather, 0.875),
+    ] {
+        let gbps = bus_gbps(collective, 8, bytes, 200.0);
+        assert!(
+            (gbps / (algorithm * factor) - 1.0).abs() < 1e-12,
+            "{collective}: {gbps}"
+        );
+    }
+    assert_eq!(
+        bus_formula(Collective::AllReduce),
+        "bytes x 2(n-1)/n / time"
+    );
+    assert_eq!(bus_formula(Collective::AllGather), "bytes x (n-1)/n / time");
+}
+
+/// The all-reduce's bus bandwidth is the same number, bit for bit, as the bench has always
+/// written.
+#[test]
+fn the_all_reduce_s_bus_bandwidth_is_unchanged() {
+    for world in 2..=8_u32 {
+        for (bytes, median_us) in [
+            (2_u64, 3.73),
+            (8 << 10, 4.29),
+            (64 << 20, 210.6),
+            (393_216, 9.43),
+        ] {
+            let factor = 2.0 * f64::from(world - 1) / f64::from(world);
+            let before = bytes as f64 * factor / (median_us * 1e3);
+            assert_eq!(
+                bus_gbps(Collective::AllReduce, world, bytes, median_us).to_bits(),
+                before.to_bits(),
+                "{bytes} bytes on {world} ranks"
+            );
+        }
+    }
+}
+
+/// A report names its collective; one written before it did reads as an all-reduce.
+#[test]
+fn a_report_names_its_collective_and_an_older_one_is_an_all_reduce() {
+    let report = BenchReport {
+        ladder: "tp2".to_owned(),
+        collective: Collective::ReduceScatter,
+        package: "a".repeat(64),
+        world_size: 2,
+        gpus: vec!["NVIDIA H200".to_owned(); 2],
+        nccl_version: "2.28.9".to_owned(),
+        driver_version: "580.159.04".to_owned(),
+        rounds: 25,
+        sizes: vec![row(16, "nccl", Some(6.0), true)],
+        decode_shape: None,
+        decode: Vec::new(),
+        serving: Vec::new(),
+    };
+    let mut json = serde_json::to_value(&report).expect("a report serializes");
+    assert_eq!(json["collective"], "reduce_scatter");
+    let read: BenchReport = serde_json::from_value(json.clone()).expect("a report reads back");
+    assert_eq!(read, report);
+    json.as_object_mut()
+        .expect("an object")
+        .remove("collective");
+    let older: BenchReport = serde_json::from_value(json).expect("an older report reads");
+    assert_eq!(older.collective, Collective::AllReduce);
 }

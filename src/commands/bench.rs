@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use prepare::bench::{
-    default_sizes, largest_choice_gap, Bench, BenchError, BenchReport, DecodeRow, DecodeShape,
-    ServingRow, SizeRow,
+    bus_formula, default_sizes, largest_choice_gap, Bench, BenchError, BenchReport, DecodeRow,
+    DecodeShape, ServingRow, SizeRow,
 };
 use prepare::collective::Collectives;
 use prepare::qualify::{qualify, QualifyOptions};
@@ -201,6 +201,14 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         },
     )
     .map_err(bench_failure)?;
+    log(format!(
+        "{} {} on {} ranks ({}); busbw: {}, GB/s",
+        ladder.collective,
+        ladder.dtype,
+        runtime.world(),
+        ladder.name,
+        bus_formula(ladder.collective)
+    ));
     let rows = time_sizes(&mut bench, &sizes, &log)?;
     let serving = time_serving(&mut bench, &sizes, &log)?;
     let shape = DecodeShape::default();
@@ -209,6 +217,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
     if let (true, Some(dir)) = (leader, &args.out) {
         let report = BenchReport {
             ladder: ladder.name.clone(),
+            collective: ladder.collective,
             package: package.identity().to_owned(),
             world_size: runtime.world(),
             gpus: runtime

@@ -9,6 +9,7 @@ use prepare::bench::plot::{
     contender_style, write_plots, PlotError, SeriesStyle, CHOICE_STYLE, DISTINCT_STYLES, NCCL_STYLE,
 };
 use prepare::bench::{BenchReport, DecodeRow, DecodeShape, SizeRow};
+use prepare::ladder::Collective;
 
 const PROFILES: [&str; 6] = [
     "nccl",
@@ -104,6 +105,7 @@ fn report() -> BenchReport {
         .collect();
     BenchReport {
         ladder: "h200_nvlink".to_owned(),
+        collective: Collective::AllReduce,
         package: "a".repeat(64),
         world_size,
         gpus: vec!["NVIDIA H200".to_owned(); world_size as usize],
@@ -253,6 +255,33 @@ fn the_same_report_gives_the_same_bytes() {
     write_plots(&report, first.path()).unwrap();
     let after: Vec<Vec<u8>> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
     assert_eq!(before, after);
+}
+
+/// The size plots name the collective's operation in their titles and the latency axis.
+#[test]
+fn the_size_plots_name_the_collective() {
+    for (collective, operation) in [
+        (Collective::AllReduce, "all-reduce"),
+        (Collective::ReduceScatter, "reduce-scatter"),
+        (Collective::AllGather, "all-gather"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut report = report();
+        report.collective = collective;
+        write_plots(&report, dir.path()).unwrap();
+        for (file, quantity) in [
+            ("latency.svg", "median latency"),
+            ("bus_bandwidth.svg", "bus bandwidth"),
+        ] {
+            let svg = read(&dir.path().join(file));
+            let texts = texts(&svg);
+            let title = format!("h200_nvlink: {quantity} per {operation}, 8 x NVIDIA H200");
+            assert!(texts.contains(&title.as_str()), "{file}: {texts:?}");
+        }
+        let latency = read(&dir.path().join("latency.svg"));
+        let axis = format!("median microseconds per {operation}");
+        assert!(texts(&latency).contains(&axis.as_str()), "{axis}");
+    }
 }
 
 #[test]

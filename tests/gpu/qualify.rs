@@ -136,6 +136,11 @@ fn bench_times_every_candidate_and_nccl_side_by_side() {
         assert!(ok, "bench failed");
         let report: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join("bench.json")).unwrap()).unwrap();
+        assert_eq!(report["collective"], "all_reduce");
+        assert!(
+            text.contains("all_reduce ") && text.contains("busbw: bytes x 2(n-1)/n / time"),
+            "the bench names its collective and bus bandwidth"
+        );
         let rows = report["sizes"].as_array().unwrap();
         for size in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
             let at: Vec<_> = rows.iter().filter(|row| row["bytes"] == size).collect();
