@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The ranks-on-one-GPU checks (tests/gpu/ranks_on_one_gpu.rs) on a machine with one GPU or more:
 # every rank of a world as a stream of GPU 0, for every shipped sm_90 ladder at its own world
-# size (2, 4 and 8), the GB202 ladders retargeted to sm_90, and the planted mutations at 2, 4 and
-# 8 ranks. Each test prints a table per ladder: candidates run, exact, geometry (own or reduced),
-# the multi-size sequence, the rank that never launches, the time taken; and per mutation and
-# world what was caught. Run from the repository root after scripts/build-gpu-tests.sh:
+# size (2, 4 and 8), the GB202 ladders retargeted to sm_90, the planted mutations at 2, 4 and
+# 8 ranks, and batch invariance (tests/gpu/one_gpu/invariance.rs). Each test prints a table per
+# ladder: candidates run, exact, geometry (own or reduced), the multi-size sequence, the rank
+# that never launches, the time taken; per mutation and world what was caught; and per ladder
+# the messages whose rows were the same bytes. Run from the repository root after
+# scripts/build-gpu-tests.sh:
 #   bash .device-carry/scripts/gpu-one-gpu.sh [OUT]
 # OUT (optional) receives one.log, the whole output. PREPARE_TEST_SECONDS (default 600) bounds
 # each test. Exits non-zero when the guard or any test fails.
@@ -30,7 +32,9 @@ for test in \
     gpu::guard::a_run_that_requires_gpus_finds_one \
     gpu::ranks_on_one_gpu::every_shipped_sm90_ladder_is_exact_at_its_world_on_one_gpu \
     gpu::ranks_on_one_gpu::gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu \
-    gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu; do
+    gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu \
+    gpu::ranks_on_one_gpu::rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu \
+    gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu; do
     echo "== $test" | tee -a "$log"
     start=$(date +%s)
     if timeout --kill-after=10 "${PREPARE_TEST_SECONDS:-600}" "$carry/tests/integration" --exact "$test" \

@@ -6,7 +6,9 @@
 //! (`CXX`, else `c++`).
 //!
 //! Every planted mutation (tests/support/mutations.rs) must give a wrong sum here too, in every kernel it
-//! touches and in no other.
+//! touches and in no other. The invariance mode (tests/host_emulation/invariance.h) checks that
+//! a row's sum is the same bytes in every message and kernel, and must catch a sum order that
+//! depends on the message size.
 
 // Each mutation's failures are reported on stderr for the test log.
 #![allow(clippy::print_stderr)]
@@ -17,7 +19,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use prepare::kernels::{all_kernels, headers, scratch_layouts, source};
-use prepare::ladder::Dtype;
+use prepare::ladder::{validate_ladder_file, Dtype};
 
 use crate::support::mutations::{apply, Mutation};
 use crate::support::repository::root;
@@ -138,15 +140,26 @@ fn write_scratch_layouts(directory: &Path) {
     std::fs::write(directory.join("scratch_layouts.h"), header).unwrap();
 }
 
-fn build(directory: &Path, thread_sanitizer: bool, mutation: Option<Mutation>) -> PathBuf {
+/// How a harness is compiled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Build {
+    /// Optimized, with debug information: the modes that check every kernel at length.
+    Checked,
+    /// Checked, under ThreadSanitizer.
+    Sanitized,
+    /// Unoptimized, for one mode run once whose time goes to starting emulated threads, not to
+    /// the kernels' arithmetic: a mutation's harness, the invariance mode.
+    Quick,
+}
+
+fn build(directory: &Path, kind: Build, mutation: Option<Mutation>) -> PathBuf {
     let emulation = root().join("tests/host_emulation");
     write_emulated_sources(directory, mutation);
     write_scratch_layouts(directory);
     let binary = directory.join("harness");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let mut command = Command::new(&compiler);
-    // A mutation's harness runs one short mode once, expecting failures: it is built for speed.
-    let optimization: &[&str] = if mutation.is_some() {
+    let optimization: &[&str] = if kind == Build::Quick {
         &["-O0"]
     } else {
         &["-O1", "-g"]
@@ -163,7 +176,7 @@ fn build(directory: &Path, thread_sanitizer: bool, mutation: Option<Mutation>) -
         .arg(emulation.join("harness.cc"))
         .arg("-o")
         .arg(&binary);
-    if thread_sanitizer {
+    if kind == Build::Sanitized {
         command.arg("-fsanitize=thread");
     }
     let output = command.output().unwrap_or_else(|error| {
@@ -194,7 +207,47 @@ fn run(binary: &Path, arguments: &[&str]) {
 /// What the harness's `exactness` mode reported: each kernel's entry name and whether it gave
 /// the reference sum every time, with the whole output.
 fn exactness(binary: &Path) -> (BTreeMap<String, bool>, String) {
-    let output = Command::new(binary).arg("exactness").output().unwrap();
+    verdicts(binary, &["exactness"], ("exact", "inexact"))
+}
+
+/// What the harness's `invariance` mode reported at `boundaries` (`WORLD:BYTES`): each kernel's
+/// entry name and whether every row it summed was the reference and the same bytes in every
+/// message, with the whole output.
+fn invariance(binary: &Path, boundaries: &[String]) -> (BTreeMap<String, bool>, String) {
+    let mut arguments = vec!["invariance"];
+    arguments.extend(boundaries.iter().map(String::as_str));
+    verdicts(binary, &arguments, ("invariant", "varies"))
+}
+
+/// `WORLD:BYTES` for the invariance mode at each world of `worlds`: the first bucket boundary
+/// of the shipped H200 ladder of that world (bf16), so the mode's messages below and above it
+/// are in different buckets of a real ladder.
+fn shipped_boundaries(worlds: &[u32]) -> Vec<String> {
+    worlds
+        .iter()
+        .map(|world| {
+            let path = root().join(format!("ladders/h200_nvlink_tp{world}.json"));
+            let ladder = validate_ladder_file(&path)
+                .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+            assert!(
+                ladder.buckets.len() > 1,
+                "{} has one bucket",
+                path.display()
+            );
+            format!("{world}:{}", ladder.buckets[0].max_bytes)
+        })
+        .collect()
+}
+
+/// A mode that prints one line per kernel entry, `<entry>: <pass word>` or `<entry>: <fail
+/// word> (...)`, run with `arguments`: each entry and whether it passed, with the whole output.
+/// Every kernel entry must be reported, and the exit status must agree with the verdicts.
+fn verdicts(
+    binary: &Path,
+    arguments: &[&str],
+    (pass, fail): (&str, &str),
+) -> (BTreeMap<String, bool>, String) {
+    let output = Command::new(binary).args(arguments).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -204,8 +257,8 @@ fn exactness(binary: &Path) -> (BTreeMap<String, bool>, String) {
         .lines()
         .filter_map(|line| {
             let (kernel, verdict) = line.split_once(": ")?;
-            let exact = verdict == "exact";
-            (exact || verdict.starts_with("inexact")).then(|| (kernel.to_owned(), exact))
+            let passed = verdict == pass;
+            (passed || verdict.starts_with(fail)).then(|| (kernel.to_owned(), passed))
         })
         .collect();
     let mut names: Vec<String> = Dtype::ALL
@@ -219,19 +272,28 @@ fn exactness(binary: &Path) -> (BTreeMap<String, bool>, String) {
         names,
         "the harness did not report every kernel:\n{text}"
     );
-    let all_exact = verdicts.values().all(|exact| *exact);
+    let all_passed = verdicts.values().all(|passed| *passed);
     assert_eq!(
         output.status.success(),
-        all_exact,
+        all_passed,
         "the exit status disagrees with the verdicts:\n{text}"
     );
     (verdicts, text)
 }
 
+/// The entries whose verdict was a failure, sorted.
+fn failed(verdicts: &BTreeMap<String, bool>) -> Vec<&str> {
+    verdicts
+        .iter()
+        .filter(|(_, passed)| !**passed)
+        .map(|(kernel, _)| kernel.as_str())
+        .collect()
+}
+
 #[test]
 fn kernels_give_the_reference_sum_on_every_rank() {
     let directory = tempfile::tempdir().unwrap();
-    let binary = build(directory.path(), false, None);
+    let binary = build(directory.path(), Build::Checked, None);
     run(&binary, &["quick"]);
     run(&binary, &["streams", "1"]);
     let (verdicts, text) = exactness(&binary);
@@ -252,7 +314,7 @@ fn every_planted_mutation_gives_a_wrong_sum() {
             .map(|mutation| {
                 scope.spawn(move || {
                     let directory = tempfile::tempdir().unwrap();
-                    let binary = build(directory.path(), false, Some(mutation));
+                    let binary = build(directory.path(), Build::Quick, Some(mutation));
                     let (verdicts, text) = exactness(&binary);
                     (mutation, verdicts, text)
                 })
@@ -263,11 +325,7 @@ fn every_planted_mutation_gives_a_wrong_sum() {
             .collect()
     });
     for (mutation, verdicts, text) in &reports {
-        let wrong: Vec<&str> = verdicts
-            .iter()
-            .filter(|(_, exact)| !**exact)
-            .map(|(kernel, _)| kernel.as_str())
-            .collect();
+        let wrong = failed(verdicts);
         eprintln!("{mutation}: wrong sums from {}", wrong.join(", "));
         assert_eq!(
             wrong,
@@ -286,7 +344,56 @@ fn every_planted_mutation_gives_a_wrong_sum() {
 #[ignore = "slow: every world size, then ThreadSanitizer over the stream sequences"]
 fn kernels_are_exact_at_every_world_size_and_race_free() {
     let directory = tempfile::tempdir().unwrap();
-    run(&build(directory.path(), false, None), &["full"]);
+    run(&build(directory.path(), Build::Checked, None), &["full"]);
     let sanitized = tempfile::tempdir().unwrap();
-    run(&build(sanitized.path(), true, None), &["streams", "1"]);
+    run(
+        &build(sanitized.path(), Build::Sanitized, None),
+        &["streams", "1"],
+    );
+}
+
+/// Batch invariance: at 2, 4 and 8 ranks, in every type, every kernel sums rows inside
+/// messages of 1 row, 3, just below and just above the first bucket boundary of the shipped
+/// ladder of that world, and in pieces above a ladder ending there (the serving code's cut);
+/// each row must be the reference and the same bytes in every message and kernel.
+#[test]
+fn every_row_is_the_same_bytes_in_every_message_and_kernel() {
+    let started = Instant::now();
+    let directory = tempfile::tempdir().unwrap();
+    let binary = build(directory.path(), Build::Quick, None);
+    let built = started.elapsed();
+    let started = Instant::now();
+    let (verdicts, text) = invariance(&binary, &shipped_boundaries(&[2, 4, 8]));
+    assert!(
+        failed(&verdicts).is_empty(),
+        "rows differ between messages or from the reference:\n{text}"
+    );
+    eprintln!(
+        "invariance: built in {:.1} s, run in {:.1} s",
+        built.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A kernel whose sum order depends on the message size gives a row different bytes in a
+/// small and a large message: the invariance mode says so for exactly that kernel, in every
+/// type, at four ranks (at two, both orders add the same two values), while the exactness
+/// mode, whose messages are all below the size where the order changes, misses it.
+#[test]
+fn a_sum_order_that_depends_on_the_message_size_breaks_invariance() {
+    let mutation = Mutation::SizeDependentOrder;
+    let directory = tempfile::tempdir().unwrap();
+    let binary = build(directory.path(), Build::Quick, Some(mutation));
+    let (verdicts, text) = invariance(&binary, &shipped_boundaries(&[4]));
+    assert_eq!(
+        failed(&verdicts),
+        mutation.kernels(),
+        "{mutation}: the kernels the invariance mode found varying are not those it touches:\n{text}"
+    );
+    let (verdicts, text) = exactness(&binary);
+    assert!(
+        failed(&verdicts).is_empty(),
+        "{mutation}: the exactness mode caught it too, so its messages reach past the size where \
+         the order changes; update the mutation's doc and this test:\n{text}"
+    );
 }

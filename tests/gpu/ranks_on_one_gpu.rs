@@ -4,8 +4,9 @@
 //! retargeted to sm_90; every custom candidate exact on every rank at each bucket's edges,
 //! tails and a middle size, eagerly with one rank late and in graphs replayed with one branch
 //! per rank; the multi-size graph sequence with device memory unchanged; a rank that never
-//! launches; and the planted mutations caught at 2, 4 and 8 ranks. NCCL candidates are out:
-//! NCCL refuses two ranks on one device. Each test prints a table for the GPU run's log.
+//! launches; the planted mutations caught at 2, 4 and 8 ranks; and batch invariance
+//! (tests/gpu/one_gpu/invariance.rs). NCCL candidates are out: NCCL refuses two ranks on one
+//! device. Each test prints a table for the GPU run's log.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -502,4 +503,19 @@ fn record(
             ));
         }
     }
+}
+
+/// Batch invariance: rows in messages on both sides of every bucket boundary of every shipped
+/// sm_90 ladder, and in pieces above it, the same bytes in every message and candidate.
+#[test]
+#[ignore = "needs GPUs"]
+fn rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu() {
+    super::one_gpu::invariance::check_every_shipped_sm90_ladder();
+}
+
+/// A sum order that changes with the message size is caught in exactly its candidates.
+#[test]
+#[ignore = "needs GPUs"]
+fn a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu() {
+    super::one_gpu::invariance::check_a_size_dependent_sum_order_is_caught();
 }

@@ -21,6 +21,9 @@
 //                whose last rank starts late; prints one line per kernel entry (with its
 //                type), `<entry>: exact` or `<entry>: inexact (N failed checks)`, and goes on
 //                past any failure (the planted-mutation tests read which kernels it broke)
+//   invariance W:B...  rows in messages of several sizes, around a bucket boundary of B bytes
+//                at W ranks, alone and in pieces, every kernel: each row the same bytes
+//                everywhere (invariance.h); one line per kernel entry, as exactness
 // Exit status 0 when every check passed; failures are printed.
 #include <algorithm>
 #include <cstdio>
@@ -699,6 +702,8 @@ void operands(const std::vector<unsigned>& worlds) {
     }
 }
 
+#include "invariance.h"
+
 }  // namespace
 
 // Runs `check` once per element type.
@@ -743,6 +748,11 @@ int main(int argc, char** argv) {
         });
     } else if (mode == "exactness") {
         for_each_dtype([] { exactness(); });
+    } else if (mode == "invariance") {
+        const std::vector<Boundary> boundaries = parse_boundaries(argc - 2, argv + 2);
+        if (boundaries.empty())
+            return 2;
+        for_each_dtype([&] { invariance(boundaries); });
     } else {
         std::printf("unknown mode %s\n", mode.c_str());
         return 2;

@@ -38,6 +38,12 @@ pub enum Mutation {
     /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
     /// late.
     NoCopyStart,
+    /// `all_reduce_one_shot_pull_<dtype>` sums the ranks in reverse order in messages of more
+    /// than 2048 elements: a row's sum then depends on the size of the message holding it
+    /// (at more than two ranks; two values add the same either way). Not in
+    /// [`Mutation::ALL`]: the host emulation's exactness mode runs smaller messages only, and
+    /// the batch-invariance checks, which run larger ones, are the tests meant to catch it.
+    SizeDependentOrder,
 }
 
 /// One exact text replacement in one kernel source or header.
@@ -133,6 +139,18 @@ const NO_COPY_START: &[Patch] = &[Patch {
     replace: "return Set != kSetStart && block_begin(params, flags) && block_barrier<N>(params, flags, Set);",
 }];
 
+const SIZE_DEPENDENT_ORDER: &[Patch] = &[Patch {
+    file: "all_reduce_one_shot.cu",
+    find: "sum_whole_message<T, N>(params.buffers, params.output, params.elements);",
+    replace: concat!(
+        "unsigned char* ranks[N];\n",
+        "        for (int q = 0; q < N; ++q) {\n",
+        "            ranks[q] = params.buffers[params.elements > 2048 ? N - 1 - q : q];\n",
+        "        }\n",
+        "        sum_whole_message<T, N>(ranks, params.output, params.elements);",
+    ),
+}];
+
 const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
 
 impl Mutation {
@@ -159,6 +177,7 @@ impl Mutation {
             Mutation::NoLineWait => "no_line_wait",
             Mutation::NoStepWait => "no_step_wait",
             Mutation::NoCopyStart => "no_copy_start",
+            Mutation::SizeDependentOrder => "size_dependent_order",
         }
     }
 
@@ -178,7 +197,9 @@ impl Mutation {
     /// a shared header (no algorithm named).
     pub fn kernels(self) -> Vec<String> {
         let (algorithms, dtypes): (&[&str], &[Dtype]) = match self {
-            Mutation::NoStartBarrier => (&["all_reduce_one_shot_pull"], &Dtype::ALL),
+            Mutation::NoStartBarrier | Mutation::SizeDependentOrder => {
+                (&["all_reduce_one_shot_pull"], &Dtype::ALL)
+            }
             Mutation::NoLineWait => (&["all_reduce_one_shot_push_ll"], &Dtype::ALL),
             Mutation::NoStepWait => (
                 &[
@@ -217,6 +238,7 @@ impl Mutation {
             Mutation::NoLineWait => NO_LINE_WAIT,
             Mutation::NoStepWait => NO_STEP_WAIT,
             Mutation::NoCopyStart => NO_COPY_START,
+            Mutation::SizeDependentOrder => SIZE_DEPENDENT_ORDER,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! the kernel's failure.
 
 mod checks;
+pub mod invariance;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
