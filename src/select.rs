@@ -24,8 +24,8 @@ use crate::timing::{Timer, TimingOptions};
 use crate::tune::choice::{write_choice, AboveLadder, BucketChoice, Choice, ChoiceError, Tuning};
 use crate::tune::early_stop::keep_timing;
 use crate::tune::{
-    decide, BucketDecision, BucketSamples, CandidateOutcome, CandidateResult, CandidateSamples,
-    DecisionError, DecisionReason, Policy,
+    decide, decide_static, BucketDecision, BucketSamples, CandidateOutcome, CandidateSamples,
+    DecisionError, Policy, INEXACT_EXCLUDED,
 };
 
 /// How selection runs.
@@ -33,8 +33,13 @@ use crate::tune::{
 pub struct SelectOptions {
     /// Time on the machine, or take each bucket's default.
     pub tuning: Tuning,
-    /// The decision policy.
-    pub policy: Policy,
+    /// A candidate replaces the bucket's default only when faster by more than this fraction
+    /// (0.03 by default: 3%); see [`Policy::margin`].
+    pub margin: f64,
+    /// Keep candidates whose output differs from the reference sum (plain NCCL beyond two
+    /// ranks) among those timed and chosen. False by default: the policy is then exact-only
+    /// (`exact_only` is its negation, [`SelectOptions::policy`]).
+    pub allow_inexact: bool,
     /// The cache directory; `None` keeps no cache.
     pub cache_dir: Option<PathBuf>,
     /// Time again even when the cache holds a choice.
@@ -49,11 +54,24 @@ impl Default for SelectOptions {
     fn default() -> SelectOptions {
         SelectOptions {
             tuning: Tuning::Runtime,
-            policy: Policy::default(),
+            margin: Policy::default().margin,
+            allow_inexact: false,
             cache_dir: cache::default_dir(|name| std::env::var(name).ok()),
             retune: false,
             timing: TimingOptions::default(),
             out: None,
+        }
+    }
+}
+
+impl SelectOptions {
+    /// The decision policy these options give: `exact_only` unless inexact candidates are
+    /// allowed.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            margin: self.margin,
+            exact_only: !self.allow_inexact,
+            ..Policy::default()
         }
     }
 }
@@ -274,12 +292,13 @@ pub fn select(
     let rank = runtime.rank();
     let started = Instant::now();
     let mut times = SelectTimes::default();
-    let fingerprint = fingerprint(runtime, package, &options.policy)?;
+    let policy = options.policy();
+    let fingerprint = fingerprint(runtime, package, &policy)?;
     // Every rank must select with the same options, or they would take different steps.
     let options_digest = Sha256::digest(
         serde_json::to_vec(&(
             options.tuning,
-            options.policy,
+            policy,
             options.retune,
             format!("{:?}", options.timing),
         ))
@@ -312,7 +331,7 @@ pub fn select(
         .filter(|_| use_cache)
         .and_then(|cache| cache.load(&key).ok().flatten())
         .and_then(|bytes| {
-            cached_choice(&bytes, package, &key, &options.policy).map(|choice| (bytes, choice))
+            cached_choice(&bytes, package, &key, &policy).map(|choice| (bytes, choice))
         })
         // A winner that cannot run here now (the drops are agreed, so every rank sees the same)
         // makes the entry a miss.
@@ -386,7 +405,8 @@ pub fn select(
                 (decisions, above)
             }
             Tuning::Static => (
-                static_decisions(collectives, package, &report.outcomes),
+                static_decisions(collectives, package, &report.outcomes, &options.policy())
+                    .map_err(|source| SelectError::Decision { rank, source })?,
                 pieces::nccl_untimed("static tuning, nothing timed"),
             ),
         };
@@ -399,7 +419,7 @@ pub fn select(
             fingerprint: key.clone(),
             topology: fingerprint.topology.clone(),
             tuning: options.tuning,
-            policy: options.policy,
+            policy,
             buckets: decisions
                 .into_iter()
                 .map(|decision| BucketChoice {
@@ -455,52 +475,35 @@ pub fn select(
     })
 }
 
-/// Static tuning: each bucket's default if it can run here, else its first candidate that can.
+/// Static tuning: per bucket the decision of [`decide_static`] over what the checks found.
 fn static_decisions(
     collectives: &Collectives,
     package: &Package,
     outcomes: &[Outcome],
-) -> Vec<BucketDecision> {
-    let exact = |id: EntryId| !matches!(outcomes[id], Outcome::Qualified { exact: false });
+    policy: &Policy,
+) -> Result<Vec<BucketDecision>, DecisionError> {
     let ladder = package.ladder();
     ladder
         .buckets
         .iter()
         .enumerate()
         .map(|(index, bucket)| {
-            let live = |profile: &str| collectives.find_live(index, profile).is_some();
-            let winner = if live(&bucket.default) {
-                bucket.default.clone()
-            } else {
-                bucket
-                    .candidates
-                    .iter()
-                    .find(|profile| live(profile))
-                    .cloned()
-                    .unwrap_or_else(|| "nccl".to_owned())
-            };
             let candidates = collectives
                 .bucket_entries(index)
-                .map(|(id, entry)| CandidateResult {
+                .map(|(id, entry)| CandidateSamples {
                     profile: entry.profile.clone(),
-                    exact: exact(id),
-                    outcome: CandidateOutcome::Excluded {
-                        reason: match &entry.dropped {
-                            Some(reason) => reason.to_string(),
-                            None => "not timed (static tuning)".to_owned(),
-                        },
-                    },
+                    dropped: entry.dropped.as_ref().map(ToString::to_string),
+                    exact: !matches!(outcomes[id], Outcome::Qualified { exact: false }),
+                    samples: Vec::new(),
                 })
                 .collect();
-            let bit_exact = collectives.find(index, &winner).is_some_and(exact);
-            BucketDecision {
+            let samples = BucketSamples {
                 index,
-                winner: winner.clone(),
-                baseline: winner,
-                reason: DecisionReason::BaselineFastest,
-                bit_exact,
+                default: bucket.default.clone(),
+                sizes: Vec::new(),
                 candidates,
-            }
+            };
+            decide_static(&samples, policy)
         })
         .collect()
 }
@@ -534,7 +537,7 @@ fn above_ladder(
         &contenders,
         buffers.operands(bytes),
         options.timing,
-        options.policy.margin,
+        options.margin,
     )?;
     let decision = pieces::decide(
         ladder,
@@ -543,7 +546,7 @@ fn above_ladder(
         &contenders,
         group,
         bytes,
-        &options.policy,
+        &options.policy(),
     )
     .map_err(|source| SelectError::Decision { rank, source })?;
     Ok(pieces::route_of(decision, bytes))
@@ -576,8 +579,8 @@ fn time_and_decide(
             .bucket_entries(index)
             .filter(|(id, entry)| {
                 entry.dropped.is_none()
-                    && !(options.policy.exact_only
-                        && matches!(outcomes[*id], Outcome::Qualified { exact: false }))
+                    && (options.allow_inexact
+                        || !matches!(outcomes[*id], Outcome::Qualified { exact: false }))
             })
             .map(|(id, _)| id)
             .collect();
@@ -604,7 +607,7 @@ fn time_and_decide(
                         .collect()
                 })
                 .collect();
-            let keep = keep_timing(&by_candidate, options.policy.margin);
+            let keep = keep_timing(&by_candidate, options.margin);
             (0..so_far.len())
                 .map(|entry| keep[entry % live.len()])
                 .collect()
@@ -627,13 +630,12 @@ fn time_and_decide(
                     dropped: if is_live {
                         None
                     } else {
-                        Some(entry.dropped.as_ref().map_or_else(
-                            || {
-                                "its output differs from the reference sum and exact-only is set"
-                                    .to_owned()
-                            },
-                            ToString::to_string,
-                        ))
+                        Some(
+                            entry
+                                .dropped
+                                .as_ref()
+                                .map_or_else(|| INEXACT_EXCLUDED.to_owned(), ToString::to_string),
+                        )
                     },
                     exact,
                     samples: if is_live {
@@ -656,6 +658,6 @@ fn time_and_decide(
     }
     reporter.finish();
     times.timing = timed.elapsed();
-    decide(&samples, runtime.world() as usize, &options.policy)
+    decide(&samples, runtime.world() as usize, &options.policy())
         .map_err(|source| SelectError::Decision { rank, source })
 }

@@ -413,7 +413,8 @@ impl Handle {
     /// Routes bucket `bucket` of the package of `collective` in `dtype` to `profile` instead of
     /// its agreed winner, for tests and comparisons that must run one candidate at every size.
     /// Every rank must force the same, before the collectives it affects (the ranks' launches
-    /// must match). A candidate dropped on this machine cannot be forced.
+    /// must match). A candidate dropped on this machine cannot be forced, nor, under the exact
+    /// policy, one whose output differs from the reference sum ([`Choice::force_refusal`]).
     pub fn force(
         &mut self,
         collective: Collective,
@@ -442,6 +443,9 @@ impl Handle {
             return Err(invalid(format!(
                 "{profile} in bucket {bucket} was dropped on this machine: {reason}"
             )));
+        }
+        if let Some(reason) = served.selection.choice.force_refusal(bucket, profile) {
+            return Err(invalid(reason));
         }
         route.1 = id;
         Ok(())

@@ -21,8 +21,9 @@ DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp32": 2}
 # PrepareCollective's values, in its order.
 COLLECTIVE_CODES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2,
                     "all_reduce_add_rms_norm": 3}
-# The C ABI these bindings are written for (PREPARE_ABI_VERSION of prepare.h).
-ABI_VERSION = 1
+# The C ABI these bindings are written for (PREPARE_ABI_VERSION of prepare.h). 2: the
+# options' allow_inexact.
+ABI_VERSION = 2
 
 TUNINGS = {"runtime": 0, "static": 1}
 
@@ -170,15 +171,20 @@ def _package_paths(packages: Any) -> List[bytes]:
             for index, package in enumerate(listed)]
 
 
-def start_arguments(packages: Any, cache_dir: Any, timeout: Any,
-                    tuning: Any) -> Tuple[List[bytes], Optional[bytes], float, int]:
+def start_arguments(packages: Any, cache_dir: Any, timeout: Any, tuning: Any,
+                    allow_inexact: Any = False
+                    ) -> Tuple[List[bytes], Optional[bytes], float, int, int]:
     """The checked options of a handle's start (package paths, cache directory, seconds, tuning
-    code), or InvalidArgument: what every open function checks before the library sees it."""
+    code, allow_inexact as 0 or 1), or InvalidArgument: what every open function checks before
+    the library sees it."""
     paths = _package_paths(packages)
     cache = None if cache_dir is None else _c_string("cache_dir", cache_dir, path=True)
     if not (isinstance(tuning, str) and tuning in TUNINGS):
         raise InvalidArgument(f"tuning={tuning!r}: use 'runtime' or 'static'")
-    return paths, cache, _seconds(timeout), TUNINGS[tuning]
+    # It keeps outputs exact, so only a bool is taken: a string "False" is not read as true.
+    if not isinstance(allow_inexact, bool):
+        raise InvalidArgument(f"allow_inexact is {_kind(allow_inexact)}: give True or False")
+    return paths, cache, _seconds(timeout), TUNINGS[tuning], int(allow_inexact)
 
 
 class _Options(ctypes.Structure):
@@ -189,6 +195,7 @@ class _Options(ctypes.Structure):
         ("timeout_seconds", ctypes.c_double),
         ("tuning", ctypes.c_int32),
         ("retune", ctypes.c_int32),
+        ("allow_inexact", ctypes.c_int32),
     ]
 
 
@@ -376,9 +383,10 @@ class NativeHandle:
         return handle
 
     @staticmethod
-    def _options(packages: Any, cache_dir: Any, timeout: Any, tuning: Any, retune: bool):
-        paths, cache, seconds, tuning_code = start_arguments(packages, cache_dir, timeout,
-                                                             tuning)
+    def _options(packages: Any, cache_dir: Any, timeout: Any, tuning: Any, retune: bool,
+                 allow_inexact: Any = False):
+        paths, cache, seconds, tuning_code, inexact = start_arguments(
+            packages, cache_dir, timeout, tuning, allow_inexact)
         options = _Options()
         _check(library().prepare_options_init(ctypes.byref(options)))
         array = (ctypes.c_char_p * len(paths))(*paths)
@@ -388,6 +396,7 @@ class NativeHandle:
         options.timeout_seconds = seconds
         options.tuning = tuning_code
         options.retune = int(bool(retune))
+        options.allow_inexact = inexact
         # The array must outlive the call: keep it with the options.
         return options, array
 
@@ -400,12 +409,13 @@ class NativeHandle:
     def open_unique_id(cls, packages: Union[PathLike, Sequence[PathLike]], unique_id: bytes,
                        rank: int, world: int, device: int, cache_dir: Optional[PathLike] = None,
                        timeout: float = 60.0, tuning: str = "runtime",
-                       retune: bool = False) -> "NativeHandle":
+                       retune: bool = False, allow_inexact: bool = False) -> "NativeHandle":
         """Starts a handle from an NCCL unique id every rank received. Collective."""
         if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != UNIQUE_ID_BYTES:
             raise InvalidArgument(f"unique_id must be {UNIQUE_ID_BYTES} bytes")
         rank, world, device = cls._rank(rank, world, device)
-        options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune)
+        options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune,
+                                      allow_inexact)
         identifier = ctypes.create_string_buffer(bytes(unique_id), UNIQUE_ID_BYTES)
         out = ctypes.c_void_p()
         _check(library().prepare_open_unique_id(ctypes.byref(options), identifier, rank, world,
@@ -415,9 +425,11 @@ class NativeHandle:
     @classmethod
     def open_env(cls, packages: Union[PathLike, Sequence[PathLike]],
                  cache_dir: Optional[PathLike] = None, timeout: float = 60.0,
-                 tuning: str = "runtime", retune: bool = False) -> "NativeHandle":
+                 tuning: str = "runtime", retune: bool = False,
+                 allow_inexact: bool = False) -> "NativeHandle":
         """Starts a handle from torchrun's variables. Collective."""
-        options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune)
+        options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune,
+                                      allow_inexact)
         out = ctypes.c_void_p()
         _check(library().prepare_open_env(ctypes.byref(options), ctypes.byref(out)))
         return cls._opened(out)
@@ -426,11 +438,13 @@ class NativeHandle:
     def open_comm(cls, packages: Union[PathLike, Sequence[PathLike]], nccl_comm: int,
                   rank: int, world: int, device: int, nonblocking: bool = False,
                   cache_dir: Optional[PathLike] = None, timeout: float = 60.0,
-                  tuning: str = "runtime", retune: bool = False) -> "NativeHandle":
+                  tuning: str = "runtime", retune: bool = False,
+                  allow_inexact: bool = False) -> "NativeHandle":
         """Starts a handle split from the caller's `ncclComm_t` (an integer). Collective."""
         comm = _address("nccl_comm", nccl_comm)
         rank, world, device = cls._rank(rank, world, device)
-        options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune)
+        options, _keep = cls._options(packages, cache_dir, timeout, tuning, retune,
+                                      allow_inexact)
         out = ctypes.c_void_p()
         _check(library().prepare_open_comm(ctypes.byref(options), comm, rank, world, device,
                                            int(bool(nonblocking)), ctypes.byref(out)))
@@ -480,6 +494,8 @@ class NativeHandle:
         return address.value or 0, nbytes.value
 
     def force(self, collective: int, dtype: int, bucket: int, profile: str) -> None:
+        """Routes a bucket to `profile`; InvalidArgument when it was dropped here or, unless the
+        handle was opened with allow_inexact, its output differs from the reference sum."""
         arguments = (*_key(collective, dtype), _integer("bucket", bucket, "size_t"),
                      _c_string("profile", profile, path=False))
         _check(library().prepare_force(self._live(), *arguments))

@@ -116,20 +116,22 @@ class Collectives:
     `cache_dir` None uses the default cache (`$XDG_CACHE_HOME/prepare` or
     `~/.cache/prepare`), "" keeps none. `timeout` (seconds) bounds the bootstrap and every
     wait for a peer. `tuning` is "runtime" (cache, or check and time on this machine) or
-    "static" (each bucket's default).
+    "static" (each bucket's default). `allow_inexact` False (the default) keeps every candidate
+    whose output differs from the reference sum (plain NCCL beyond two ranks) out of the
+    choice and of `force`; True keeps them, so the winner may change the output.
 
     All-reduces must be made in the same order on every rank, one stream at a time.
     """
 
     def __init__(self, packages: Union[PathLike, Sequence[PathLike]], group: Any = None,
                  cache_dir: Optional[PathLike] = None, timeout: float = 60,
-                 tuning: str = "runtime"):
+                 tuning: str = "runtime", allow_inexact: bool = False):
         torch = _torch()
         dist = torch.distributed
         self._native: Optional[NativeHandle] = None
         self._id: Optional[int] = None
         # The same checks as the library's start, before any collective step.
-        paths = start_arguments(packages, cache_dir, timeout, tuning)[0]
+        paths = start_arguments(packages, cache_dir, timeout, tuning, allow_inexact)[0]
         if not torch.cuda.is_available():
             raise RuntimeFailure("no CUDA GPU is visible to PyTorch; prepare needs one per rank")
         if not (dist.is_available() and dist.is_initialized()):
@@ -167,7 +169,7 @@ class Collectives:
             raise error_class(status)(payload)
         self._native = NativeHandle.open_unique_id(
             paths, payload, rank, world, self.device, cache_dir=cache_dir,
-            timeout=timeout, tuning=tuning)
+            timeout=timeout, tuning=tuning, allow_inexact=allow_inexact)
         self._served = [(collective, dtype) for collective, code in COLLECTIVE_CODES.items()
                         for dtype, name in self._names.items()
                         if self._native.serves(code, _code(name))]
@@ -321,7 +323,9 @@ class Collectives:
               collective: str = "all_reduce") -> None:
         """Runs candidate `profile` for bucket `bucket` of (`collective`, `dtype`) instead of
         the agreed winner (the override tests use). Every rank must force the same, before the
-        collectives run."""
+        collectives run. A candidate dropped here, or one whose output differs from the
+        reference sum unless this handle was made with `allow_inexact=True`, is refused with
+        InvalidArgument naming it and the policy."""
         torch = _torch()
         dtype = torch.bfloat16 if dtype is None else dtype
         self._live().force(*self._pair(collective, dtype), bucket, profile)

@@ -21,6 +21,7 @@ use prepare::select::SelectOptions;
 use prepare::timing::TimingOptions;
 use prepare::tune::choice::Choice;
 
+use super::exactness::ExactnessArgs;
 use super::ranks::{self, PackageRankArgs, Role};
 use super::Failure;
 
@@ -48,6 +49,9 @@ pub struct Args {
     /// `~/.cache/prepare`).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    // The policy of the tuned choice selected here (not of a `--choice` given).
+    #[command(flatten)]
+    exactness: ExactnessArgs,
     /// Batch sizes (rows of the hidden state) of the decode emulation; `0` skips it.
     #[arg(
         long,
@@ -117,7 +121,9 @@ fn parse_size(text: &str) -> Result<u64, String> {
 pub fn run(args: &Args) -> Result<(), Failure> {
     args.target.ranks.timeout()?;
     ranks::check_writable("--out", args.out.as_deref())?;
-    match ranks::role()? {
+    let role = ranks::role()?;
+    args.exactness.note(matches!(role, Role::Launcher));
+    match role {
         Role::Rank => run_rank(args),
         Role::Launcher => args.target.launch("bench"),
     }
@@ -168,6 +174,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
                 .cache_dir
                 .clone()
                 .or_else(|| SelectOptions::default().cache_dir),
+            allow_inexact: args.exactness.allow_inexact,
             ..SelectOptions::default()
         };
         let selection = prepare::select::select(

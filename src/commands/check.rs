@@ -1,14 +1,17 @@
 //! `prepare check`: brings the runtime up on every GPU (one process each, like torchrun),
 //! compares NCCL's all-reduce with the reference sum and, given a package, qualifies every
 //! candidate in CUDA graphs and requires the reference's exact bytes from every custom one on
-//! every rank.
+//! every rank. Under the exact policy (the default) a candidate that differs from the reference
+//! sum (plain NCCL beyond two ranks) is kept out, and a bucket left without a candidate fails the
+//! check: serving could not run it exactly.
 
 use std::path::PathBuf;
 
-use prepare::check::{check_rank, SoakCollective};
+use prepare::check::{check_rank, CandidateCheck, SoakCollective};
 use prepare::package::Outcome;
 use prepare::qualify::QualifyOptions;
 
+use super::exactness::ExactnessArgs;
 use super::ranks::{self, RankArgs, Role};
 use super::Failure;
 
@@ -32,6 +35,8 @@ pub struct Args {
     /// Which collective the soak repeats.
     #[arg(long, value_enum, default_value = "nccl")]
     soak_collective: SoakKind,
+    #[command(flatten)]
+    exactness: ExactnessArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -43,7 +48,9 @@ enum SoakKind {
 /// Runs `prepare check`.
 pub fn run(args: &Args) -> Result<(), Failure> {
     args.ranks.timeout()?;
-    match ranks::role()? {
+    let role = ranks::role()?;
+    args.exactness.note(matches!(role, Role::Launcher));
+    match role {
         Role::Rank => run_rank(args),
         Role::Launcher => {
             ranks::launch_ranks("check", &args.ranks, args.ranks.gpu_list()?, Vec::new())
@@ -95,11 +102,16 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         &|line| println!("{line}"),
     )
     .map_err(Failure::runtime)?;
+    let allow_inexact = args.exactness.allow_inexact;
     for candidate in &report.candidates {
         let result = match &candidate.outcome {
             Outcome::Qualified { exact: true } => "exact".to_owned(),
-            Outcome::Qualified { exact: false } => {
+            Outcome::Qualified { exact: false } if allow_inexact => {
                 "differs from the reference sum (NCCL's own order)".to_owned()
+            }
+            Outcome::Qualified { exact: false } => {
+                "differs from the reference sum (NCCL's own order): kept out by the exact policy"
+                    .to_owned()
             }
             Outcome::Dropped(reason) => format!("dropped: {reason}"),
         };
@@ -108,6 +120,99 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
             candidate.bucket, candidate.profile
         );
     }
+    if !allow_inexact {
+        if let Some(problem) = without_exact_candidate(&report.candidates) {
+            return Err(Failure::runtime(anyhow::anyhow!(problem)));
+        }
+    }
     println!("check passed");
     Ok(())
+}
+
+/// Under the exact policy: the buckets none of whose candidates ran exact here, each with its
+/// candidates' outcomes, or `None` when every bucket keeps one.
+fn without_exact_candidate(candidates: &[CandidateCheck]) -> Option<String> {
+    let mut buckets: Vec<usize> = candidates
+        .iter()
+        .map(|candidate| candidate.bucket)
+        .collect();
+    buckets.dedup();
+    let problems: Vec<String> = buckets
+        .into_iter()
+        .filter_map(|bucket| {
+            let of_bucket = || {
+                candidates
+                    .iter()
+                    .filter(move |candidate| candidate.bucket == bucket)
+            };
+            if of_bucket().any(|candidate| candidate.outcome == Outcome::Qualified { exact: true })
+            {
+                return None;
+            }
+            let outcomes: Vec<String> = of_bucket()
+                .map(|candidate| match &candidate.outcome {
+                    Outcome::Qualified { .. } => {
+                        format!("{} differs from the reference sum", candidate.profile)
+                    }
+                    Outcome::Dropped(reason) => format!("{} dropped: {reason}", candidate.profile),
+                })
+                .collect();
+            Some(format!("bucket {bucket} ({})", outcomes.join("; ")))
+        })
+        .collect();
+    (!problems.is_empty()).then(|| {
+        format!(
+            "no candidate equals the reference sum here in {}: the exact policy keeps every \
+             inexact candidate out, so serving would refuse these buckets; --allow-inexact \
+             keeps them",
+            problems.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prepare::device::DropReason;
+
+    fn candidate(bucket: usize, profile: &str, outcome: Outcome) -> CandidateCheck {
+        CandidateCheck {
+            bucket,
+            profile: profile.to_owned(),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_bucket_without_an_exact_candidate_is_named_with_its_outcomes() {
+        let inexact = Outcome::Qualified { exact: false };
+        let exact = Outcome::Qualified { exact: true };
+        let no_peers = Outcome::Dropped(DropReason::NoPeerAccess {
+            message: "two hosts".to_owned(),
+        });
+        let served = [
+            candidate(0, "one_shot_push", exact.clone()),
+            candidate(0, "nccl", inexact.clone()),
+        ];
+        assert_eq!(without_exact_candidate(&served), None);
+        let between_hosts = [
+            candidate(0, "one_shot_push", no_peers),
+            candidate(0, "nccl", inexact.clone()),
+            candidate(1, "rsag_pull", exact),
+            candidate(1, "nccl", inexact),
+        ];
+        let problem = without_exact_candidate(&between_hosts).unwrap();
+        assert!(
+            problem.starts_with(
+                "no candidate equals the reference sum here in bucket 0 (one_shot_push dropped: "
+            ),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("; nccl differs from the reference sum): the exact policy"),
+            "{problem}"
+        );
+        assert!(!problem.contains("bucket 1"), "{problem}");
+        assert!(problem.ends_with("--allow-inexact keeps them"), "{problem}");
+    }
 }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod exactness;
 mod export;
 mod failure;
 mod ranks;

@@ -230,7 +230,7 @@ pub fn launch_ranks(
         program: std::env::current_exe()
             .context("cannot find this program")
             .map_err(Failure::runtime)?,
-        args: std::env::args_os().skip(1).collect(),
+        args: super::exactness::rank_arguments(std::env::args_os().skip(1)),
         gpus,
         master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".to_owned()),
         master_port,

@@ -10,8 +10,8 @@ use prepare::select::SelectOptions;
 use prepare::serve::Handle;
 use prepare::timing::TimingOptions;
 use prepare::tune::choice::Tuning;
-use prepare::tune::Policy;
 
+use super::exactness::ExactnessArgs;
 use super::ranks::{self, PackageRankArgs, Role};
 use super::Failure;
 
@@ -23,9 +23,8 @@ pub struct Args {
     /// `runtime` times the candidates here; `static` takes each bucket's default.
     #[arg(long, value_enum, default_value = "runtime")]
     collective_tuning: TuningKind,
-    /// Keep candidates whose output differs from the reference sum (NCCL beyond two ranks) out.
-    #[arg(long)]
-    exact_only: bool,
+    #[command(flatten)]
+    exactness: ExactnessArgs,
     /// A candidate replaces the bucket's default only when faster by more than this percentage:
     /// its slowdown (its worst median over the best, at the bucket's smallest and largest
     /// message) lower than the default's by more than this.
@@ -99,11 +98,8 @@ fn options(args: &Args) -> Result<SelectOptions, Failure> {
             TuningKind::Runtime => Tuning::Runtime,
             TuningKind::Static => Tuning::Static,
         },
-        policy: Policy {
-            margin: args.margin / 100.0,
-            exact_only: args.exact_only,
-            ..Policy::default()
-        },
+        margin: args.margin / 100.0,
+        allow_inexact: args.exactness.allow_inexact,
         cache_dir,
         retune: args.retune,
         timing: TimingOptions {
@@ -117,7 +113,9 @@ fn options(args: &Args) -> Result<SelectOptions, Failure> {
 /// Runs `prepare tune`.
 pub fn run(args: &Args) -> Result<(), Failure> {
     let options = options(args)?;
-    match ranks::role()? {
+    let role = ranks::role()?;
+    args.exactness.note(matches!(role, Role::Launcher));
+    match role {
         Role::Rank => run_rank(args, &options),
         Role::Launcher => args.target.launch("tune"),
     }

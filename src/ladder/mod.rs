@@ -302,6 +302,12 @@ impl Profile {
         self.algorithm == Algorithm::Nccl
     }
 
+    /// Whether NCCL runs this profile with its own summation order, which beyond two ranks is
+    /// not the reference sum's: every NCCL profile, since none yet sums in rank order.
+    pub fn is_plain_nccl(&self) -> bool {
+        self.is_nccl()
+    }
+
     /// Whether this profile is a cluster kernel (phased schedule).
     pub fn is_cluster_kernel(&self) -> bool {
         self.schedule == Some(Schedule::Phased)

@@ -22,7 +22,6 @@ use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Rendezvous, Runtime};
 use crate::select::{SelectError, SelectOptions};
 use crate::tune::choice::Tuning;
-use crate::tune::Policy;
 
 pub use crate::runtime::MAX_TIMEOUT;
 
@@ -39,8 +38,13 @@ pub struct Options {
     pub tuning: Tuning,
     /// Time again even when the cache holds a choice.
     pub retune: bool,
-    /// How the winner is picked.
-    pub policy: Policy,
+    /// A candidate replaces the bucket's default only when faster by more than this fraction
+    /// (0.03 by default: 3%).
+    pub margin: f64,
+    /// Keep candidates whose output differs from the reference sum (plain NCCL beyond two
+    /// ranks) among those timed and chosen. False by default: the policy is exact-only, so
+    /// which kernel wins never changes the output, and such a candidate cannot be forced.
+    pub allow_inexact: bool,
     /// Rank 0 writes the NCCL id to this file and the other ranks read it (a file system they
     /// all see), instead of meeting at MASTER_ADDR and PREPARE_PORT (default MASTER_PORT + 1).
     pub id_file: Option<PathBuf>,
@@ -54,7 +58,8 @@ impl Default for Options {
             cache_dir: select.cache_dir,
             tuning: select.tuning,
             retune: select.retune,
-            policy: select.policy,
+            margin: select.margin,
+            allow_inexact: select.allow_inexact,
             id_file: None,
         }
     }
@@ -65,7 +70,8 @@ impl Options {
     pub fn select_options(&self) -> SelectOptions {
         SelectOptions {
             tuning: self.tuning,
-            policy: self.policy,
+            margin: self.margin,
+            allow_inexact: self.allow_inexact,
             cache_dir: self.cache_dir.clone(),
             retune: self.retune,
             ..SelectOptions::default()
@@ -247,6 +253,7 @@ mod tests {
     use super::*;
     use crate::gpu::nccl::InitEnvironment;
     use crate::runtime::bootstrap_environment;
+    use crate::tune::Policy;
 
     /// The variables `pairs`, looked up as the environment would be.
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -384,10 +391,30 @@ mod tests {
         assert_eq!(select.cache_dir, None);
         assert_eq!(select.tuning, Tuning::Static);
         assert!(select.retune);
-        assert_eq!(select.policy, Policy::default());
+        assert_eq!(select.policy(), Policy::default());
         assert_eq!(
             Options::default().cache_dir,
             SelectOptions::default().cache_dir
+        );
+    }
+
+    #[test]
+    fn the_policy_is_exact_unless_inexact_candidates_are_allowed() {
+        let exact = Options::default().select_options().policy();
+        assert!(exact.exact_only);
+        assert!(Policy::default().exact_only);
+        let options = Options {
+            allow_inexact: true,
+            margin: 0.05,
+            ..Options::default()
+        };
+        assert_eq!(
+            options.select_options().policy(),
+            Policy {
+                margin: 0.05,
+                exact_only: false,
+                ..Policy::default()
+            }
         );
     }
 

@@ -153,6 +153,26 @@ pub enum ChoiceError {
 }
 
 impl Choice {
+    /// Why `profile` cannot be forced onto bucket `bucket` under this choice's policy: the
+    /// exact policy refuses a candidate whose output differed from the reference sum when the
+    /// choice was made (its record says `exact: false`). `None` when the policy allows it, or
+    /// the choice does not record the candidate.
+    pub fn force_refusal(&self, bucket: usize, profile: &str) -> Option<String> {
+        let decision = &self.buckets.get(bucket)?.decision;
+        let candidate = decision
+            .candidates
+            .iter()
+            .find(|candidate| candidate.profile == profile)?;
+        (self.policy.exact_only && !candidate.exact).then(|| {
+            format!(
+                "{profile} in bucket {bucket} of {} cannot be forced: its output differs from the \
+                 reference sum on these ranks, and the policy is exact (a handle started with \
+                 allow_inexact can force it)",
+                self.ladder
+            )
+        })
+    }
+
     /// The bytes every rank writes: pretty JSON with a trailing newline.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = serde_json::to_vec_pretty(self).expect("a choice always serialises");

@@ -50,7 +50,9 @@ pub struct Policy {
     /// fraction (0.03 is 3%). With one size timed: when its median is lower than the
     /// baseline's by more than this fraction of the baseline's.
     pub margin: f64,
-    /// Keep candidates whose output did not equal the reference (NCCL beyond two ranks) out.
+    /// Keep candidates whose output did not equal the reference (plain NCCL beyond two ranks)
+    /// out: true by default; the serving options' and the commands' `allow_inexact` make it
+    /// false.
     pub exact_only: bool,
     /// The Mann-Whitney U test over rounds, at the size where the baseline's slowdown is
     /// largest, must give a p-value below this.
@@ -61,11 +63,15 @@ impl Default for Policy {
     fn default() -> Policy {
         Policy {
             margin: 0.03,
-            exact_only: false,
+            exact_only: true,
             significance: 0.01,
         }
     }
 }
+
+/// Why the exact policy keeps a candidate out, as a choice records it.
+pub const INEXACT_EXCLUDED: &str =
+    "its output differs from the reference sum, which the exact policy keeps out";
 
 /// One candidate's measurements in one bucket, gathered from every rank.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,6 +221,18 @@ pub enum DecisionError {
         /// Each candidate's reason, joined.
         reasons: String,
     },
+    /// Every candidate of a bucket was excluded, some because the exact policy keeps
+    /// candidates whose output differs from the reference sum out.
+    #[error(
+        "bucket {bucket}: no exact candidate could be timed ({reasons}); allowing inexact \
+         candidates would serve it with one whose output differs from the reference sum"
+    )]
+    NothingExact {
+        /// The bucket index.
+        bucket: usize,
+        /// Each candidate's reason, joined.
+        reasons: String,
+    },
     /// The matrix does not have one row per rank.
     #[error("bucket {bucket}, profile {profile}: samples from {found} ranks, expected {expected}")]
     RankCount {
@@ -303,6 +321,25 @@ struct Timed {
     slowdown: f64,
 }
 
+/// The error of a bucket whose every candidate was excluded: [`DecisionError::NothingExact`]
+/// when the exact policy kept one out, else [`DecisionError::NothingTimed`].
+pub fn nothing_timed(bucket: usize, results: &[CandidateResult], policy: &Policy) -> DecisionError {
+    let reasons = results
+        .iter()
+        .map(|result| match &result.outcome {
+            CandidateOutcome::Excluded { reason } => format!("{}: {reason}", result.profile),
+            CandidateOutcome::Timed { .. } => result.profile.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let kept_out = |result: &CandidateResult| matches!(&result.outcome, CandidateOutcome::Excluded { reason } if reason == INEXACT_EXCLUDED);
+    if policy.exact_only && results.iter().any(kept_out) {
+        DecisionError::NothingExact { bucket, reasons }
+    } else {
+        DecisionError::NothingTimed { bucket, reasons }
+    }
+}
+
 /// Decides one bucket from every rank's samples (the rule is in the module's documentation).
 pub fn decide_bucket(
     bucket: &BucketSamples,
@@ -325,9 +362,7 @@ pub fn decide_bucket(
             continue;
         }
         if policy.exact_only && !candidate.exact {
-            excluded.push(Some(
-                "its output differs from the reference sum and exact-only is set".to_owned(),
-            ));
+            excluded.push(Some(INEXACT_EXCLUDED.to_owned()));
             continue;
         }
         if candidate.samples.len() != sizes.len() {
@@ -437,18 +472,7 @@ pub fn decide_bucket(
         .collect();
 
     let Some(first) = timed.first() else {
-        let reasons = results
-            .iter()
-            .map(|result| match &result.outcome {
-                CandidateOutcome::Excluded { reason } => format!("{}: {reason}", result.profile),
-                CandidateOutcome::Timed { .. } => result.profile.clone(),
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(DecisionError::NothingTimed {
-            bucket: bucket.index,
-            reasons,
-        });
+        return Err(nothing_timed(bucket.index, &results, policy));
     };
     let baseline = timed
         .iter()
@@ -522,6 +546,50 @@ pub fn decide_bucket(
         baseline: name(baseline),
         reason,
         bit_exact: bucket.candidates[winner.position].exact,
+        candidates: results,
+    })
+}
+
+/// Decides one bucket under static tuning, where nothing is timed: its default if it runs here
+/// and the policy keeps it, else its first candidate that does (in the bucket's order). Under
+/// the exact policy a candidate whose output differs from the reference sum is kept out; a
+/// bucket with no candidate left is [`DecisionError::NothingExact`] when the policy kept one
+/// out, else [`DecisionError::NothingTimed`]. `bucket.candidates` carry why each was dropped
+/// and whether it is exact; their samples are not read.
+pub fn decide_static(
+    bucket: &BucketSamples,
+    policy: &Policy,
+) -> Result<BucketDecision, DecisionError> {
+    let kept = |candidate: &CandidateSamples| {
+        candidate.dropped.is_none() && (candidate.exact || !policy.exact_only)
+    };
+    let results: Vec<CandidateResult> = bucket
+        .candidates
+        .iter()
+        .map(|candidate| CandidateResult {
+            profile: candidate.profile.clone(),
+            exact: candidate.exact,
+            outcome: CandidateOutcome::Excluded {
+                reason: match &candidate.dropped {
+                    Some(reason) => reason.clone(),
+                    None if !kept(candidate) => INEXACT_EXCLUDED.to_owned(),
+                    None => "not timed (static tuning)".to_owned(),
+                },
+            },
+        })
+        .collect();
+    let winner = bucket
+        .candidates
+        .iter()
+        .find(|candidate| candidate.profile == bucket.default && kept(candidate))
+        .or_else(|| bucket.candidates.iter().find(|candidate| kept(candidate)))
+        .ok_or_else(|| nothing_timed(bucket.index, &results, policy))?;
+    Ok(BucketDecision {
+        index: bucket.index,
+        winner: winner.profile.clone(),
+        baseline: winner.profile.clone(),
+        reason: DecisionReason::BaselineFastest,
+        bit_exact: winner.exact,
         candidates: results,
     })
 }

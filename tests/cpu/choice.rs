@@ -204,3 +204,48 @@ fn an_unknown_top_level_field_is_refused() {
     let (message, _) = refusal(|value| value["surprise"] = true.into());
     assert!(message.contains("unknown field `surprise`"), "{message}");
 }
+
+/// [`choice`] with an NCCL candidate in its bucket, which the checks found `exact` or not, under
+/// `policy`.
+fn choice_with_nccl(exact: bool, policy: Policy) -> Choice {
+    let mut choice = choice();
+    choice.policy = policy;
+    choice.buckets[0].decision.candidates.push(CandidateResult {
+        profile: "nccl".to_owned(),
+        exact,
+        outcome: CandidateOutcome::Excluded {
+            reason: prepare::tune::INEXACT_EXCLUDED.to_owned(),
+        },
+    });
+    choice
+}
+
+#[test]
+fn forcing_an_inexact_candidate_under_the_exact_policy_is_refused_naming_it_and_the_policy() {
+    let inexact = choice_with_nccl(false, Policy::default());
+    assert_eq!(
+        inexact.force_refusal(0, "nccl").as_deref(),
+        Some(
+            "nccl in bucket 0 of h200_nvlink_tp2 cannot be forced: its output differs from the \
+             reference sum on these ranks, and the policy is exact (a handle started with \
+             allow_inexact can force it)"
+        )
+    );
+    // An exact candidate, one not recorded, or a bucket that does not exist is not this
+    // refusal's (the handle says what is wrong with the last two).
+    assert_eq!(inexact.force_refusal(0, "one_shot_push"), None);
+    assert_eq!(inexact.force_refusal(0, "no_such_profile"), None);
+    assert_eq!(inexact.force_refusal(1, "nccl"), None);
+    assert_eq!(
+        choice_with_nccl(true, Policy::default()).force_refusal(0, "nccl"),
+        None
+    );
+    let allowed = Policy {
+        exact_only: false,
+        ..Policy::default()
+    };
+    assert_eq!(
+        choice_with_nccl(false, allowed).force_refusal(0, "nccl"),
+        None
+    );
+}

@@ -1,5 +1,6 @@
 //! `prepare tune` and `prepare bench` refuse bad flags (exit code 2) and packages (exit code 1)
-//! before starting any rank, with a message naming what is wrong (no GPU needed).
+//! before starting any rank, with a message naming what is wrong (no GPU needed); with `check`
+//! they take the exactness flags: `--allow-inexact`, and `--exact-only`, which is the default.
 
 use crate::support::cli::run;
 
@@ -64,5 +65,64 @@ fn bench_sizes_take_suffixes_and_refuse_nonsense() {
     usage_error(
         &["bench", "--package", "pkg", "--sizes", "8K,lots"],
         "`lots` is not a size such as 4096, 256K or 64M",
+    );
+}
+
+#[test]
+fn allow_inexact_with_exact_only_is_a_usage_error_on_every_command_that_selects_or_checks() {
+    for command in [
+        &["tune", "--package", "pkg"][..],
+        &["bench", "--package", "pkg"],
+        &["check"],
+    ] {
+        let mut args = command.to_vec();
+        args.extend(["--allow-inexact", "--exact-only"]);
+        usage_error(
+            &args,
+            "'--allow-inexact' cannot be used with '--exact-only'",
+        );
+    }
+}
+
+/// `--exact-only` is the default now: accepted, and said so once on stderr before the command
+/// goes on (here to refuse the missing package, or the single GPU named).
+#[test]
+fn exact_only_is_accepted_and_said_once_to_be_the_default() {
+    let scratch = tempfile::tempdir().unwrap();
+    let missing = scratch.path().join("no-package");
+    let missing = missing.to_str().unwrap();
+    let note = "note: --exact-only is the default: candidates whose output differs from the \
+                reference sum are kept out unless --allow-inexact is given";
+    let runs = [
+        (1, vec!["tune", "--package", missing, "--exact-only"]),
+        (1, vec!["bench", "--package", missing, "--exact-only"]),
+        (2, vec!["check", "--gpus", "0", "--exact-only"]),
+    ];
+    for (code, args) in runs {
+        let stderr = fails(code, &args);
+        assert_eq!(stderr.matches(note).count(), 1, "{args:?}: {stderr}");
+        // Without the flag, nothing is said.
+        let without: Vec<&str> = args
+            .iter()
+            .copied()
+            .filter(|a| *a != "--exact-only")
+            .collect();
+        let stderr = fails(code, &without);
+        assert!(!stderr.contains("note:"), "{without:?}: {stderr}");
+    }
+}
+
+#[test]
+fn allow_inexact_is_accepted_by_every_command_that_selects_or_checks() {
+    let scratch = tempfile::tempdir().unwrap();
+    let missing = scratch.path().join("no-package");
+    let missing = missing.to_str().unwrap();
+    for command in ["tune", "bench"] {
+        let stderr = refused(&[command, "--package", missing, "--allow-inexact"]);
+        assert!(stderr.contains("no-package"), "{command}: {stderr}");
+    }
+    usage_error(
+        &["check", "--gpus", "0", "--allow-inexact"],
+        "needs at least 2 GPUs",
     );
 }

@@ -1,6 +1,6 @@
 //! The decision from gathered timings (startup selection, step 5), on synthetic
 //! matrices: noise, near-ties, margins, significance, slow ranks, failed samples, dropped
-//! candidates, exact-only, and invariance under rank and round order; with one size timed
+//! candidates, and invariance under rank and round order; with one size timed
 //! (the rule of one median per candidate) and with both edges of a bucket (slowdowns).
 
 // Figures are copied from the samples, never computed, so exact comparison is right.
@@ -62,7 +62,7 @@ fn figures_at(profile: &str, figures: &[&[f64]], ranks: usize) -> CandidateSampl
     }
 }
 
-fn dropped(profile: &str, reason: &str) -> CandidateSamples {
+pub(super) fn dropped(profile: &str, reason: &str) -> CandidateSamples {
     CandidateSamples {
         profile: profile.to_owned(),
         dropped: Some(reason.to_owned()),
@@ -311,27 +311,6 @@ fn nothing_timed_is_an_error_naming_the_bucket_and_reasons() {
         error.to_string(),
         "bucket 3: no candidate could be timed (one_shot: capture failed; nccl: NCCL timed out)"
     );
-}
-
-#[test]
-fn exact_only_keeps_a_non_matching_nccl_out() {
-    let mut nccl = timed("nccl", 5.0, 0.01, 4, 30, 16);
-    nccl.exact = false;
-    let candidates = vec![timed("rsag", 10.0, 0.01, 4, 30, 17), nccl];
-    let loose = decide_bucket(&bucket("rsag", candidates.clone()), 4, &Policy::default()).unwrap();
-    assert_eq!(loose.winner, "nccl");
-    assert!(!loose.bit_exact);
-    let strict = Policy {
-        exact_only: true,
-        ..Policy::default()
-    };
-    let exact = decide_bucket(&bucket("rsag", candidates), 4, &strict).unwrap();
-    assert_eq!(exact.winner, "rsag");
-    assert!(exact.bit_exact);
-    assert!(matches!(
-        exact.candidates[1].outcome,
-        CandidateOutcome::Excluded { .. }
-    ));
 }
 
 #[test]

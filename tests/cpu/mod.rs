@@ -12,6 +12,7 @@ mod cli_validate;
 mod compile_missing_library;
 mod decision;
 mod decision_properties;
+mod exact_policy;
 mod json_output_proptest;
 mod launch;
 mod nccl_library;

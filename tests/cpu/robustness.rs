@@ -154,11 +154,12 @@ type ChoiceChange = Box<dyn Fn(&mut Choice)>;
 #[test]
 fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
     let (_scratch, package) = opened_fixture();
-    let exact_only = Policy {
-        exact_only: true,
+    let exact_only = Policy::default();
+    let inexact_allowed = Policy {
+        exact_only: false,
         ..Policy::default()
     };
-    for policy in [Policy::default(), exact_only] {
+    for policy in [exact_only, inexact_allowed] {
         let good = fixtures::defaults_choice(
             &package,
             Tuning::Runtime,
@@ -174,7 +175,7 @@ fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
     let changes: Vec<(&str, Policy, ChoiceChange)> = vec![
         (
             "an excluded winner",
-            Policy::default(),
+            inexact_allowed,
             Box::new(|choice| {
                 choice.buckets[0].decision.candidates[0].outcome = CandidateOutcome::Excluded {
                     reason: "dropped on this machine".to_owned(),
@@ -183,11 +184,11 @@ fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
         ),
         (
             "a winner the entry does not list",
-            Policy::default(),
+            inexact_allowed,
             Box::new(|choice| drop(choice.buckets[0].decision.candidates.remove(0))),
         ),
         (
-            "NCCL not bit-exact under --exact-only",
+            "NCCL not bit-exact under the exact policy",
             exact_only,
             Box::new(|choice| {
                 let decision = &mut choice.buckets[1].decision;
@@ -197,7 +198,7 @@ fn a_cache_entry_is_revalidated_against_the_package_and_the_options() {
             }),
         ),
         (
-            "a winner whose record is inexact under --exact-only",
+            "a winner whose record is inexact under the exact policy",
             exact_only,
             Box::new(|choice| {
                 let decision = &mut choice.buckets[1].decision;

@@ -32,7 +32,7 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
             "another significance",
             Box::new(|c| c.policy.significance = 0.05),
         ),
-        ("exact-only", Box::new(|c| c.policy.exact_only = true)),
+        ("inexact allowed", Box::new(|c| c.policy.exact_only = false)),
         ("a bucket missing", Box::new(|c| drop(c.buckets.pop()))),
         (
             "a winner not among the bucket's candidates",
@@ -56,6 +56,34 @@ fn only_a_choice_that_fits_is_taken_from_the_cache() {
         cached_choice(b"{ torn", &package, CHOICE_KEY, &policy),
         None
     );
+}
+
+/// The cache key holds the policy, and a cached choice names its own: one made under the exact
+/// policy is not used when inexact candidates are allowed, nor the other way round.
+#[test]
+fn a_cached_choice_made_under_one_policy_is_not_used_under_the_other() {
+    let (_scratch, package) = fixtures::opened_fixture();
+    let exact = Policy::default();
+    let inexact = Policy {
+        exact_only: false,
+        ..Policy::default()
+    };
+    assert!(exact.exact_only);
+    for (made, used) in [(exact, inexact), (inexact, exact)] {
+        let choice = fixtures::defaults_choice(&package, Tuning::Runtime, made, TOPOLOGY);
+        let bytes = choice.to_bytes();
+        assert_eq!(
+            cached_choice(&bytes, &package, CHOICE_KEY, &made),
+            Some(choice.clone())
+        );
+        assert_eq!(
+            cached_choice(&bytes, &package, CHOICE_KEY, &used),
+            None,
+            "a choice made with exact_only {} was used with exact_only {}",
+            made.exact_only,
+            used.exact_only
+        );
+    }
 }
 
 /// An entry of choice format 1 (figures at the largest message only) is a miss, not an error:

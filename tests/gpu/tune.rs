@@ -97,6 +97,28 @@ fn tune_agrees_caches_and_misses_on_a_changed_nccl_setting() {
             "--retune times again: {text}"
         );
 
+        // The exact policy is the default; allowing inexact candidates is another policy, so
+        // another cache entry. `--exact-only` changes nothing (a cache hit) and says so once.
+        let policy = |choice: &[u8]| {
+            serde_json::from_slice::<serde_json::Value>(choice).unwrap()["policy"]["exact_only"]
+                .clone()
+        };
+        assert_eq!(policy(&first), true);
+        let (text, inexact) = run("inexact", &["--allow-inexact"], &[]);
+        assert!(
+            text.contains("[rank 0] selected in"),
+            "another policy must miss: {text}"
+        );
+        assert_eq!(policy(&inexact), false);
+        let (text, exact_only) = run("exact-only", &["--exact-only"], &[]);
+        assert_eq!(
+            text.matches("note: --exact-only is the default").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("[rank 0] cache hit on every rank"), "{text}");
+        assert_eq!(policy(&exact_only), true);
+
         let (text, choice) = run("static", &["--collective-tuning", "static"], &[]);
         assert!(
             !text.contains("timing:"),

@@ -186,9 +186,34 @@ def test_collectives_checks_its_options_before_torch_and_raises_one_class_per_st
     refused(lambda: prepare.Collectives(["pkg\0other"]), "packages[0]", "embedded null byte")
     refused(lambda: prepare.Collectives("pkg", cache_dir="cache\0"), "cache_dir")
     refused(lambda: prepare.Collectives("pkg", timeout=True), "timeout is a bool")
+    refused(lambda: prepare.Collectives("pkg", allow_inexact="False"),
+            "allow_inexact is a str: give True or False")
     refused(lambda: prepare.Collectives("pkg"), "no CUDA GPU", error=prepare.RuntimeFailure)
     fake_torch(monkeypatch, cuda=True, initialized=False)
     refused(lambda: prepare.Collectives("pkg"), "torch.distributed is not initialized")
+
+
+# The exactness policy.
+
+def test_the_options_are_exact_unless_inexact_candidates_are_allowed(tmp_path):
+    # What the library receives: prepare_options_init's 0 unless allow_inexact=True.
+    exact, _keep = prepare.NativeHandle._options([tmp_path], None, 60, "runtime", False)
+    assert exact.allow_inexact == 0
+    allowed, _keep = prepare.NativeHandle._options([tmp_path], None, 60, "runtime", False,
+                                                   allow_inexact=True)
+    assert allowed.allow_inexact == 1
+
+
+@pytest.mark.parametrize("value", [1, 0, "True", None])
+def test_allow_inexact_that_is_not_a_bool_is_refused_before_the_library(tmp_path, value):
+    for open_handle in (
+            lambda: prepare.NativeHandle.open_unique_id(
+                [tmp_path], ZERO_ID, 0, 2, 0, allow_inexact=value),
+            lambda: prepare.NativeHandle.open_env([tmp_path], allow_inexact=value),
+            lambda: prepare.NativeHandle.open_comm([tmp_path], 1, 0, 2, 0,
+                                                   allow_inexact=value)):
+        refused(open_handle, f"allow_inexact is {prepare._binding._kind(value)}: give True or "
+                "False")
 
 
 # One class per status.
@@ -289,10 +314,10 @@ def test_a_library_of_another_abi_version_is_refused_naming_both_and_the_file(un
         unloaded.delenv("PREPARE_LIBRARY", raising=False)
     path = prepare.library_path()
     where = f"PREPARE_LIBRARY names {path}," if named_by_variable else f"prepare, {path},"
-    assert prepare._binding.ABI_VERSION == 1
+    assert prepare._binding.ABI_VERSION == 2
     unloaded.setattr(prepare._binding, "ABI_VERSION", 7)
     refused(prepare.native_version,
-            f"{where} which offers C ABI version 1, but this package is written for C ABI "
+            f"{where} which offers C ABI version 2, but this package is written for C ABI "
             "version 7", error=ImportError)
 
 

@@ -31,7 +31,8 @@ use boundary::{
 
 /// The ABI this library offers ([`prepare_abi_version`]): raised whenever a call, a struct or
 /// an enum changes, so a binding written for another refuses the library before any call.
-pub const PREPARE_ABI_VERSION: u32 = 1;
+/// 2: [`PrepareOptions::allow_inexact`].
+pub const PREPARE_ABI_VERSION: u32 = 2;
 
 /// Bytes in an NCCL unique id ([`prepare_unique_id`], [`prepare_open_unique_id`]).
 pub const PREPARE_UNIQUE_ID_BYTES: usize = 128;
@@ -117,6 +118,10 @@ pub struct PrepareOptions {
     pub tuning: i32,
     /// Non-zero: time again even when the cache holds a choice.
     pub retune: i32,
+    /// 0 (the default): only candidates whose output equals the reference sum are timed,
+    /// chosen or forced. 1: candidates that differ from it (plain NCCL beyond two ranks) are
+    /// kept too, so the winner may change the output.
+    pub allow_inexact: i32,
 }
 
 /// A rank's serving handle (opaque). Use it from one thread at a time; every rank must call
@@ -172,9 +177,21 @@ unsafe fn start(options: *const PrepareOptions) -> Result<Start, Failure> {
             )))
         }
     };
+    // Only 0 or 1: this field keeps outputs exact, so a stray value is refused, not taken.
+    let allow_inexact = match options.allow_inexact {
+        0 => false,
+        1 => true,
+        other => {
+            return Err(Failure::invalid(format!(
+                "options.allow_inexact is {other}; it must be 0 (exact candidates only) or 1 \
+                 (keep candidates whose output differs from the reference sum)"
+            )))
+        }
+    };
     let mut select = SelectOptions {
         tuning,
         retune: options.retune != 0,
+        allow_inexact,
         ..SelectOptions::default()
     };
     if !options.cache_dir.is_null() {
@@ -318,7 +335,7 @@ pub extern "C" fn prepare_last_error() -> *const c_char {
 }
 
 /// Fills `options` with the defaults: no package, the default cache, a 60 s timeout,
-/// runtime tuning, no retune.
+/// runtime tuning, no retune, exact candidates only (`allow_inexact` 0).
 ///
 /// # Safety
 /// `options` is null or writable.
@@ -332,6 +349,7 @@ pub unsafe extern "C" fn prepare_options_init(options: *mut PrepareOptions) -> P
             timeout_seconds: 60.0,
             tuning: PrepareTuning::Runtime as i32,
             retune: 0,
+            allow_inexact: 0,
         };
         // SAFETY: the caller's promise.
         unsafe { write(options, defaults, "options") }
@@ -641,7 +659,9 @@ pub unsafe extern "C" fn prepare_zero_copy_region(
 /// Routes bucket `bucket` of the package of `collective` in `dtype` to candidate `profile` instead of its agreed
 /// winner: the override tests and comparisons use to run one candidate. Every rank must force
 /// the same before the all-reduces it affects. A candidate dropped on this machine cannot be
-/// forced (InvalidArgument, with the reason).
+/// forced, nor, unless the handle was opened with `allow_inexact`, one whose output differs
+/// from the reference sum (InvalidArgument, with the reason, naming the candidate and the
+/// policy).
 ///
 /// # Safety
 /// `handle` is a live handle used by no other thread; `profile` is null or NUL-terminated.

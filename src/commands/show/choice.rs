@@ -210,10 +210,14 @@ fn rounds_text(sizes: &[SizeFigures]) -> String {
 
 fn describe_policy(policy: &Policy) -> String {
     format!(
-        "margin {}%, significance p < {} (Mann-Whitney U over rounds), exact-only {}",
+        "margin {}%, significance p < {} (Mann-Whitney U over rounds), {}",
         trimmed(policy.margin * 100.0, 2),
         trimmed(policy.significance, 6),
-        if policy.exact_only { "on" } else { "off" }
+        if policy.exact_only {
+            "exact only"
+        } else {
+            "inexact allowed"
+        }
     )
 }
 

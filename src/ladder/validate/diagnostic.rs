@@ -136,6 +136,9 @@ rules! {
     DefaultNotCandidate => "default_not_candidate", Rules;
     /// A bucket without an NCCL candidate.
     NoNcclCandidate => "no_nccl_candidate", Rules;
+    /// A bucket of a ladder of more than two ranks whose default is plain NCCL, which sums in
+    /// its own order there.
+    PlainNcclDefault => "plain_nccl_default", Rules;
 }
 
 impl Rule {

@@ -538,6 +538,44 @@ impl Checker<'_> {
             );
         }
 
+        // Beyond two ranks plain NCCL's sum is not the reference's, so static tuning and every
+        // fallback to the default would change the output. A default that is no candidate has
+        // its own rule.
+        let plain_nccl_default = ladder
+            .profile(&bucket.default)
+            .filter(|_| bucket.candidates.contains(&bucket.default))
+            .is_some_and(Profile::is_plain_nccl);
+        if WORLD_SIZES.contains(&ladder.world_size) && ladder.world_size > 2 && plain_nccl_default {
+            let exact: Vec<String> = bucket
+                .candidates
+                .iter()
+                .filter(|candidate| {
+                    ladder
+                        .profile(candidate)
+                        .is_some_and(|profile| !profile.is_plain_nccl())
+                })
+                .map(|candidate| json_string(candidate))
+                .collect();
+            let expected = if exact.is_empty() {
+                "a default that sums in rank order, and the bucket has none: add a custom \
+                 candidate and make it the default (plain NCCL sums in its own order beyond two \
+                 ranks)"
+                    .to_owned()
+            } else {
+                format!(
+                    "a default that sums in rank order, one of {} (plain NCCL sums in its own \
+                     order beyond two ranks)",
+                    exact.join(", ")
+                )
+            };
+            self.report(
+                Rule::PlainNcclDefault,
+                format!("/buckets/{index}/default"),
+                json_string(&bucket.default),
+                expected,
+            );
+        }
+
         let has_nccl = bucket
             .candidates
             .iter()

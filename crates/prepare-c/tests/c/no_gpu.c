@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FAIL version: \"%s\", expected \"%s\"\n", prepare_version(), version);
         failures++;
     }
-    if (prepare_abi_version() != PREPARE_ABI_VERSION || PREPARE_ABI_VERSION != 1) {
+    if (prepare_abi_version() != PREPARE_ABI_VERSION || PREPARE_ABI_VERSION != 2) {
         fprintf(stderr, "FAIL abi version: %u, the header says %u\n", prepare_abi_version(),
                 (unsigned)PREPARE_ABI_VERSION);
         failures++;
@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
     expect("options_init", prepare_options_init(&options), PREPARE_STATUS_OK, NULL);
     if (options.packages != NULL || options.package_count != 0 || options.cache_dir != NULL ||
         options.timeout_seconds != 60.0 || options.tuning != PREPARE_TUNING_RUNTIME ||
-        options.retune != 0) {
+        options.retune != 0 || options.allow_inexact != 0) {
         fprintf(stderr, "FAIL options_init: not the documented defaults\n");
         failures++;
     }
@@ -183,6 +183,18 @@ int main(int argc, char **argv) {
     expect("open_unique_id(tuning 7)", prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
            PREPARE_STATUS_INVALID_ARGUMENT, "options.tuning is 7");
     options.tuning = PREPARE_TUNING_STATIC;
+    /* The exactness switch takes 0 or 1 only: anything else is refused, never read as 1. */
+    const int32_t inexact[] = {2, -1, INT32_MAX};
+    for (size_t index = 0; index < sizeof inexact / sizeof inexact[0]; index++) {
+        char what[64];
+        char needle[64];
+        snprintf(what, sizeof what, "open_unique_id(allow_inexact %d)", (int)inexact[index]);
+        snprintf(needle, sizeof needle, "options.allow_inexact is %d", (int)inexact[index]);
+        options.allow_inexact = inexact[index];
+        expect(what, prepare_open_unique_id(&options, id, 0, 2, 0, &handle),
+               PREPARE_STATUS_INVALID_ARGUMENT, needle);
+    }
+    options.allow_inexact = 1;
     options.cache_dir = "";
     expect("open_comm(NULL communicator)",
            prepare_open_comm(&options, NULL, 0, 2, 0, 0, &handle),
