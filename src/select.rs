@@ -386,7 +386,7 @@ pub fn select(
                 (decisions, above)
             }
             Tuning::Static => (
-                static_decisions(collectives, package, &report.outcomes),
+                static_decisions(collectives, package, &report.outcomes, &options.policy),
                 pieces::nccl_untimed("static tuning, nothing timed"),
             ),
         };
@@ -455,12 +455,42 @@ pub fn select(
     })
 }
 
-/// Static tuning: each bucket's default if it can run here, else its first candidate that can.
+/// The static winner of `bucket`: its default if it can run here (`live`), else its first
+/// candidate that can; where the NCCL fallback sums in rank order (`rank_ordered`), a plain
+/// NCCL profile only when no other candidate runs.
+fn static_winner(
+    ladder: &Ladder,
+    bucket: &crate::ladder::Bucket,
+    live: impl Fn(&str) -> bool,
+    rank_ordered: bool,
+) -> String {
+    let plain = |id: &str| {
+        ladder
+            .profile(id)
+            .is_some_and(crate::ladder::Profile::is_plain_nccl)
+    };
+    let eligible = |id: &str| live(id) && !(rank_ordered && plain(id));
+    std::iter::once(&bucket.default)
+        .chain(&bucket.candidates)
+        .find(|id| eligible(id))
+        .or_else(|| {
+            std::iter::once(&bucket.default)
+                .chain(&bucket.candidates)
+                .find(|id| live(id))
+        })
+        .cloned()
+        .unwrap_or_else(|| "nccl".to_owned())
+}
+
+/// Static tuning: each bucket's [`static_winner`].
 fn static_decisions(
     collectives: &Collectives,
     package: &Package,
     outcomes: &[Outcome],
+    policy: &Policy,
 ) -> Vec<BucketDecision> {
+    let rank_ordered =
+        crate::collective::rank_order_applies(package.ladder().world_size, policy.exact_only);
     let exact = |id: EntryId| !matches!(outcomes[id], Outcome::Qualified { exact: false });
     let ladder = package.ladder();
     ladder
@@ -469,16 +499,7 @@ fn static_decisions(
         .enumerate()
         .map(|(index, bucket)| {
             let live = |profile: &str| collectives.find_live(index, profile).is_some();
-            let winner = if live(&bucket.default) {
-                bucket.default.clone()
-            } else {
-                bucket
-                    .candidates
-                    .iter()
-                    .find(|profile| live(profile))
-                    .cloned()
-                    .unwrap_or_else(|| "nccl".to_owned())
-            };
+            let winner = static_winner(ladder, bucket, live, rank_ordered);
             let candidates = collectives
                 .bucket_entries(index)
                 .map(|(id, entry)| CandidateResult {
@@ -520,7 +541,9 @@ fn above_ladder(
     let (Some(last), Some(bucket)) = (decisions.last(), ladder.buckets.last()) else {
         return Ok(pieces::nccl_untimed("the ladder has no bucket"));
     };
-    let contenders = match pieces::Contenders::of(ladder, collectives, &last.winner) {
+    let exact_only = options.policy.exact_only;
+    let contenders = match pieces::Contenders::under(ladder, collectives, &last.winner, exact_only)
+    {
         Ok(contenders) => contenders,
         Err(reason) => return Ok(pieces::nccl_untimed(&reason)),
     };
@@ -658,4 +681,62 @@ fn time_and_decide(
     times.timing = timed.elapsed();
     decide(&samples, runtime.world() as usize, &options.policy)
         .map_err(|source| SelectError::Decision { rank, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::static_winner;
+    use crate::collective::rank_order_applies;
+    use crate::ladder::Ladder;
+
+    fn ladder(world: u32) -> Ladder {
+        serde_json::from_value(serde_json::json!({
+            "format_version": 1, "name": "static", "collective": "all_reduce", "dtype": "bf16",
+            "world_size": world, "targets": ["sm_90"],
+            "profiles": [
+                { "id": "rsag", "algorithm": "rsag" },
+                { "id": "nccl", "algorithm": "nccl" },
+                { "id": "nccl_rank_order", "algorithm": "nccl", "order": "rank" }
+            ],
+            "buckets": [
+                { "max_bytes": 65536, "threads": 512, "blocks": 8,
+                  "candidates": ["rsag", "nccl", "nccl_rank_order"], "default": "rsag" },
+                { "max_bytes": 131072, "threads": 512, "blocks": 8,
+                  "candidates": ["rsag", "nccl"], "default": "rsag" }
+            ]
+        }))
+        .unwrap()
+    }
+
+    /// Between hosts (no custom candidate runs) static tuning falls back to NCCL: plain at two
+    /// ranks and under an inexact policy, the rank-order profile beyond two ranks under the
+    /// exact policy; a bucket with nothing but plain NCCL keeps it (served in rank order).
+    #[test]
+    fn the_static_fallback_is_plain_nccl_at_two_ranks_and_rank_order_beyond_when_exact() {
+        let nccl_only = |id: &str| id != "rsag";
+        for (world, exact_only, expected) in [
+            (2, true, "nccl"),
+            (2, false, "nccl"),
+            (4, true, "nccl_rank_order"),
+            (4, false, "nccl"),
+            (8, true, "nccl_rank_order"),
+        ] {
+            let ladder = ladder(world);
+            let rank_ordered = rank_order_applies(world, exact_only);
+            assert_eq!(
+                static_winner(&ladder, &ladder.buckets[0], nccl_only, rank_ordered),
+                expected,
+                "world {world}, exact {exact_only}"
+            );
+            assert_eq!(
+                static_winner(&ladder, &ladder.buckets[1], nccl_only, rank_ordered),
+                "nccl"
+            );
+            // The default wins wherever it runs.
+            assert_eq!(
+                static_winner(&ladder, &ladder.buckets[0], |_| true, rank_ordered),
+                "rsag"
+            );
+        }
+    }
 }
