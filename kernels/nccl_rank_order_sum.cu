@@ -64,4 +64,4 @@ struct RankOrderSum {
 
 }  // namespace prepare
 
-PREPARE_ENTRY(nccl_rank_order_sum, local_kernel, RankOrderSum)
+PREPARE_ENTRY(nccl_rank_order_sum, local_kernel, prepare::RankOrderSum)

@@ -701,7 +701,7 @@ mod tests {
             "buckets": [
                 { "max_bytes": 65536, "threads": 512, "blocks": 8,
                   "candidates": ["rsag", "nccl", "nccl_rank_order"], "default": "rsag" },
-                { "max_bytes": 131072, "threads": 512, "blocks": 8,
+                { "max_bytes": 131_072, "threads": 512, "blocks": 8,
                   "candidates": ["rsag", "nccl"], "default": "rsag" }
             ]
         }))

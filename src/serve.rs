@@ -16,7 +16,7 @@ mod server;
 
 use std::fmt;
 
-use crate::collective::{rank_ordered_entries, Collectives, EntryId, Operands};
+use crate::collective::{Collectives, EntryId, Operands};
 use crate::gpu::abort::{Abort, AbortReason};
 use crate::gpu::driver::{CallerMemory, DriverError, HostWords, Stream};
 use crate::gpu::nccl::Communicator;
@@ -348,8 +348,7 @@ impl Handle {
                 })
                 .collect();
             let pieces = pieces_entry(&collectives, &selection.choice);
-            let rank_ordered = rank_ordered_entries(
-                &collectives,
+            let rank_ordered = collectives.rank_ordered_entries(
                 package.ladder(),
                 runtime.world(),
                 selection.choice.policy.exact_only,

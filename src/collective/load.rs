@@ -5,7 +5,7 @@
 use super::copy_engine::{CopyEngine, CopyEngineKernels};
 use super::drops::{agree_drops, qualified_wrong};
 use super::geometry::{geometry_for, resident_capacity};
-use super::rank_order::RankOrder;
+use super::order::RankOrder;
 use super::{symmetric, Collectives, Entry, Input, Launch, MOVE_CHUNK_BYTES};
 use crate::abi::PARAMS_BYTES;
 use crate::agree::Topology;

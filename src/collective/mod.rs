@@ -12,6 +12,7 @@ mod drops;
 mod geometry;
 mod load;
 mod operands;
+mod order;
 mod rank_order;
 mod symmetric;
 
@@ -25,7 +26,7 @@ pub use load::{check_architecture, private_output_bytes, PeerLayout};
 pub use operands::{
     moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
-pub use rank_order::{rank_order_applies, rank_ordered_entries};
+pub use order::rank_order_applies;
 
 use crate::device::DropReason;
 use crate::gpu::abort::Abort;
@@ -118,7 +119,7 @@ pub struct Collectives {
     out_of_place: Option<DeviceBuffer>,
     copy_engine: Option<CopyEngine>,
     // The rank-order sum and its scratch, where the package holds the kernel.
-    rank_order: Option<rank_order::RankOrder>,
+    rank_order: Option<order::RankOrder>,
     capacity: usize,
     // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
     input_region: u64,

@@ -15,14 +15,13 @@
 //! first to last, or last to first when the output lies after an input it overlaps, so no
 //! pass overwrites input a later pass still sends.
 
+use super::order::{rank_order_applies, RankOrder};
 use super::{Collectives, EntryId};
 use crate::abi::{AllReduceParams, MAX_RANKS, PARAMS_BYTES};
-use crate::gpu::driver::{
-    CallerMemory, DeviceBuffer, DeviceMemory, Geometry, LoadedKernel, ModuleImage, Stream,
-};
+use crate::gpu::driver::{CallerMemory, DeviceMemory, Geometry, ModuleImage, Stream};
 use crate::gpu::nccl::{Communicator, Transfer};
 use crate::kernels::{self, slice_of, slot_bytes};
-use crate::ladder::{Dtype, Ladder, Profile};
+use crate::ladder::{Ladder, Profile};
 use crate::package::Package;
 use crate::runtime::{Runtime, RuntimeError};
 
@@ -30,44 +29,6 @@ use super::Operands;
 
 /// Threads per block of the sum kernel.
 const SUM_THREADS: u32 = 512;
-
-/// Whether the NCCL fallback sums in rank order: beyond two ranks under the exact policy. At
-/// two ranks NCCL's one addition is the reference sum; under an inexact policy the caller took
-/// NCCL's own order.
-pub fn rank_order_applies(world: u32, exact_only: bool) -> bool {
-    world > 2 && exact_only
-}
-
-/// The entries of plain NCCL profiles that the rank-order path serves instead: every one where
-/// [`rank_order_applies`] and the package holds the sum kernel, none otherwise.
-pub fn rank_ordered_entries(
-    collectives: &Collectives,
-    ladder: &Ladder,
-    world: u32,
-    exact_only: bool,
-) -> Vec<EntryId> {
-    if !(rank_order_applies(world, exact_only) && collectives.has_rank_order()) {
-        return Vec::new();
-    }
-    (0..collectives.entries().len())
-        .filter(|&id| {
-            ladder
-                .profile(&collectives.entries()[id].profile)
-                .is_some_and(Profile::is_plain_nccl)
-        })
-        .collect()
-}
-
-/// The sum kernel and its scratch on this rank.
-#[derive(Debug)]
-pub(super) struct RankOrder {
-    kernel: LoadedKernel,
-    // `world` slots of `slot_bytes(pass_elements)`.
-    scratch: DeviceBuffer,
-    // The most elements one pass takes.
-    pass_elements: usize,
-    dtype: Dtype,
-}
 
 impl RankOrder {
     /// The package's sum kernel, loaded, with scratch for passes of `pass_elements`; `None`
@@ -199,6 +160,26 @@ impl RankOrder {
 }
 
 impl Collectives {
+    /// The entries of plain NCCL profiles that the rank-order path serves instead: every one
+    /// where [`rank_order_applies`] and the package holds the sum kernel, none otherwise.
+    pub fn rank_ordered_entries(
+        &self,
+        ladder: &Ladder,
+        world: u32,
+        exact_only: bool,
+    ) -> Vec<EntryId> {
+        if !(rank_order_applies(world, exact_only) && self.has_rank_order()) {
+            return Vec::new();
+        }
+        (0..self.entries().len())
+            .filter(|&id| {
+                ladder
+                    .profile(&self.entries()[id].profile)
+                    .is_some_and(Profile::is_plain_nccl)
+            })
+            .collect()
+    }
+
     /// Whether this package can sum NCCL's all-reduce in rank order (it holds the sum kernel).
     pub fn has_rank_order(&self) -> bool {
         self.rank_order.is_some()
@@ -273,21 +254,5 @@ impl Collectives {
             )?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rank_order_applies;
-
-    #[test]
-    fn the_fallback_sums_in_rank_order_beyond_two_ranks_under_the_exact_policy_only() {
-        // Two ranks: NCCL's one addition is the reference sum, whatever the policy.
-        assert!(!rank_order_applies(2, true));
-        assert!(!rank_order_applies(2, false));
-        for world in 3..=8 {
-            assert!(rank_order_applies(world, true), "{world}");
-            assert!(!rank_order_applies(world, false), "{world}");
-        }
     }
 }

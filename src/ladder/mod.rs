@@ -689,7 +689,7 @@ mod tests {
             "buckets": [
                 { "max_bytes": 65536, "threads": 512, "blocks": 8,
                   "candidates": ["exact", "nccl"], "default": "exact" },
-                { "max_bytes": 131072, "threads": 512, "blocks": 8,
+                { "max_bytes": 131_072, "threads": 512, "blocks": 8,
                   "candidates": ["rsag", "exact"], "default": "exact" }
             ]
         }))

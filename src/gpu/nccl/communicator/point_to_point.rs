@@ -99,13 +99,8 @@ impl Communicator {
         let raw_stream: sys::cudaStream_t = stream.bound_raw()?.cast();
         let comm = self.handle.raw;
         // SAFETY: no arguments; it opens a group on this thread.
-        check(
-            api,
-            "ncclGroupStart",
-            self.rank,
-            unsafe { (api.group_start)() },
-            comm,
-        )?;
+        let started = unsafe { (api.group_start)() };
+        check(api, "ncclGroupStart", self.rank, started, comm)?;
         let mut enqueued = Ok(());
         for send in sends.iter().filter(|send| send.bytes > 0) {
             // SAFETY: the bytes lie inside memory of the stream's device (checked above), freed
@@ -146,13 +141,8 @@ impl Communicator {
         // The group is closed whatever happened inside it, or this thread's next NCCL call
         // would join it.
         // SAFETY: no arguments; it closes the group opened above.
-        let ended = check(
-            api,
-            "ncclGroupEnd",
-            self.rank,
-            unsafe { (api.group_end)() },
-            comm,
-        );
+        let ended = unsafe { (api.group_end)() };
+        let ended = check(api, "ncclGroupEnd", self.rank, ended, comm);
         enqueued?;
         ended?;
         if self.nonblocking {
