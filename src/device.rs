@@ -349,6 +349,7 @@ mod tests {
             max_ctas: None,
             min_ctas: None,
             window: None,
+            order: None,
         }
     }
 

@@ -5,7 +5,7 @@
 //! bucket's message and decides as it does for a bucket, NCCL being the baseline to beat by the
 //! margin; `prepare bench` times both at every size above the ladder.
 
-use crate::collective::{Collectives, EntryId, Operands};
+use crate::collective::{rank_order_applies, Collectives, EntryId, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory};
 use crate::ladder::Ladder;
 use crate::package::Outcome;
@@ -37,6 +37,17 @@ impl Contenders {
         collectives: &Collectives,
         winner: &str,
     ) -> Result<Contenders, String> {
+        Contenders::under(ladder, collectives, winner, false)
+    }
+
+    /// [`Contenders::of`] under a policy: where the NCCL fallback sums in rank order
+    /// ([`rank_order_applies`]), the baseline is the largest bucket's rank-order candidate.
+    pub fn under(
+        ladder: &Ladder,
+        collectives: &Collectives,
+        winner: &str,
+        exact_only: bool,
+    ) -> Result<Contenders, String> {
         let last = ladder
             .buckets
             .len()
@@ -50,10 +61,21 @@ impl Contenders {
                 "the largest bucket chose {winner}, NCCL, so pieces would be NCCL too"
             ));
         }
-        let nccl = ladder
-            .plain_nccl(last)
-            .and_then(|profile| collectives.find_live(last, &profile.id))
-            .ok_or_else(|| "the largest bucket has no NCCL candidate that runs here".to_owned())?;
+        let nccl = if rank_order_applies(ladder.world_size, exact_only) {
+            ladder
+                .rank_order_nccl(last)
+                .and_then(|profile| collectives.find_live(last, &profile.id))
+                .ok_or_else(|| {
+                    "the largest bucket has no rank-order NCCL candidate that runs here".to_owned()
+                })?
+        } else {
+            ladder
+                .plain_nccl(last)
+                .and_then(|profile| collectives.find_live(last, &profile.id))
+                .ok_or_else(|| {
+                    "the largest bucket has no NCCL candidate that runs here".to_owned()
+                })?
+        };
         let pieces = collectives.live_custom_entries(last);
         if pieces.is_empty() {
             return Err("no custom candidate of the largest bucket runs here".to_owned());

@@ -475,6 +475,54 @@ pub fn select(
     })
 }
 
+/// What static tuning knows of one candidate: its profile, why it cannot run (if so), and
+/// whether its output equals the reference sum where it is served.
+struct StaticCandidate {
+    profile: String,
+    dropped: Option<String>,
+    qualified_exact: bool,
+}
+
+/// One bucket's samples for [`decide_static`]. Where the NCCL fallback sums in rank order
+/// (`rank_ordered`: beyond two ranks under the exact policy, with the sum kernel in the
+/// package), a plain NCCL candidate is served by the rank-order path, so it counts as exact
+/// when the bucket has no rank-order candidate that runs; where it has one, that one is
+/// preferred and plain NCCL keeps its own verdict.
+fn static_samples(
+    ladder: &Ladder,
+    index: usize,
+    candidates: Vec<StaticCandidate>,
+    rank_ordered: bool,
+) -> BucketSamples {
+    let is = |profile: &str, test: fn(&crate::ladder::Profile) -> bool| {
+        ladder.profile(profile).is_some_and(test)
+    };
+    let rank_order_runs = candidates.iter().any(|candidate| {
+        candidate.dropped.is_none()
+            && is(
+                &candidate.profile,
+                crate::ladder::Profile::is_nccl_rank_order,
+            )
+    });
+    let served_in_rank_order = |profile: &str| {
+        rank_ordered && !rank_order_runs && is(profile, crate::ladder::Profile::is_plain_nccl)
+    };
+    BucketSamples {
+        index,
+        default: ladder.buckets[index].default.clone(),
+        sizes: Vec::new(),
+        candidates: candidates
+            .into_iter()
+            .map(|candidate| CandidateSamples {
+                exact: candidate.qualified_exact || served_in_rank_order(&candidate.profile),
+                profile: candidate.profile,
+                dropped: candidate.dropped,
+                samples: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
 /// Static tuning: per bucket the decision of [`decide_static`] over what the checks found.
 fn static_decisions(
     collectives: &Collectives,
@@ -483,27 +531,22 @@ fn static_decisions(
     policy: &Policy,
 ) -> Result<Vec<BucketDecision>, DecisionError> {
     let ladder = package.ladder();
-    ladder
-        .buckets
-        .iter()
-        .enumerate()
-        .map(|(index, bucket)| {
+    let rank_ordered = crate::collective::rank_order_applies(ladder.world_size, policy.exact_only)
+        && collectives.has_rank_order();
+    (0..ladder.buckets.len())
+        .map(|index| {
             let candidates = collectives
                 .bucket_entries(index)
-                .map(|(id, entry)| CandidateSamples {
+                .map(|(id, entry)| StaticCandidate {
                     profile: entry.profile.clone(),
                     dropped: entry.dropped.as_ref().map(ToString::to_string),
-                    exact: !matches!(outcomes[id], Outcome::Qualified { exact: false }),
-                    samples: Vec::new(),
+                    qualified_exact: !matches!(outcomes[id], Outcome::Qualified { exact: false }),
                 })
                 .collect();
-            let samples = BucketSamples {
-                index,
-                default: bucket.default.clone(),
-                sizes: Vec::new(),
-                candidates,
-            };
-            decide_static(&samples, policy)
+            decide_static(
+                &static_samples(ladder, index, candidates, rank_ordered),
+                policy,
+            )
         })
         .collect()
 }
@@ -523,7 +566,9 @@ fn above_ladder(
     let (Some(last), Some(bucket)) = (decisions.last(), ladder.buckets.last()) else {
         return Ok(pieces::nccl_untimed("the ladder has no bucket"));
     };
-    let contenders = match pieces::Contenders::of(ladder, collectives, &last.winner) {
+    let exact_only = options.policy().exact_only;
+    let contenders = match pieces::Contenders::under(ladder, collectives, &last.winner, exact_only)
+    {
         Ok(contenders) => contenders,
         Err(reason) => return Ok(pieces::nccl_untimed(&reason)),
     };
@@ -660,4 +705,81 @@ fn time_and_decide(
     times.timing = timed.elapsed();
     decide(&samples, runtime.world() as usize, &options.policy())
         .map_err(|source| SelectError::Decision { rank, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{static_samples, StaticCandidate};
+    use crate::collective::rank_order_applies;
+    use crate::ladder::Ladder;
+    use crate::tune::{decide_static, Policy};
+
+    fn ladder(world: u32) -> Ladder {
+        serde_json::from_value(serde_json::json!({
+            "format_version": 1, "name": "static", "collective": "all_reduce", "dtype": "bf16",
+            "world_size": world, "targets": ["sm_90"],
+            "profiles": [
+                { "id": "rsag", "algorithm": "rsag" },
+                { "id": "nccl", "algorithm": "nccl" },
+                { "id": "nccl_rank_order", "algorithm": "nccl", "order": "rank" }
+            ],
+            "buckets": [
+                { "max_bytes": 65536, "threads": 512, "blocks": 8,
+                  "candidates": ["rsag", "nccl", "nccl_rank_order"], "default": "rsag" },
+                { "max_bytes": 131_072, "threads": 512, "blocks": 8,
+                  "candidates": ["rsag", "nccl"], "default": "rsag" }
+            ]
+        }))
+        .unwrap()
+    }
+
+    /// The static winner of bucket `index` when the custom kernels run or not (`custom`), with
+    /// plain NCCL qualified exact only at two ranks, as NCCL sums beyond two ranks.
+    fn winner(ladder: &Ladder, index: usize, custom: bool, exact_only: bool) -> String {
+        let world = ladder.world_size;
+        let candidates = ladder.buckets[index]
+            .candidates
+            .iter()
+            .map(|profile| StaticCandidate {
+                profile: profile.clone(),
+                dropped: (profile == "rsag" && !custom).then(|| "no peer access".to_owned()),
+                qualified_exact: profile != "nccl" || world == 2,
+            })
+            .collect();
+        let policy = Policy {
+            exact_only,
+            ..Policy::default()
+        };
+        let rank_ordered = rank_order_applies(world, exact_only);
+        decide_static(
+            &static_samples(ladder, index, candidates, rank_ordered),
+            &policy,
+        )
+        .unwrap()
+        .winner
+    }
+
+    /// Between hosts (no custom candidate runs) static tuning falls back to NCCL: plain at two
+    /// ranks and under an inexact policy, the rank-order profile beyond two ranks under the
+    /// exact policy; a bucket with nothing but plain NCCL keeps it (served in rank order).
+    #[test]
+    fn the_static_fallback_is_plain_nccl_at_two_ranks_and_rank_order_beyond_when_exact() {
+        for (world, exact_only, expected) in [
+            (2, true, "nccl"),
+            (2, false, "nccl"),
+            (4, true, "nccl_rank_order"),
+            (4, false, "nccl"),
+            (8, true, "nccl_rank_order"),
+        ] {
+            let ladder = ladder(world);
+            assert_eq!(
+                winner(&ladder, 0, false, exact_only),
+                expected,
+                "world {world}, exact {exact_only}"
+            );
+            assert_eq!(winner(&ladder, 1, false, exact_only), "nccl");
+            // The default wins wherever it runs.
+            assert_eq!(winner(&ladder, 0, true, exact_only), "rsag");
+        }
+    }
 }

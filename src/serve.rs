@@ -183,7 +183,7 @@ pub enum Route<'a> {
         /// The winner's profile id.
         profile: &'a str,
     },
-    /// Above the package's largest bucket: NCCL on the handle's communicator.
+    /// Above the package's largest bucket: NCCL, in rank order where `rank_order_applies`.
     AboveLadder,
     /// Above the package's largest bucket, in pieces of its largest message: every whole
     /// piece by the candidate start-up timed fastest in pieces, the last shorter one by the
@@ -219,6 +219,8 @@ struct Served {
     // The entry that takes every whole piece of a message above the largest bucket; `None`:
     // NCCL takes such messages whole.
     pieces: Option<EntryId>,
+    // Plain NCCL entries served by the rank-order path instead (`rank_ordered_entries`).
+    rank_ordered: Vec<EntryId>,
     selection: Selection,
 }
 
@@ -346,6 +348,11 @@ impl Handle {
                 })
                 .collect();
             let pieces = pieces_entry(&collectives, &selection.choice);
+            let rank_ordered = collectives.rank_ordered_entries(
+                package.ladder(),
+                runtime.world(),
+                selection.choice.policy.exact_only,
+            );
             served.push(Served {
                 collective: package.ladder().collective,
                 dtype: package.ladder().dtype,
@@ -353,6 +360,7 @@ impl Handle {
                 collectives,
                 routes,
                 pieces,
+                rank_ordered,
                 selection,
             });
         }
@@ -574,7 +582,7 @@ impl Handle {
         }
         let bytes = elements as u64 * served.dtype.size_bytes();
         match served.route(bytes) {
-            Some(id) => {
+            Some(id) if !served.rank_ordered.contains(&id) => {
                 served.collectives.enqueue_operands(
                     &self.runtime,
                     stream,
@@ -598,17 +606,14 @@ impl Handle {
                     },
                 )?;
             }
-            None => self
-                .runtime
-                .communicator()
-                .all_reduce(
-                    stream,
-                    &operands.input,
-                    &operands.output,
-                    elements,
-                    crate::collective::nccl_type(served.dtype),
-                )
-                .map_err(RuntimeError::from)?,
+            // Above the ladder, or a plain NCCL winner that sums in rank order here.
+            _ => served.collectives.enqueue_nccl(
+                &self.runtime,
+                stream,
+                elements,
+                operands,
+                served.selection.choice.policy.exact_only,
+            )?,
         }
         if !capturing {
             self.refresh_abort_words()?;

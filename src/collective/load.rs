@@ -5,6 +5,7 @@
 use super::copy_engine::{CopyEngine, CopyEngineKernels};
 use super::drops::{agree_drops, qualified_wrong};
 use super::geometry::{geometry_for, resident_capacity};
+use super::order::RankOrder;
 use super::{symmetric, Collectives, Entry, Input, Launch, MOVE_CHUNK_BYTES};
 use crate::abi::PARAMS_BYTES;
 use crate::agree::Topology;
@@ -179,6 +180,8 @@ impl Collectives {
                 modules.push((record.name.clone(), module));
             }
         }
+        // Between hosts too: it touches no peer memory.
+        let rank_order = RankOrder::load(runtime, package, capacity)?;
         let mut windows = symmetric::allocate_windows(runtime, ladder, peer_reason.as_deref());
         let mut entries = Vec::new();
         for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
@@ -210,6 +213,18 @@ impl Collectives {
                             });
                         }
                     }
+                } else if profile.is_nccl_rank_order() {
+                    if rank_order.is_none() {
+                        return Err(RuntimeError::Setup {
+                            rank,
+                            message: format!(
+                                "the package holds no {} for profile {}",
+                                kernels::rank_order_sum(ladder.dtype, ladder.world_size).name,
+                                profile.id
+                            ),
+                        });
+                    }
+                    entry.launch = Some(Launch::NcclRankOrder);
                 } else if profile.is_nccl() {
                     let split = split_of
                         .iter()
@@ -288,6 +303,7 @@ impl Collectives {
             private,
             out_of_place: Some(out_of_place),
             copy_engine,
+            rank_order,
             capacity,
             input_region,
             dtype: ladder.dtype,

@@ -12,6 +12,8 @@ mod drops;
 mod geometry;
 mod load;
 mod operands;
+mod order;
+mod rank_order;
 mod symmetric;
 
 use std::time::Duration;
@@ -24,6 +26,7 @@ pub use load::{check_architecture, private_output_bytes, PeerLayout};
 pub use operands::{
     moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
+pub use order::rank_order_applies;
 
 use crate::device::DropReason;
 use crate::gpu::abort::Abort;
@@ -54,6 +57,9 @@ enum Launch {
     Nccl { split: Option<usize> },
     /// NCCL in a symmetric profile's window (an index into the windows).
     NcclSymmetric { window: usize },
+    /// The exact NCCL all-reduce (`"order": "rank"`) on the runtime's communicator
+    /// ([`rank_order`]).
+    NcclRankOrder,
 }
 
 /// A symmetric NCCL profile's window on this rank ([`symmetric`] makes and uses it).
@@ -113,6 +119,8 @@ pub struct Collectives {
     // `release_output`.
     out_of_place: Option<DeviceBuffer>,
     copy_engine: Option<CopyEngine>,
+    // The rank-order sum and its scratch, where the package holds the kernel.
+    rank_order: Option<order::RankOrder>,
     capacity: usize,
     // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
     input_region: u64,
@@ -340,6 +348,9 @@ impl Collectives {
                 .map_err(RuntimeError::from),
             Some(Launch::NcclSymmetric { window }) => {
                 self.enqueue_symmetric(stream, id, *window, elements, &operands)
+            }
+            Some(Launch::NcclRankOrder) => {
+                self.enqueue_rank_order(runtime.communicator(), stream, elements, operands)
             }
             Some(Launch::Custom {
                 kernel,

@@ -5,6 +5,7 @@
 //! (re-exported from [`crate::abi`]).
 
 mod scratch;
+mod slices;
 mod sources;
 mod spec;
 
@@ -20,7 +21,9 @@ pub use scratch::{
     scratch_bytes, scratch_offset_after_input, scratch_region_bytes, DOUBLE_BUFFER_CHUNK_BYTES,
     REGION_ALIGNMENT_BYTES,
 };
+pub use slices::{slice_of, slot_bytes, Slice};
 pub use sources::{headers, source};
 pub use spec::{
-    all_kernels, input_access, kernel_for, kernels_for_ladder, InputAccess, KernelSpec,
+    all_kernels, input_access, kernel_for, kernels_for_ladder, needs_rank_order_sum,
+    rank_order_sum, InputAccess, KernelSpec,
 };

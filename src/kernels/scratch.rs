@@ -444,24 +444,14 @@ mod tests {
             .all(|other| other.copy_engine_barriers().is_none()));
     }
 
-    /// `slice_of` of kernels/prepare_layout.cuh for `per` elements a vector, element ranges:
+    /// `slice_of` of kernels/prepare_layout.cuh ([`crate::kernels::slice_of`]), element ranges:
     /// (vectors, tail).
-    fn slice_of(slice: u64, elements: u64, world: u64, per: u64) -> ((u64, u64), (u64, u64)) {
-        let vectors = elements / per;
-        let per_slice = vectors.div_ceil(world);
-        let last = slice == world - 1;
-        let begin = (slice * per_slice).min(vectors);
-        let end = if last {
-            vectors
-        } else {
-            ((slice + 1) * per_slice).min(vectors)
-        };
-        let tail = if last {
-            (vectors * per, elements)
-        } else {
-            (0, 0)
-        };
-        ((begin, end), tail)
+    fn slice_of(slice: u64, elements: u64, world: u64, dtype: Dtype) -> ((u64, u64), (u64, u64)) {
+        let slice = crate::kernels::slice_of(slice as u32, elements, dtype, world as u32);
+        (
+            (slice.begin_vector, slice.end_vector),
+            (slice.tail_begin, slice.tail_end),
+        )
     }
 
     proptest::proptest! {
@@ -479,7 +469,7 @@ mod tests {
             let size = dtype.size_bytes();
             let mut next = 0;
             for slice in 0..world {
-                let ((begin, end), (tail_begin, tail_end)) = slice_of(slice, elements, world, per);
+                let ((begin, end), (tail_begin, tail_end)) = slice_of(slice, elements, world, dtype);
                 proptest::prop_assert!(begin <= end);
                 if begin < end {
                     proptest::prop_assert_eq!(begin * per, next);

@@ -3,7 +3,7 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 8] = [
     (
         "all_reduce_full_phased.cu",
         include_str!("../../kernels/all_reduce_full_phased.cu"),
@@ -31,6 +31,10 @@ const SOURCES: [(&str, &str); 7] = [
     (
         "all_reduce_rsag_phased.cu",
         include_str!("../../kernels/all_reduce_rsag_phased.cu"),
+    ),
+    (
+        "nccl_rank_order_sum.cu",
+        include_str!("../../kernels/nccl_rank_order_sum.cu"),
     ),
 ];
 
@@ -94,6 +98,9 @@ mod tests {
             let base = spec.name.strip_suffix("_bf16").unwrap();
             let shape = if spec.cluster {
                 "cluster_kernel"
+            } else if spec.source == "nccl_rank_order_sum.cu" {
+                // Local memory only: no flags, no peers, no state required.
+                "local_kernel"
             } else {
                 "block_kernel"
             };

@@ -105,8 +105,11 @@ pub enum InputAccess {
     },
 }
 
+/// The entry of the exact NCCL all-reduce's local sum (kernels/nccl_rank_order_sum.cu).
+const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
+
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 10] = [
+const KERNELS: [Kernel; 11] = [
     Kernel {
         name: "all_reduce_full_phased",
         source: "all_reduce_full_phased.cu",
@@ -193,6 +196,15 @@ const KERNELS: [Kernel; 10] = [
         source: "all_reduce_rsag_double_buffered.cu",
         cluster: false,
         scratch: Scratch::DoubleBufferedSliceSlotsTwice,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    // No profile names it as a custom kernel: it runs between NCCL calls, on NCCL's buffers.
+    Kernel {
+        name: RANK_ORDER_SUM,
+        source: "nccl_rank_order_sum.cu",
+        cluster: false,
+        scratch: Scratch::None,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -284,7 +296,29 @@ pub fn all_kernels(dtype: Dtype, world: u32) -> Vec<KernelSpec> {
         .collect()
 }
 
-/// The distinct kernels a ladder's profiles need, sorted by name.
+/// The local sum of the exact NCCL all-reduce (`"order": "rank"`) for one element type and
+/// world size.
+pub fn rank_order_sum(dtype: Dtype, world: u32) -> KernelSpec {
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == RANK_ORDER_SUM)
+        .expect("the table has the rank-order sum")
+        .spec(dtype, world)
+}
+
+/// Whether a package of `ladder` holds the rank-order sum: beyond two ranks always (plain NCCL
+/// is not exact there, so every fallback to NCCL needs it, whatever the ladder names), and
+/// wherever a profile asks for it.
+pub fn needs_rank_order_sum(ladder: &Ladder) -> bool {
+    ladder.world_size > 2
+        || ladder
+            .profiles
+            .iter()
+            .any(crate::ladder::Profile::is_nccl_rank_order)
+}
+
+/// The distinct kernels a package of the ladder holds, sorted by name: those its custom
+/// profiles need, and the rank-order sum ([`needs_rank_order_sum`]).
 pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
     let mut kernels: Vec<KernelSpec> = ladder
         .profiles
@@ -292,6 +326,9 @@ pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
         .filter_map(|profile| {
             kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
         })
+        .chain(
+            needs_rank_order_sum(ladder).then(|| rank_order_sum(ladder.dtype, ladder.world_size)),
+        )
         .collect();
     kernels.sort();
     kernels.dedup();
@@ -392,6 +429,38 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_package_holds_the_rank_order_sum_beyond_two_ranks_or_where_a_profile_names_it() {
+        let rank_order = |json: serde_json::Value| {
+            let ladder: Ladder = serde_json::from_value(json).unwrap();
+            kernels_for_ladder(&ladder)
+                .iter()
+                .any(|spec| spec.name.starts_with(RANK_ORDER_SUM))
+        };
+        let at = |world: u32, order: bool| {
+            let mut profile = serde_json::json!({ "id": "nccl", "algorithm": "nccl" });
+            if order {
+                profile["order"] = "rank".into();
+            }
+            serde_json::json!({
+                "format_version": 1, "name": "n", "collective": "all_reduce", "dtype": "fp16",
+                "world_size": world, "targets": ["sm_90"], "profiles": [profile],
+                "buckets": [{ "max_bytes": 4096, "threads": 32, "blocks": 1,
+                              "candidates": ["nccl"], "default": "nccl" }]
+            })
+        };
+        assert!(!rank_order(at(2, false)));
+        assert!(rank_order(at(2, true)));
+        for world in 3..=8 {
+            assert!(rank_order(at(world, false)), "{world}");
+        }
+        let spec = rank_order_sum(Dtype::Fp16, 5);
+        assert_eq!(spec.name, "nccl_rank_order_sum_fp16");
+        assert_eq!(spec.source, "nccl_rank_order_sum.cu");
+        assert_eq!((spec.world, spec.cluster), (5, false));
+        assert_eq!(input_access(&spec), Some(InputAccess::Local));
+    }
+
+    #[test]
     fn protocols_map_to_the_double_buffered_kernels() {
         // (algorithm, transfer, protocol, kernel); validation refuses every combination that has
         // none.
@@ -456,6 +525,7 @@ pub(super) mod tests {
                 "all_reduce_one_shot_push_bf16",
                 "all_reduce_rsag_phased_bf16",
                 "all_reduce_rsag_pull_bf16",
+                "nccl_rank_order_sum_bf16",
             ]
         );
         for dtype in Dtype::ALL {

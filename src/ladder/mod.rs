@@ -294,6 +294,13 @@ pub struct Profile {
     /// largest message of the buckets that name the profile, on its own communicator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,
+    /// `rank` (NCCL profiles only, without `window`, `max_ctas` or `min_ctas`): the exact NCCL
+    /// all-reduce. Each rank's slice of the message goes to its owner by grouped `ncclSend` and
+    /// `ncclRecv`, the owner sums its slice in rank order with a kernel of the package (the
+    /// reference sum), and `ncclAllGather` gathers the sums. It touches no peer memory, so it
+    /// runs between hosts too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Order>,
 }
 
 impl Profile {
@@ -302,10 +309,15 @@ impl Profile {
         self.algorithm == Algorithm::Nccl
     }
 
-    /// Whether NCCL runs this profile with its own summation order, which beyond two ranks is
-    /// not the reference sum's: every NCCL profile, since none yet sums in rank order.
+    /// Whether NCCL sums this profile in its own order (`ncclAllReduce`): an NCCL profile
+    /// without `order`.
     pub fn is_plain_nccl(&self) -> bool {
-        self.is_nccl()
+        self.is_nccl() && self.order.is_none()
+    }
+
+    /// Whether this profile is the exact NCCL all-reduce (`"order": "rank"`).
+    pub fn is_nccl_rank_order(&self) -> bool {
+        self.is_nccl() && self.order == Some(Order::Rank)
     }
 
     /// Whether this profile is a cluster kernel (phased schedule).
@@ -404,6 +416,26 @@ impl Window {
     pub fn name(self) -> &'static str {
         match self {
             Window::Symmetric => "symmetric",
+        }
+    }
+}
+
+/// The order an NCCL profile sums in.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    /// Rank order from rank 0's value in fp32, rounded once: the reference sum, at any world
+    /// size.
+    Rank,
+}
+
+impl Order {
+    /// The name used in ladders.
+    pub fn name(self) -> &'static str {
+        match self {
+            Order::Rank => "rank",
         }
     }
 }
@@ -529,17 +561,26 @@ impl Ladder {
             .sum()
     }
 
-    /// The bucket's plain NCCL candidate: `nccl` without communicator settings if it has one,
-    /// else its first NCCL candidate; `None` when it has none.
+    /// The bucket's plain NCCL candidate ([`Profile::is_plain_nccl`]): one without
+    /// communicator settings if it has one, else its first; `None` when it has none.
     pub fn plain_nccl(&self, bucket: usize) -> Option<&Profile> {
         let mut nccl = self.buckets[bucket]
             .candidates
             .iter()
             .filter_map(|id| self.profile(id))
-            .filter(|profile| profile.is_nccl());
+            .filter(|profile| profile.is_plain_nccl());
         let first = nccl.clone().next();
         nccl.find(|profile| !profile.has_own_communicator())
             .or(first)
+    }
+
+    /// The bucket's first exact NCCL candidate (`"order": "rank"`), if it has one.
+    pub fn rank_order_nccl(&self, bucket: usize) -> Option<&Profile> {
+        self.buckets[bucket]
+            .candidates
+            .iter()
+            .filter_map(|id| self.profile(id))
+            .find(|profile| profile.is_nccl_rank_order())
     }
 
     /// The bucket that covers a message of `bytes`, or `None` when NCCL takes it.
@@ -632,6 +673,43 @@ mod tests {
         assert_eq!(
             ladder.plain_nccl(1).map(|profile| profile.id.as_str()),
             Some("nccl")
+        );
+    }
+
+    #[test]
+    fn a_rank_order_profile_is_nccl_but_not_plain_and_never_the_plain_baseline() {
+        let ladder: Ladder = serde_json::from_value(serde_json::json!({
+            "format_version": 1, "name": "rank", "collective": "all_reduce", "dtype": "bf16",
+            "world_size": 4, "targets": ["sm_90"],
+            "profiles": [
+                { "id": "exact", "algorithm": "nccl", "order": "rank" },
+                { "id": "nccl", "algorithm": "nccl" },
+                { "id": "rsag", "algorithm": "rsag" }
+            ],
+            "buckets": [
+                { "max_bytes": 65536, "threads": 512, "blocks": 8,
+                  "candidates": ["exact", "nccl"], "default": "exact" },
+                { "max_bytes": 131_072, "threads": 512, "blocks": 8,
+                  "candidates": ["rsag", "exact"], "default": "exact" }
+            ]
+        }))
+        .expect("a ladder");
+        let exact = ladder.profile("exact").expect("a profile");
+        assert!(exact.is_nccl() && exact.is_nccl_rank_order() && !exact.is_plain_nccl());
+        assert!(!exact.has_own_communicator());
+        let plain = ladder.profile("nccl").expect("a profile");
+        assert!(plain.is_plain_nccl() && !plain.is_nccl_rank_order());
+        assert!(!ladder.profile("rsag").expect("a profile").is_plain_nccl());
+        // The rank-order profile comes first but the plain one is the baseline.
+        assert_eq!(ladder.plain_nccl(0).map(|p| p.id.as_str()), Some("nccl"));
+        assert_eq!(
+            ladder.rank_order_nccl(0).map(|p| p.id.as_str()),
+            Some("exact")
+        );
+        assert_eq!(ladder.plain_nccl(1), None);
+        assert_eq!(
+            ladder.rank_order_nccl(1).map(|p| p.id.as_str()),
+            Some("exact")
         );
     }
 }

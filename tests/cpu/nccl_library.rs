@@ -33,6 +33,10 @@ const char* ncclGetErrorString(int result) {{
 const char* ncclGetLastError(void* comm) {{ return "no real NCCL here"; }}
 int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, void* c, void* st) {{ return 5; }}
 int ncclAllGather(const void* s, void* r, size_t n, int t, void* c, void* st) {{ return 5; }}
+int ncclSend(const void* s, size_t n, int t, int peer, void* c, void* st) {{ return 5; }}
+int ncclRecv(void* r, size_t n, int t, int peer, void* c, void* st) {{ return 5; }}
+int ncclGroupStart(void) {{ return 0; }}
+int ncclGroupEnd(void) {{ return 0; }}
 "#
     )
 }

@@ -27,7 +27,8 @@ fn round_trip_gives_back_what_was_written() {
     let manifest_bytes = fs::read(out.join("manifest.json")).unwrap();
     assert_eq!(package.identity(), sha256_hex(&manifest_bytes));
     assert_eq!(summary.identity, package.identity());
-    assert_eq!((summary.kernels, summary.buckets), (3, 2));
+    // The three custom kernels, and the rank-order sum every package beyond two ranks holds.
+    assert_eq!((summary.kernels, summary.buckets), (4, 2));
     assert!(!summary.replaced);
     assert_eq!(package.ladder(), &ladder);
     assert_eq!(package.arch(), Arch::Sm120);
@@ -82,6 +83,7 @@ fn writing_twice_gives_identical_bytes() {
             "kernels/all_reduce_one_shot_pull_bf16.sm_120.cubin",
             "kernels/all_reduce_one_shot_push_bf16.sm_120.cubin",
             "kernels/all_reduce_rsag_phased_bf16.sm_120.cubin",
+            "kernels/nccl_rank_order_sum_bf16.sm_120.cubin",
             "ladder.json",
             "manifest.json",
         ]

@@ -10,6 +10,7 @@ mod guard;
 mod mutations;
 mod one_gpu;
 mod qualify;
+mod rank_order;
 mod ranks_on_one_gpu;
 mod runtime;
 mod smoke;

@@ -239,7 +239,8 @@ fn another_compilation_at_the_output_is_refused_naming_the_kernels() {
         stderr,
         "error: pkg holds another package than this export writes: its kernels differ: \
          all_reduce_one_shot_pull_bf16 (another cubin), all_reduce_one_shot_push_bf16 (another \
-         cubin), all_reduce_rsag_phased_bf16 (another cubin); pass --force to replace it\n"
+         cubin), all_reduce_rsag_phased_bf16 (another cubin), nccl_rank_order_sum_bf16 (another \
+         cubin); pass --force to replace it\n"
     );
     assert_eq!(files(&out), before, "the package there stays as it was");
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use prepare::compile::{Compilation, CompiledKernel};
 use prepare::device::{DropReason, Residency};
-use prepare::kernels::kernel_for;
+use prepare::kernels::kernels_for_ladder;
 use prepare::ladder::{Arch, Ladder};
 use prepare::package::{
     open_package, write_qualified_package, BucketQualification, CandidateQualification, Manifest,
@@ -24,15 +24,11 @@ pub fn ladder(text: &str) -> Ladder {
     serde_json::from_str(text).expect("fixture ladders parse")
 }
 
-/// A compilation of every kernel the ladder's profiles need, with fake cubins that differ per
-/// kernel and architecture.
+/// A compilation of every kernel a package of the ladder holds (`kernels_for_ladder`, as an
+/// export compiles), with fake cubins that differ per kernel and architecture.
 pub fn compilation(ladder: &Ladder, arch: Arch) -> Compilation {
     let mut kernels = BTreeMap::new();
-    for profile in &ladder.profiles {
-        let Some(spec) = kernel_for(profile, ladder.collective, ladder.dtype, ladder.world_size)
-        else {
-            continue;
-        };
+    for spec in kernels_for_ladder(ladder) {
         let mut cubin = b"\x7fELF fake cubin ".to_vec();
         cubin.extend_from_slice(spec.name.as_bytes());
         cubin.extend_from_slice(arch.name().as_bytes());

@@ -2,6 +2,8 @@
 //! the collectives (a nonblocking communicator's collectives are slower), the collectives
 //! themselves, and the watchdog that aborts a communicator when a deadline passes.
 
+mod point_to_point;
+
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -15,6 +17,7 @@ use super::error::NcclError;
 use super::library::{api, check, error_message, Api, IN_PROGRESS, SUCCESS};
 use super::{CommConfig, NcclDataType, UniqueId};
 use crate::gpu::driver::{DeviceMemory, Stream};
+pub use point_to_point::Transfer;
 
 /// How often a nonblocking operation is polled.
 const POLL_INTERVAL: Duration = Duration::from_micros(200);

@@ -272,6 +272,24 @@ library_api! {
             sys::ncclComm_t,
             sys::cudaStream_t,
         ) -> c_int = "ncclAllGather",
+        pub send: unsafe extern "C" fn(
+            *const c_void,
+            usize,
+            sys::ncclDataType_t,
+            c_int,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> c_int = "ncclSend",
+        pub recv: unsafe extern "C" fn(
+            *mut c_void,
+            usize,
+            sys::ncclDataType_t,
+            c_int,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> c_int = "ncclRecv",
+        pub group_start: unsafe extern "C" fn() -> c_int = "ncclGroupStart",
+        pub group_end: unsafe extern "C" fn() -> c_int = "ncclGroupEnd",
     }
 }
 

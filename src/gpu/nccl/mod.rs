@@ -16,7 +16,7 @@ use cudarc::nccl::sys;
 
 use library::{api, check};
 
-pub use communicator::{Communicator, InitEnvironment, Watchdog};
+pub use communicator::{Communicator, InitEnvironment, Transfer, Watchdog};
 pub use error::{NcclError, OVERRIDE_VARIABLE};
 pub use library::{Found, LibraryInfo};
 pub use window::{symmetric_windows, NcclMemory};

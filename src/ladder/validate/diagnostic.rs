@@ -102,6 +102,10 @@ rules! {
     MinCtasAboveMaxCtas => "min_ctas_above_max_ctas", Rules;
     /// `window` on a profile that is not NCCL.
     WindowWithoutNccl => "window_without_nccl", Rules;
+    /// `order` on a profile that is not NCCL.
+    OrderWithoutNccl => "order_without_nccl", Rules;
+    /// `order` on an NCCL profile with `window`, `max_ctas` or `min_ctas`.
+    OrderWithCommunicatorSettings => "order_with_communicator_settings", Rules;
     /// `blocks` on an NCCL or phased profile.
     BlocksNotApplicable => "blocks_not_applicable", Rules;
     /// A profile's `blocks` outside 1 to 1024.

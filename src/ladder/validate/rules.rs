@@ -284,6 +284,12 @@ impl Checker<'_> {
                 Rule::WindowWithoutNccl,
                 "it names the memory NCCL sums in",
             ),
+            (
+                "order",
+                profile.order.map(|order| json_string(order.name())),
+                Rule::OrderWithoutNccl,
+                "it names the order NCCL's exact all-reduce sums in",
+            ),
         ];
         for (field, found, rule, what) in nccl_only {
             if let (Some(found), false) = (found, algorithm == Algorithm::Nccl) {
@@ -293,6 +299,30 @@ impl Checker<'_> {
                     found,
                     format!("no {field} field: {what}, used only by nccl profiles"),
                 );
+            }
+        }
+        if profile.is_nccl_rank_order() {
+            // The rank-order path runs on the runtime's communicator, in the caller's memory.
+            let settings = [
+                (
+                    "window",
+                    profile.window.map(|window| json_string(window.name())),
+                ),
+                ("max_ctas", profile.max_ctas.map(|value| value.to_string())),
+                ("min_ctas", profile.min_ctas.map(|value| value.to_string())),
+            ];
+            for (field, found) in settings {
+                if let Some(found) = found {
+                    self.report(
+                        Rule::OrderWithCommunicatorSettings,
+                        at(field),
+                        found,
+                        format!(
+                            "no {field} field on a profile with \"order\": \"rank\" (the exact \
+                             NCCL path runs on the shared communicator), or a profile without order"
+                        ),
+                    );
+                }
             }
         }
         let in_range = |value| (1..=MAX_CTAS).contains(&value);
