@@ -20,6 +20,7 @@ mod package;
 mod reader_proptest;
 mod reference;
 mod reference_collectives;
+mod reference_epilogue;
 mod reference_kernels_on_host;
 mod robustness;
 mod schemas;
