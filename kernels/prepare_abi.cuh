@@ -45,6 +45,10 @@
 #define PREPARE_ABORT_INVALID_LAUNCH 2ull
 // Every pointer in the parameters and `scratch_offset` are multiples of this.
 #define PREPARE_ALIGNMENT_BYTES 16
+// The fused epilogue's sum of squares of a row: lane l of PREPARE_NORM_LANES sums, from +0, the
+// squares of elements l, l + LANES, l + 2 LANES, ... in increasing order; then a pairwise tree
+// over the lanes (lanes 2i and 2i + 1, then pairs of those, ...). prepare::reference::epilogue.
+#define PREPARE_NORM_LANES 2048
 
 struct AllReduceParams {
     // buffers[r]: rank r's registered buffer mapped into this process; buffers[rank] is local.

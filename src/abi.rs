@@ -59,6 +59,10 @@ pub const ABORT_PEER_TIMEOUT: u64 = 1;
 pub const ABORT_INVALID_LAUNCH: u64 = 2;
 /// Every pointer in [`AllReduceParams`] and its `scratch_offset` are multiples of this.
 pub const ALIGNMENT_BYTES: u64 = 16;
+/// Lanes of the fused epilogue's sum of squares: lane `l` sums the squares of a row's elements
+/// `l, l + NORM_LANES, ...` in order, then a pairwise tree joins the lanes
+/// (`prepare::reference::epilogue`). 256 threads of one 16-byte bf16 vector each.
+pub const NORM_LANES: usize = 2048;
 /// The input region and the whole buffer are rounded up to this, so scratch starts on a fresh
 /// line.
 pub const BUFFER_ALIGNMENT_BYTES: u64 = 256;
@@ -198,6 +202,10 @@ mod tests {
         assert_eq!(
             define_value(&defines, "PREPARE_ALIGNMENT_BYTES"),
             ALIGNMENT_BYTES
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_NORM_LANES"),
+            NORM_LANES as u64
         );
         assert_eq!(
             defines["PREPARE_SIGNAL_WORDS"],

@@ -10,9 +10,17 @@
 //! Per collective ([`reference_outputs`]): the all-reduce gives every rank that sum; the
 //! reduce-scatter gives each rank its own rows of it ([`crate::shape`]); the all-gather moves
 //! each rank's rows into every rank's output untouched. So the all-gather of a reduce-scatter is
-//! the all-reduce, bit for bit.
+//! the all-reduce, bit for bit. The fused all-reduce + residual add + RMSNorm has its own
+//! operands and order ([`reference_epilogue`], module `epilogue`).
 
 use rayon::prelude::*;
+
+mod epilogue;
+
+pub use epilogue::{
+    inverse_rms, reference_add_rms_norm, reference_epilogue, sum_of_squares, EpilogueError,
+    EpilogueInputs, EpilogueOutputs, NORM_LANES,
+};
 
 use crate::ladder::{Collective, Dtype};
 use crate::shape::Shape;
@@ -136,9 +144,10 @@ pub enum ReferenceError {
         /// The collective.
         collective: Collective,
     },
-    /// The collective's reference is not built yet.
-    #[error("the reference of {collective} is not built")]
-    NotBuilt {
+    /// The collective takes more than every rank's input: the epilogue's residual, weight and
+    /// eps ([`reference_epilogue`]).
+    #[error("the reference of {collective} takes a residual, a weight and eps beside the inputs")]
+    NeedsEpilogue {
         /// The collective.
         collective: Collective,
     },
@@ -232,7 +241,7 @@ pub fn reference_outputs(
             })?;
             Ok(vec![inputs.concat(); inputs.len()])
         }
-        Collective::AllReduceAddRmsNorm => Err(ReferenceError::NotBuilt { collective }),
+        Collective::AllReduceAddRmsNorm => Err(ReferenceError::NeedsEpilogue { collective }),
     }
 }
 

@@ -21,6 +21,8 @@ mod package;
 mod reader_proptest;
 mod reference;
 mod reference_collectives;
+mod reference_epilogue;
+mod reference_epilogue_schedules;
 mod reference_kernels_on_host;
 mod robustness;
 mod schemas;

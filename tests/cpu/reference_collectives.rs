@@ -154,7 +154,7 @@ fn an_input_of_the_wrong_length_no_rank_or_the_fused_collective_is_refused() {
             shape,
             &[&whole]
         ),
-        Err(ReferenceError::NotBuilt {
+        Err(ReferenceError::NeedsEpilogue {
             collective: Collective::AllReduceAddRmsNorm
         })
     );
