@@ -151,9 +151,8 @@ __device__ __forceinline__ void copy_owned(const unsigned char* source, u64 sour
 // peer slot in the owner's scratch (slots of `slot` bytes), at its offset inside the slice.
 template <typename T, int N>
 __device__ __forceinline__ void copy_slice_to_owner(const AllReduceParams& params,
-                                                    unsigned int owner, u64 slot,
-                                                    const Workers& workers) {
-    const Range slice = slice_of<T, N>(owner, params.elements);
+                                                    unsigned int owner, const Range& slice,
+                                                    u64 slot, const Workers& workers) {
     copy_owned<T>(params.input, 0,
                   params.buffers[owner] + params.scratch_offset +
                       peer_slot<N>(params.rank, owner) * slot,
