@@ -4,7 +4,7 @@
 // also the tail). The owner alone sums its slice, in rank order; every other rank copies the
 // owner's bytes, so all ranks write the same bytes.
 //
-// Entries (each takes AllReduceParams by value; `<dtype>` is the package's):
+// Entries (each takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_rsag_pull_<dtype>  the owner reads its slice from every rank's input, sums it
 //       into its output and into its scratch, from the scratch's start; then every rank reads
 //       the other slices from their owners' scratch. Scratch: one slot of
@@ -33,7 +33,7 @@ namespace prepare {
 // overwritten.
 struct RsagPull : StartBarrier {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         const unsigned int rank = params.rank;
         const Workers workers = grid_workers();
         const auto slices = message_slices<T, N>(params);
@@ -65,11 +65,11 @@ struct RsagPull : StartBarrier {
 
 struct RsagPush : StartBarrier {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         const unsigned int rank = params.rank;
         const Workers workers = grid_workers();
         const auto slices = message_slices<T, N>(params);
-        const u64 slot = slot_bytes<T, N>(params.elements);
+        const u64 slot = slot_bytes<T, N>(params.input_elements);
         const u64 gathered_offset = params.scratch_offset + (N - 1) * slot;
         unsigned char* output = static_cast<unsigned char*>(params.output);
         // Data: every peer's piece of this rank's slice (this block's part) is in its slot.

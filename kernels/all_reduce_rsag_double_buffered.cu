@@ -7,7 +7,7 @@
 // into the peers' scratch, then a flag per step, and each block waits only for its
 // same-numbered block's flags.
 //
-// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+// Entry (takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_rsag_push_simple_<dtype>  block b takes the same share of every slice: an equal
 //       share of the longest slice's vectors, at the same place inside each slice, moved in
 //       steps of 4 vectors per thread (the last block also the tail, in its last step). Step s
@@ -57,11 +57,11 @@ constexpr int kRsagPhases = 2;
 
 struct RsagPushSimple : LaunchCounter {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         const auto slices = message_slices<T, N>(params);
         // Block b's share of every slice: the same vectors, counted from each slice's start.
         const SimpleShare share =
-            simple_share_of<T>(slice_vectors<T, N>(params.elements), params.elements);
+            simple_share_of<T>(slice_vectors<T, N>(params.input_elements), params.input_elements);
         const u64 parity = flags.epoch & 1;
         // Steps fit the low 24 bits, as in the simple one-shot: a slice has fewer vectors than
         // the message.

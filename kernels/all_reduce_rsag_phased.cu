@@ -1,7 +1,7 @@
 // all_reduce_rsag_phased.cu: reduce-scatter then all-gather all-reduce, one peer at a time, as
 // a thread-block cluster kernel.
 //
-// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+// Entry (takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_rsag_phased_<dtype>  cluster 0 does all the work; every other cluster returns
 //       at once and joins no flag protocol. Slices as in all_reduce_rsag.cu (rank s owns slice
 //       s and alone sums it, in rank order). In scatter phase k (1..world-1) rank r writes its
@@ -28,10 +28,10 @@ namespace prepare {
 
 struct RsagPhased {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome,
+    __device__ static void run(const LaunchParams& params, ClusterFlags& flags, int& outcome,
                                const ClusterPlace& place) {
         const auto slices = message_slices<T, N>(params);
-        const u64 slot = slot_bytes<T, N>(params.elements);
+        const u64 slot = slot_bytes<T, N>(params.input_elements);
         const u64 gathered_offset = params.scratch_offset + (N - 1) * slot;
         unsigned char* output = static_cast<unsigned char*>(params.output);
         // Scatter phase k: the piece is in rank + k's slot, and rank - k's piece of this rank's

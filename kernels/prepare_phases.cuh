@@ -25,15 +25,15 @@ namespace prepare {
 // a lambda so that it is inlined as early as the rest (__forceinline__).
 template <typename T, int N>
 struct MessageSlices {
-    const AllReduceParams& params;
+    const LaunchParams& params;
 
     __device__ __forceinline__ Range operator()(unsigned int slice) const {
-        return slice_of<T, N>(slice, params.elements);
+        return slice_of<T, N>(slice, params.input_elements);
     }
 };
 
 template <typename T, int N>
-__device__ __forceinline__ MessageSlices<T, N> message_slices(const AllReduceParams& params) {
+__device__ __forceinline__ MessageSlices<T, N> message_slices(const LaunchParams& params) {
     return {params};
 }
 
@@ -41,7 +41,7 @@ __device__ __forceinline__ MessageSlices<T, N> message_slices(const AllReducePar
 // (the message from byte 0), summed in rank order; the sums go to store_vector(v, sum) and
 // store_element(e, sum).
 template <typename T, int N, typename StoreVector, typename StoreElement>
-__device__ __forceinline__ void reduce_scatter_pull(const AllReduceParams& params,
+__device__ __forceinline__ void reduce_scatter_pull(const LaunchParams& params,
                                                     const Range& own, const Workers& workers,
                                                     StoreVector store_vector_op,
                                                     StoreElement store_element_op) {
@@ -56,7 +56,7 @@ __device__ __forceinline__ void reduce_scatter_pull(const AllReduceParams& param
 // All-gather, pull: every other rank's slice, read from that rank's buffer at `offset` (where
 // the slice lies from its start) into `output` (indexed like the message).
 template <typename T, int N, typename Slices>
-__device__ __forceinline__ void all_gather_pull(const AllReduceParams& params, u64 offset,
+__device__ __forceinline__ void all_gather_pull(const LaunchParams& params, u64 offset,
                                                 unsigned char* output, const Slices& slices,
                                                 const Workers& workers) {
 #pragma unroll
@@ -71,7 +71,7 @@ __device__ __forceinline__ void all_gather_pull(const AllReduceParams& params, u
 // The reduce-scatter's send to the peer at distance k: that peer's slice of this rank's input
 // into this rank's peer slot (slots of `slot` bytes) in the peer's scratch.
 template <typename T, int N, typename Slices>
-__device__ __forceinline__ void send_slice_to_owner(const AllReduceParams& params,
+__device__ __forceinline__ void send_slice_to_owner(const LaunchParams& params,
                                                     unsigned int rank, int k, u64 slot,
                                                     const Slices& slices,
                                                     const Workers& workers) {
@@ -83,7 +83,7 @@ __device__ __forceinline__ void send_slice_to_owner(const AllReduceParams& param
 // `scratch` (this rank's): this rank's own part from `input`, the rest from the slots, in rank
 // order; the sums go to store_vector(v, sum) and store_element(e, sum).
 template <typename T, int N, typename Slices, typename StoreVector, typename StoreElement>
-__device__ __forceinline__ void sum_own_slice(const AllReduceParams& params, unsigned int rank,
+__device__ __forceinline__ void sum_own_slice(const LaunchParams& params, unsigned int rank,
                                               const unsigned char* scratch, u64 slot,
                                               const Slices& slices, const Workers& workers,
                                               StoreVector store_vector_op,
@@ -100,7 +100,7 @@ __device__ __forceinline__ void sum_own_slice(const AllReduceParams& params, uns
 // (sum_own_slice). False when wait() gave up.
 template <typename T, int N, typename Slices, typename Wait, typename StoreVector,
           typename StoreElement>
-__device__ __forceinline__ bool reduce_scatter_push(const AllReduceParams& params, u64 slot,
+__device__ __forceinline__ bool reduce_scatter_push(const LaunchParams& params, u64 slot,
                                                     const Slices& slices, const Workers& workers,
                                                     Wait wait, StoreVector store_vector_op,
                                                     StoreElement store_element_op) {
@@ -125,7 +125,7 @@ __device__ __forceinline__ bool reduce_scatter_push(const AllReduceParams& param
 // rank's gather region, the other slices are copied from there to `output` (indexed like the
 // message). False when wait() gave up.
 template <typename T, int N, bool Send, typename Slices, typename Wait>
-__device__ __forceinline__ bool all_gather_push(const AllReduceParams& params,
+__device__ __forceinline__ bool all_gather_push(const LaunchParams& params,
                                                 const unsigned char* source, u64 gathered_offset,
                                                 unsigned char* output, const Slices& slices,
                                                 const Workers& workers, Wait wait) {
@@ -149,7 +149,7 @@ __device__ __forceinline__ bool all_gather_push(const AllReduceParams& params,
 // peer's writes at a time. False when an exchange gave up.
 template <typename T, int N, typename Slices, typename Exchange, typename StoreVector,
           typename StoreElement>
-__device__ __forceinline__ bool reduce_scatter_ring(const AllReduceParams& params, u64 slot,
+__device__ __forceinline__ bool reduce_scatter_ring(const LaunchParams& params, u64 slot,
                                                     const Slices& slices, const Workers& workers,
                                                     Exchange exchange,
                                                     StoreVector store_vector_op,
@@ -172,7 +172,7 @@ __device__ __forceinline__ bool reduce_scatter_ring(const AllReduceParams& param
 // until rank + k has it and rank - k's slice is in this rank's gather region, and that slice
 // is copied to `output` (indexed like the message). False when an exchange gave up.
 template <typename T, int N, typename Slices, typename Exchange>
-__device__ __forceinline__ bool all_gather_ring(const AllReduceParams& params,
+__device__ __forceinline__ bool all_gather_ring(const LaunchParams& params,
                                                 const unsigned char* source, u64 gathered_offset,
                                                 unsigned char* output, const Slices& slices,
                                                 const Workers& workers, Exchange exchange) {

@@ -77,7 +77,7 @@ __device__ __forceinline__ void for_each_tail_element(const Slices& slices,
 // reduce-scatter slot at o, for every peer o, and the tail to the last rank; then the step flags
 // (kSetStep) at `flag`.
 template <typename T, int N, int Phases, typename Slices>
-__device__ __forceinline__ void reduce_scatter_simple_send(const AllReduceParams& params,
+__device__ __forceinline__ void reduce_scatter_simple_send(const LaunchParams& params,
                                                            const Slices& slices,
                                                            const SimpleShare& share, u64 parity,
                                                            u64 step, u64 flag) {
@@ -112,7 +112,7 @@ __device__ __forceinline__ void reduce_scatter_simple_send(const AllReduceParams
 // takes inside the slice.
 template <typename T, int N, int Phases, typename Slices, typename StoreVector,
           typename StoreElement>
-__device__ __forceinline__ void reduce_scatter_simple_sum(const AllReduceParams& params,
+__device__ __forceinline__ void reduce_scatter_simple_sum(const LaunchParams& params,
                                                           const Slices& slices,
                                                           const SimpleShare& share, u64 parity,
                                                           u64 step, StoreVector store_vector_op,
@@ -141,7 +141,7 @@ __device__ __forceinline__ void reduce_scatter_simple_sum(const AllReduceParams&
 // of its slice from its all-gather slot of this rank's region to `output` (indexed like the
 // message).
 template <typename T, int N, int Phases, typename Slices>
-__device__ __forceinline__ void all_gather_simple_receive(const AllReduceParams& params,
+__device__ __forceinline__ void all_gather_simple_receive(const LaunchParams& params,
                                                           const Slices& slices,
                                                           const SimpleShare& share, u64 parity,
                                                           u64 step, unsigned char* output) {
