@@ -1,7 +1,7 @@
 // all_reduce_full_phased.cu: full all-reduce by whole-message exchange, one peer at a time, as
 // a thread-block cluster kernel.
 //
-// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+// Entry (takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_full_phased_<dtype>  cluster 0 does all the work; every other cluster returns
 //       at once and joins no flag protocol. In phase k (1..world-1) rank r writes its whole
 //       input into its peer slot of rank (r+k) mod world's scratch and nothing to anyone else, so a
@@ -24,10 +24,10 @@ namespace prepare {
 
 struct FullPhased {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome,
+    __device__ static void run(const LaunchParams& params, ClusterFlags& flags, int& outcome,
                                const ClusterPlace& place) {
-        const Range message = whole_message<T>(params.elements);
-        const u64 slot = message_bytes<T>(params.elements);
+        const Range message = whole_message<T>(params.input_elements);
+        const u64 slot = message_bytes<T>(params.input_elements);
 
         for (int k = 1; k < N; ++k) {
             copy_owned<T>(params.input, 0,

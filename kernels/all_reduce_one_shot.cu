@@ -1,6 +1,6 @@
 // all_reduce_one_shot.cu: one-shot all-reduce; every rank reduces the whole message.
 //
-// Entries (each takes AllReduceParams by value; `<dtype>` is the package's):
+// Entries (each takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_one_shot_pull_<dtype>  reads every rank's input region and sums.
 //       Scratch: none. Barriers: start (set 0), end (set 3).
 //   all_reduce_one_shot_push_<dtype>  writes its input into its peer slot of every peer's
@@ -24,8 +24,8 @@ namespace prepare {
 // overwritten.
 struct OneShotPull : StartBarrier {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        sum_whole_message<T, N>(params.buffers, params.output, params.elements);
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
+        sum_whole_message<T, N>(params.buffers, params.output, params.input_elements);
         // End: peers read this rank's input until they raise this flag; once this launch ends
         // the stream may overwrite the input, so no block leaves before its peers are done with
         // its elements (each peer's same-numbered block reads exactly the elements this block
@@ -39,10 +39,10 @@ struct OneShotPull : StartBarrier {
 
 struct OneShotPush : StartBarrier {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         const unsigned int rank = params.rank;
-        const u64 slot = message_bytes<T>(params.elements);
-        const Range message = whole_message<T>(params.elements);
+        const u64 slot = message_bytes<T>(params.input_elements);
+        const Range message = whole_message<T>(params.input_elements);
         const Workers workers = grid_workers();
         // Peers in the order rank+1, rank+2, ... so ranks start on different peers.
         scatter_owned<T, N>(params, params.input, params.scratch_offset, slot, message, workers);

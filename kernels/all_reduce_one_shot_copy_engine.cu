@@ -14,7 +14,7 @@
 // run: they read the peers' registered buffers, which stay mapped until this rank unmaps them,
 // and write only this rank's private scratch.
 //
-// Entries (each takes AllReduceParams by value):
+// Entries (each takes LaunchParams by value):
 //   all_reduce_one_shot_copy_engine_<dtype>  sums buffers[0..world) element-wise, in rank order,
 //       into output: buffers[rank] is the chunk of this rank's input and every other entry the
 //       chunk of a peer's input as copied into this rank's scratch, so it reads local memory
@@ -33,13 +33,13 @@ namespace prepare {
 
 struct CopyEngineSum : NoBegin {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags&) {
+    __device__ static void run(const LaunchParams& params, BlockFlags&) {
         // After an abort (a barrier gave up) the copies may hold anything: write nothing, as
         // every other kernel returns at once then.
         if (load_relaxed_device(params.state) != 0) {
             return;
         }
-        sum_whole_message<T, N>(params.buffers, params.output, params.elements);
+        sum_whole_message<T, N>(params.buffers, params.output, params.input_elements);
     }
 };
 
@@ -47,11 +47,11 @@ struct CopyEngineSum : NoBegin {
 template <unsigned int Set>
 struct CopyEngineBarrier {
     template <int N>
-    __device__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
         return block_begin(params, flags) && block_barrier<N>(params, flags, Set);
     }
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         block_end(params, flags);
     }
 };

@@ -5,7 +5,7 @@
 // (prepare_double_buffer.cuh says why that is safe). Every rank sums its own input and the
 // slots in rank order, so all write the same bytes.
 //
-// Entries (each takes AllReduceParams by value; `<dtype>` is the package's, P its elements per
+// Entries (each takes LaunchParams by value; `<dtype>` is the package's, P its elements per
 // 16-byte vector: 8 for bf16 and fp16, 4 for fp32):
 //   all_reduce_one_shot_push_ll_<dtype>  flags in the data (the ll lines of
 //       prepare_double_buffer.cuh): a vector takes two lines and each tail element one. Each
@@ -45,11 +45,11 @@ __device__ __forceinline__ Range block_share(u64 elements) {
 
 struct OneShotPushLl : LaunchCounter {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         const unsigned int rank = params.rank;
         const u64 parity = flags.epoch & 1;
         const unsigned int flag = line_flag(flags.epoch);
-        const u64 elements = params.elements;
+        const u64 elements = params.input_elements;
         // An empty message still sends one (empty) tail line, so this launch hears from every
         // peer.
         const Range message = block_share<T>(elements == 0 ? 1 : elements);
@@ -127,7 +127,7 @@ struct OneShotPushLl : LaunchCounter {
 // (slot_at_distance), and the tail with the last block's last step; then raises the step's
 // flags.
 template <typename T, int N>
-__device__ __forceinline__ void send_step(const AllReduceParams& params, const SimpleShare& share,
+__device__ __forceinline__ void send_step(const LaunchParams& params, const SimpleShare& share,
                                           u64 parity, u64 step, u64 flag) {
     const unsigned char* input = params.input;
     const u64 first = share.begin + step * share.step_vectors;
@@ -169,7 +169,7 @@ __device__ __forceinline__ void send_step(const AllReduceParams& params, const S
 
 // Sums step `step` of this block's share (its flags were awaited) into the output.
 template <typename T, int N>
-__device__ __forceinline__ void sum_step(const AllReduceParams& params, const SimpleShare& share,
+__device__ __forceinline__ void sum_step(const LaunchParams& params, const SimpleShare& share,
                                          u64 parity, u64 step) {
     unsigned char* output = static_cast<unsigned char*>(params.output);
     const u64 first = share.begin + step * share.step_vectors;
@@ -193,8 +193,8 @@ __device__ __forceinline__ void sum_step(const AllReduceParams& params, const Si
 
 struct OneShotPushSimple : LaunchCounter {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
-        const SimpleShare share = simple_share<T>(params.elements);
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
+        const SimpleShare share = simple_share<T>(params.input_elements);
         const u64 parity = flags.epoch & 1;
         // Steps fit the low 24 bits: a bucket holds at most 4 GiB, 2^28 vectors, and a step at
         // least 32 threads x 4 vectors, so a block never has more than 2^21 steps.

@@ -7,7 +7,7 @@
 // into the peers' scratch, then a flag per step, and each block waits only for its
 // same-numbered block's flags.
 //
-// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+// Entry (takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_rsag_push_simple_<dtype>  block b takes the same share of every slice: an equal
 //       share of the longest slice's vectors, at the same place inside each slice, moved in
 //       steps of 4 vectors per thread (the last block also the tail, in its last step). Step s
@@ -47,189 +47,68 @@
 #include "prepare_double_buffer.cuh"
 #include "prepare_entry.cuh"
 #include "prepare_layout.cuh"
+#include "prepare_phases_simple.cuh"
 
 namespace prepare {
 
 // The RSAG's two phases, each with a peer slot per peer in every chunk row of the region
 // (prepare_double_buffer.cuh): the scatter's slots, then the gather's.
 constexpr int kRsagPhases = 2;
-constexpr unsigned int kScatterPhase = 0;
-constexpr unsigned int kGatherPhase = 1;
-
-// Where byte `byte` of this rank's slot of phase `phase` lies at `peer`.
-template <int N>
-__device__ __forceinline__ unsigned char* peer_phase_byte(const PeerSlot& peer, unsigned int phase,
-                                                          u64 byte, u64 parity) {
-    return slot_byte<N, kRsagPhases>(peer.region, byte, parity, phase * (N - 1) + peer.slot);
-}
-
-// Moves this thread's vectors of step `step` of `share` whose place inside the slice is below
-// `limit`: all loaded (load(v)), then all stored (store(v, x)), so a step's loads are in flight
-// together.
-template <typename Load, typename Store>
-__device__ __forceinline__ void move_step(const SimpleShare& share, u64 step, u64 limit,
-                                          Load load, Store store) {
-    const u64 first = share.begin + step * share.step_vectors;
-    const u64 end = min_u64(share.end, limit);
-    Vec16 x[kSimpleStepVectors];
-#pragma unroll
-    for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
-        const u64 v = first + u * blockDim.x + threadIdx.x;
-        if (v < end) {
-            x[u] = load(v);
-        }
-    }
-#pragma unroll
-    for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
-        const u64 v = first + u * blockDim.x + threadIdx.x;
-        if (v < end) {
-            store(v, x[u]);
-        }
-    }
-}
-
-// Calls op(e, byte) for the tail elements this thread moves in step `step`, with the byte each
-// takes inside the last slice, in the last block's last step only.
-template <typename T, int N, typename Op>
-__device__ __forceinline__ void for_each_tail_element(const AllReduceParams& params,
-                                                      const SimpleShare& share, u64 step, Op op) {
-    if (!share.tail_block || step + 1 != share.steps) {
-        return;
-    }
-    // The tail's range from the element count, so that it takes no registers through the steps.
-    const Range last = slice_of<T, N>(N - 1, params.elements);
-    const u64 first = last.begin_vector * T::kPerVector;
-    for_each_owned(
-        Range{0, 0, last.tail_begin, last.tail_end}, Workers{threadIdx.x, blockDim.x}, [](u64) {},
-        [&](u64 e) { op(e, (e - first) * sizeof(typename T::Bits)); });
-}
-
-// Scatter of step `step`: slice o's vectors of this rank's input into this rank's scatter slot
-// at o, for every peer o, and the tail to the last rank; then the step flags.
-template <typename T, int N>
-__device__ __forceinline__ void scatter_step(const AllReduceParams& params,
-                                             const SimpleShare& share, u64 parity, u64 step,
-                                             u64 flag) {
-    const unsigned char* input = params.input;
-#pragma unroll
-    for (int k = 1; k < N; ++k) {
-        const Range slice = slice_of<T, N>((params.rank + k) % N, params.elements);
-        const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
-        move_step(
-            share, step, slice.end_vector - slice.begin_vector,
-            [&](u64 v) { return load_vector(input, slice.begin_vector + v); },
-            [&](u64 v, const Vec16& x) {
-                store_vector(peer_phase_byte<N>(peer, kScatterPhase, v * 16, parity), 0, x);
-            });
-    }
-    if (params.rank != N - 1) {
-        const PeerSlot owner =
-            peer_at_distance<N>(params, N - 1 - params.rank, params.scratch_offset);
-        for_each_tail_element<T, N>(params, share, step, [&](u64 e, u64 byte) {
-            store_element<T>(peer_phase_byte<N>(owner, kScatterPhase, byte, parity), 0,
-                             load_element<T>(input, e));
-        });
-    }
-    raise_step_flags<N>(params, kSetStep, flag);
-}
-
-// Reduce of step `step` (its scatter flags were awaited): this rank's slice, summed in rank
-// order, into the output and into this rank's gather slot at every peer; then the gather flags.
-template <typename T, int N>
-__device__ __forceinline__ void reduce_step(const AllReduceParams& params,
-                                            const SimpleShare& share, u64 parity, u64 step,
-                                            u64 flag) {
-    unsigned char* output = static_cast<unsigned char*>(params.output);
-    const Range own = slice_of<T, N>(params.rank, params.elements);
-    const u64 first = share.begin + step * share.step_vectors;
-    const u64 end = min_u64(share.end, own.end_vector - own.begin_vector);
-#pragma unroll 1
-    for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
-        const u64 v = first + u * blockDim.x + threadIdx.x;
-        if (v < end) {
-            const Vec16 sum = sum_received_vector<T, N, kRsagPhases>(
-                params, parity, own.begin_vector + v, v * 16);
-            store_vector(output, own.begin_vector + v, sum);
-#pragma unroll
-            for (int k = 1; k < N; ++k) {
-                const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
-                store_vector(peer_phase_byte<N>(peer, kGatherPhase, v * 16, parity), 0, sum);
-            }
-        }
-    }
-    if (params.rank == N - 1) {
-        for_each_tail_element<T, N>(params, share, step, [&](u64 e, u64 byte) {
-            const typename T::Bits sum =
-                sum_received_element<T, N, kRsagPhases>(params, parity, e, byte);
-            store_element<T>(output, e, sum);
-#pragma unroll 1
-            for (int k = 1; k < N; ++k) {
-                const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
-                store_element<T>(peer_phase_byte<N>(peer, kGatherPhase, byte, parity), 0, sum);
-            }
-        });
-    }
-    raise_step_flags<N>(params, kSetGatherStep, flag);
-}
-
-// Gather of step `step` (its gather flags were awaited): every peer's reduced part of its slice
-// from its gather slot of this rank's region to the output.
-template <typename T, int N>
-__device__ __forceinline__ void gather_step(const AllReduceParams& params,
-                                            const SimpleShare& share, u64 parity, u64 step) {
-    unsigned char* output = static_cast<unsigned char*>(params.output);
-    // Peers one at a time (and in the tail's sums): with these loops unrolled the kernel spills
-    // at some world sizes under the 64 registers of 1024-thread blocks.
-#pragma unroll 1
-    for (int k = 1; k < N; ++k) {
-        const int owner = (params.rank + k) % N;
-        const Range slice = slice_of<T, N>(owner, params.elements);
-        move_step(
-            share, step, slice.end_vector - slice.begin_vector,
-            [&](u64 v) {
-                return load_vector(
-                    received_byte<N, kRsagPhases>(params, owner, v * 16, parity, kGatherPhase),
-                    0);
-            },
-            [&](u64 v, const Vec16& x) { store_vector(output, slice.begin_vector + v, x); });
-    }
-    if (params.rank != N - 1) {
-        for_each_tail_element<T, N>(params, share, step, [&](u64 e, u64 byte) {
-            store_element<T>(output, e,
-                             load_element<T>(received_byte<N, kRsagPhases>(
-                                                 params, N - 1, byte, parity, kGatherPhase),
-                                             0));
-        });
-    }
-}
 
 struct RsagPushSimple : LaunchCounter {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
+        const auto slices = message_slices<T, N>(params);
         // Block b's share of every slice: the same vectors, counted from each slice's start.
         const SimpleShare share =
-            simple_share_of<T>(slice_vectors<T, N>(params.elements), params.elements);
+            simple_share_of<T>(slice_vectors<T, N>(params.input_elements), params.input_elements);
         const u64 parity = flags.epoch & 1;
         // Steps fit the low 24 bits, as in the simple one-shot: a slice has fewer vectors than
         // the message.
         const u64 flag_base = flags.epoch << 24;
+        unsigned char* output = static_cast<unsigned char*>(params.output);
+        // The reduce's sums go to the output and to this rank's gather slot at every peer.
+        const auto send_vector = [&](u64 v, u64 byte, const Vec16& sum) {
+            store_vector(output, v, sum);
+#pragma unroll
+            for (int k = 1; k < N; ++k) {
+                const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
+                store_vector(peer_phase_byte<N, kRsagPhases>(
+                                 peer, all_gather_slots<kRsagPhases>(), byte, parity),
+                             0, sum);
+            }
+        };
+        const auto send_element = [&](u64 e, u64 byte, typename T::Bits sum) {
+            store_element<T>(output, e, sum);
+#pragma unroll 1
+            for (int k = 1; k < N; ++k) {
+                const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
+                store_element<T>(peer_phase_byte<N, kRsagPhases>(
+                                     peer, all_gather_slots<kRsagPhases>(), byte, parity),
+                                 0, sum);
+            }
+        };
         // In pass p: the scatter of step p, the reduce of step p - 1, the gather of step p - 2.
 #pragma unroll 1
         for (u64 pass = 0; pass < share.steps + 2; ++pass) {
             if (pass < share.steps) {
-                scatter_step<T, N>(params, share, parity, pass, flag_base | (pass + 1));
+                reduce_scatter_simple_send<T, N, kRsagPhases>(params, slices, share, parity, pass,
+                                                              flag_base | (pass + 1));
             }
             if (pass >= 1 && pass <= share.steps) {
                 if (!wait_step_flags<N>(params, flags, kSetStep, flag_base | pass)) {
                     break;
                 }
-                reduce_step<T, N>(params, share, parity, pass - 1, flag_base | pass);
+                reduce_scatter_simple_sum<T, N, kRsagPhases>(params, slices, share, parity,
+                                                             pass - 1, send_vector, send_element);
+                raise_step_flags<N>(params, kSetGatherStep, flag_base | pass);
             }
             if (pass >= 2) {
                 if (!wait_step_flags<N>(params, flags, kSetGatherStep, flag_base | (pass - 1))) {
                     break;
                 }
-                gather_step<T, N>(params, share, parity, pass - 2);
+                all_gather_simple_receive<T, N, kRsagPhases>(params, slices, share, parity,
+                                                             pass - 2, output);
             }
         }
         launch_end(params, flags);

@@ -1,7 +1,7 @@
 // all_reduce_rsag_phased.cu: reduce-scatter then all-gather all-reduce, one peer at a time, as
 // a thread-block cluster kernel.
 //
-// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+// Entry (takes LaunchParams by value; `<dtype>` is the package's):
 //   all_reduce_rsag_phased_<dtype>  cluster 0 does all the work; every other cluster returns
 //       at once and joins no flag protocol. Slices as in all_reduce_rsag.cu (rank s owns slice
 //       s and alone sums it, in rank order). In scatter phase k (1..world-1) rank r writes its
@@ -22,44 +22,33 @@
 #include "prepare_cluster.cuh"
 #include "prepare_entry.cuh"
 #include "prepare_layout.cuh"
+#include "prepare_phases.cuh"
 
 namespace prepare {
 
 struct RsagPhased {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params, ClusterFlags& flags, int& outcome,
+    __device__ static void run(const LaunchParams& params, ClusterFlags& flags, int& outcome,
                                const ClusterPlace& place) {
-        const unsigned int rank = params.rank;
-        const u64 slot = slot_bytes<T, N>(params.elements);
+        const auto slices = message_slices<T, N>(params);
+        const u64 slot = slot_bytes<T, N>(params.input_elements);
         const u64 gathered_offset = params.scratch_offset + (N - 1) * slot;
-        unsigned char* own_scratch = params.buffers[rank] + params.scratch_offset;
         unsigned char* output = static_cast<unsigned char*>(params.output);
-
-        for (int k = 1; k < N; ++k) {
-            copy_slice_to_owner<T, N>(params, (rank + k) % N, slot, place.workers);
-            // Scatter phase k: the piece is in rank + k's slot, and rank - k's piece of this
-            // rank's slice is in this rank's slot.
-            if (!ring_exchange<N>(params, flags, outcome, place, kSetData, k)) {
-                return;
-            }
-        }
-
-        const Range own = slice_of<T, N>(rank, params.elements);
-        const unsigned char* sources[N];
-        rank_sources<N>(rank, params.input + own.begin_vector * 16, own_scratch, slot, sources);
-        sum_owned<T, N>(sources, own.begin_vector, output, own, place.workers);
-
-        const unsigned char* gathered = own_scratch + (N - 1) * slot;
-        for (int k = 1; k < N; ++k) {
-            // The same thread wrote these output elements above.
-            copy_owned<T>(output, 0, params.buffers[(rank + k) % N] + gathered_offset, 0, own,
-                          place.workers);
-            // Gather phase k: this rank's slice is at rank + k, rank - k's slice here.
-            if (!ring_exchange<N>(params, flags, outcome, place, kSetGather, k)) {
-                return;
-            }
-            copy_owned<T>(gathered, 0, output, 0,
-                          slice_of<T, N>((rank + N - k) % N, params.elements), place.workers);
+        // Scatter phase k: the piece is in rank + k's slot, and rank - k's piece of this rank's
+        // slice is in this rank's slot. Gather phase k: this rank's slice is at rank + k,
+        // rank - k's slice here.
+        if (!reduce_scatter_ring<T, N>(
+                params, slot, slices, place.workers,
+                [&](int k) { return ring_exchange<N>(params, flags, outcome, place, kSetData, k); },
+                [&](u64 v, const Vec16& sum) { store_vector(output, v, sum); },
+                [&](u64 e, typename T::Bits sum) { store_element<T>(output, e, sum); }) ||
+            // The same thread wrote the output elements it sends.
+            !all_gather_ring<T, N>(params, output, gathered_offset, output, slices, place.workers,
+                                   [&](int k) {
+                                       return ring_exchange<N>(params, flags, outcome, place,
+                                                               kSetGather, k);
+                                   })) {
+            return;
         }
         // No end barrier: no peer reads this rank's memory, and peers write its scratch again
         // only after the next launch's start exchange.

@@ -6,7 +6,7 @@
 // slice's first element. This kernel writes the rank-order sum of the slots (the reference sum,
 // prepare_element.cuh) and the host all-gathers the sums with ncclAllGather.
 //
-// Entry (takes AllReduceParams by value; `<dtype>` is the package's):
+// Entry (takes LaunchParams by value; `<dtype>` is the package's):
 //   nccl_rank_order_sum_<dtype>  reads `input` (the N slots, slot q at q * slot_bytes(elements))
 //       and writes this rank's slice of the sum to `output`, indexed from the slice's first
 //       element. Fields read: input, output, elements (the whole message), rank, world, and
@@ -23,7 +23,7 @@ namespace prepare {
 
 // The body of a kernel that only reads and writes local memory.
 template <typename Algorithm, typename T, int N>
-__device__ __forceinline__ void local_kernel(const AllReduceParams& params) {
+__device__ __forceinline__ void local_kernel(const LaunchParams& params) {
     wait_for_previous_grid();
     allow_next_grid();
     const u64 addresses = reinterpret_cast<u64>(params.input) |
@@ -43,9 +43,9 @@ __device__ __forceinline__ void local_kernel(const AllReduceParams& params) {
 
 struct RankOrderSum {
     template <typename T, int N>
-    __device__ static void run(const AllReduceParams& params) {
-        const Range slice = slice_of<T, N>(params.rank, params.elements);
-        const u64 slot = slot_bytes<T, N>(params.elements);
+    __device__ static void run(const LaunchParams& params) {
+        const Range slice = slice_of<T, N>(params.rank, params.input_elements);
+        const u64 slot = slot_bytes<T, N>(params.input_elements);
         const unsigned char* sources[N];
 #pragma unroll
         for (int q = 0; q < N; ++q) {

@@ -1,6 +1,8 @@
-// prepare_abi.cuh: the launch contract shared by every custom all-reduce kernel and the host.
+// prepare_abi.cuh: the launch contract shared by every custom kernel and the host.
 //
-// The host mirror is `prepare::kernels::AllReduceParams` (#[repr(C)]); keep the two identical.
+// Every kernel of every collective (all_reduce, reduce_scatter, all_gather,
+// all_reduce_add_rms_norm) takes one LaunchParams by value. The host mirror is
+// `prepare::abi::LaunchParams` (#[repr(C)]); keep the two identical.
 //
 // Memory each rank registers once and shares with its peers by CUDA IPC:
 //   buffer:  [0, input region)                the message, for kernels whose peers read it
@@ -50,14 +52,25 @@
 // over the lanes (lanes 2i and 2i + 1, then pairs of those, ...). prepare::reference::epilogue.
 #define PREPARE_NORM_LANES 2048
 
-struct AllReduceParams {
+// A message is rows x width elements. Which fields each collective reads, beyond the buffers,
+// signals, state, scratch_offset, timeout_ns, rank and world that every kernel reads:
+//   all_reduce               input, output, input_elements (the message; output_elements is the
+//                            same, rows 1 and width the count, unread; the epilogue's null, 0)
+//   reduce_scatter           input (rows x width), output (this rank's rows), input_elements,
+//                            output_elements, rows, width
+//   all_gather               input (this rank's rows), output (rows x width), input_elements,
+//                            output_elements, rows, width
+//   all_reduce_add_rms_norm  the all-reduce's, and rows, width (the hidden size), residual,
+//                            weight, normed and eps
+// The fields every all-reduce kernel reads come first, at the offsets they have always had.
+struct LaunchParams {
     // buffers[r]: rank r's registered buffer mapped into this process; buffers[rank] is local.
     unsigned char* buffers[PREPARE_MAX_RANKS];
     // signals[r]: rank r's signal flags mapped into this process.
     unsigned long long* signals[PREPARE_MAX_RANKS];
     // This rank's state words (abort word, per-block epochs, per-block launch counts).
     unsigned long long* state;
-    // Where the sum goes: local memory, which may be `input` itself (in place) but not a
+    // Where the result goes: local memory, which may be `input` itself (in place) but not a
     // registered buffer's scratch. Kernels whose peers read the input region (one-shot pull,
     // RSAG pull, the copy-engine one-shot) need it outside buffers[rank]'s input region unless
     // the kernel says otherwise.
@@ -67,13 +80,28 @@ struct AllReduceParams {
     // Kernels whose peers read the input read buffers[rank] instead; the host copies the
     // message there first unless it already is there.
     const unsigned char* input;
-    // Elements in the message (any count up to the bucket's capacity; tails included).
-    unsigned long long elements;
+    // Elements of this rank's input (any count up to the bucket's capacity; tails included).
+    unsigned long long input_elements;
     // Byte offset of this kernel's scratch region inside every rank's buffer (the same on every
-    // rank); at least 2 * elements.
+    // rank); at least 2 * input_elements.
     unsigned long long scratch_offset;
     // Deadline for every spin, in nanoseconds of %globaltimer from the kernel's start.
     unsigned long long timeout_ns;
     unsigned int rank;
     unsigned int world;
+    // Elements of this rank's output.
+    unsigned long long output_elements;
+    // The message's shape: rows x width elements (an all-reduce's: 1 x input_elements).
+    unsigned long long rows;
+    unsigned long long width;
+    // The fused epilogue's operands (all_reduce_add_rms_norm; null for every other collective):
+    // the residual added to the sum, the RMSNorm's weight (width elements), and where the
+    // normalised rows go.
+    void* residual;
+    const void* weight;
+    void* normed;
+    // The RMSNorm's epsilon (0 for every other collective).
+    float eps;
+    // Always 0: the struct's tail, explicit so that it has no implicit padding.
+    unsigned int padding;
 };

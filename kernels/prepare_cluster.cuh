@@ -66,13 +66,13 @@ struct ClusterFlags {
 // The cluster kernel's checks: the common ones plus a real cluster (a launch without cluster
 // dimensions reports one CTA per cluster) whose CTAs each have a thread to receive the outcome.
 template <typename T, int N>
-__device__ __forceinline__ bool cluster_launch_is_valid(const AllReduceParams& params) {
+__device__ __forceinline__ bool cluster_launch_is_valid(const LaunchParams& params) {
     const unsigned int ctas = cluster_cta_count();
     return launch_is_valid<T, N>(params, gridDim.x) && ctas >= 2 && ctas <= blockDim.x;
 }
 
 // Every thread of every CTA calls it; CTA 0 reads the abort word and its epoch.
-__device__ __forceinline__ void cluster_begin(const AllReduceParams& params, ClusterFlags& flags,
+__device__ __forceinline__ void cluster_begin(const LaunchParams& params, ClusterFlags& flags,
                                               unsigned int cta) {
     if (cta == 0) {
         if (threadIdx.x == 0) {
@@ -90,7 +90,7 @@ __device__ __forceinline__ void cluster_begin(const AllReduceParams& params, Clu
 // calls it with the same arguments; false (the same everywhere) means return at once. Once it
 // returns false no CTA touches another's shared memory again, so returning is safe.
 template <int N>
-__device__ __forceinline__ bool cluster_exchange(const AllReduceParams& params, ClusterFlags& flags,
+__device__ __forceinline__ bool cluster_exchange(const LaunchParams& params, ClusterFlags& flags,
                                                  int& outcome, unsigned int cta, unsigned int ctas,
                                                  unsigned int set, unsigned int send_to,
                                                  unsigned int wait_for) {
@@ -121,7 +121,7 @@ __device__ __forceinline__ bool cluster_exchange(const AllReduceParams& params, 
     return outcome == 0;
 }
 
-__device__ __forceinline__ void cluster_end(const AllReduceParams& params,
+__device__ __forceinline__ void cluster_end(const LaunchParams& params,
                                             const ClusterFlags& flags, unsigned int cta) {
     if (cta == 0 && threadIdx.x == 0) {
         params.state[1 + blockIdx.x] = flags.epoch;
@@ -137,7 +137,7 @@ __device__ __forceinline__ unsigned int all_peers(unsigned int rank) {
 // A cluster kernel's begin and its start exchange with every peer (set 0): false means return
 // at once.
 template <int N>
-__device__ __forceinline__ bool cluster_begin_with_start(const AllReduceParams& params,
+__device__ __forceinline__ bool cluster_begin_with_start(const LaunchParams& params,
                                                          ClusterFlags& flags, int& outcome,
                                                          unsigned int cta, unsigned int ctas) {
     cluster_begin(params, flags, cta);
@@ -165,7 +165,7 @@ __device__ __forceinline__ ClusterPlace cluster_place() {
 // rank + k, and waits until that peer has it and rank - k's part for this rank is here. False
 // (the same in every thread) means a peer timed out: return at once.
 template <int N>
-__device__ __forceinline__ bool ring_exchange(const AllReduceParams& params, ClusterFlags& flags,
+__device__ __forceinline__ bool ring_exchange(const LaunchParams& params, ClusterFlags& flags,
                                               int& outcome, const ClusterPlace& place,
                                               unsigned int set, int k) {
     return cluster_exchange<N>(params, flags, outcome, place.cta, place.ctas, set,
@@ -178,7 +178,7 @@ __device__ __forceinline__ bool ring_exchange(const AllReduceParams& params, Clu
 // read this rank's scratch, so it may be overwritten) and runs `Algorithm::run<T, N>`; every
 // other cluster returns at once, joining no flag protocol.
 template <typename Algorithm, typename T, int N>
-__device__ __forceinline__ void cluster_kernel(const AllReduceParams& params) {
+__device__ __forceinline__ void cluster_kernel(const LaunchParams& params) {
     wait_for_previous_grid();
     allow_next_grid();
     if (cluster_index() != 0) {

@@ -42,14 +42,14 @@ namespace prepare {
 
 // Every thread of the block calls it first; false means return at once. `flags.epoch` is then
 // this launch's number, whose parity picks the scratch half.
-__device__ __forceinline__ bool launch_begin(const AllReduceParams& params, BlockFlags& flags) {
+__device__ __forceinline__ bool launch_begin(const LaunchParams& params, BlockFlags& flags) {
     return begin_counted(params, flags, params.state + PREPARE_STATE_LAUNCH_WORDS + blockIdx.x);
 }
 
 // The begin of the double-buffered algorithms: the launch counter, no barrier.
 struct LaunchCounter {
     template <int N>
-    __device__ __forceinline__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ __forceinline__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
         return launch_begin(params, flags);
     }
 };
@@ -58,7 +58,7 @@ struct LaunchCounter {
 // counter copies b, b + grid, b + 2 * grid, ... (its own was read when it began, in thread 0,
 // before the barrier here). A block that timed out leaves them, since the abort word already
 // stops every later launch.
-__device__ __forceinline__ void launch_end(const AllReduceParams& params, const BlockFlags& flags) {
+__device__ __forceinline__ void launch_end(const LaunchParams& params, const BlockFlags& flags) {
     __syncthreads();
     if (flags.timed_out) {
         return;
@@ -129,7 +129,7 @@ __device__ __forceinline__ void send_word_line(unsigned char* region, u64 line, 
 // data words (two per line) into `data` and zeroes them. A line still missing is the only one
 // loaded again. False (abort recorded) when the deadline passed first.
 template <int N, int Count>
-__device__ __forceinline__ bool receive_lines(const AllReduceParams& params, BlockFlags& flags,
+__device__ __forceinline__ bool receive_lines(const LaunchParams& params, BlockFlags& flags,
                                               u64 first, u64 parity, unsigned int source,
                                               unsigned int flag, unsigned int* data) {
     unsigned char* region = params.buffers[params.rank] + params.scratch_offset;
@@ -226,7 +226,7 @@ __device__ __forceinline__ unsigned char* slot_byte(unsigned char* region, u64 b
 // Where rank q's part of slot byte `byte` lies in this rank's region (q not this rank), in the
 // slots of phase `phase` of a kernel with `Phases` phases.
 template <int N, int Phases = 1>
-__device__ __forceinline__ const unsigned char* received_byte(const AllReduceParams& params,
+__device__ __forceinline__ const unsigned char* received_byte(const LaunchParams& params,
                                                               int q, u64 byte, u64 parity,
                                                               unsigned int phase = 0) {
     return slot_byte<N, Phases>(
@@ -237,7 +237,7 @@ __device__ __forceinline__ const unsigned char* received_byte(const AllReducePar
 // The rank-ordered sum of one vector: this rank's part from `input` at vector `input_vector`,
 // every peer's from its peer slot of this rank's region (phase 0) at slot byte `byte`.
 template <typename T, int N, int Phases = 1>
-__device__ __forceinline__ Vec16 sum_received_vector(const AllReduceParams& params, u64 parity,
+__device__ __forceinline__ Vec16 sum_received_vector(const LaunchParams& params, u64 parity,
                                                      u64 input_vector, u64 byte) {
     return sum_vectors_from<T, N>([&](int q) {
         return static_cast<unsigned int>(q) == params.rank
@@ -248,7 +248,7 @@ __device__ __forceinline__ Vec16 sum_received_vector(const AllReduceParams& para
 
 // The rank-ordered sum of element `e`, every peer's part at slot byte `byte` (phase 0).
 template <typename T, int N, int Phases = 1>
-__device__ __forceinline__ typename T::Bits sum_received_element(const AllReduceParams& params,
+__device__ __forceinline__ typename T::Bits sum_received_element(const LaunchParams& params,
                                                                  u64 parity, u64 e, u64 byte) {
     typename T::Bits x[N];
 #pragma unroll
@@ -264,7 +264,7 @@ __device__ __forceinline__ typename T::Bits sum_received_element(const AllReduce
 // rank, this block) at every peer once every thread's stores of the step are issued; release
 // is cumulative through bar.sync, as in block_barrier.
 template <int N>
-__device__ __forceinline__ void raise_step_flags(const AllReduceParams& params, unsigned int set,
+__device__ __forceinline__ void raise_step_flags(const LaunchParams& params, unsigned int set,
                                                  u64 flag) {
     __syncthreads();
     const unsigned int peer = threadIdx.x;
@@ -277,7 +277,7 @@ __device__ __forceinline__ void raise_step_flags(const AllReduceParams& params, 
 // Waits until every peer's step flag in set `set` for this block reached `flag`. Every thread
 // calls it; false (the same in every thread) means a peer timed out.
 template <int N>
-__device__ __forceinline__ bool wait_step_flags(const AllReduceParams& params, BlockFlags& flags,
+__device__ __forceinline__ bool wait_step_flags(const LaunchParams& params, BlockFlags& flags,
                                                 unsigned int set, u64 flag) {
     // Every thread has read the previous outcome before anyone may change it.
     __syncthreads();

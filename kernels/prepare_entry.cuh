@@ -20,7 +20,7 @@ namespace prepare {
 // algorithm's protocol does (`Algorithm::begin<N>`, which its base gives: StartBarrier,
 // LaunchCounter or NoBegin), then runs the algorithm, unless the begin gave up.
 template <typename Algorithm, typename T, int N>
-__device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
+__device__ __forceinline__ void block_kernel(const LaunchParams& params) {
     wait_for_previous_grid();
     allow_next_grid();
     if (!block_launch_is_valid<T, N>(params)) {
@@ -36,7 +36,7 @@ __device__ __forceinline__ void block_kernel(const AllReduceParams& params) {
 // An algorithm that waits for nothing when it begins.
 struct NoBegin {
     template <int N>
-    __device__ __forceinline__ static bool begin(const AllReduceParams&, BlockFlags&) {
+    __device__ __forceinline__ static bool begin(const LaunchParams&, BlockFlags&) {
         return true;
     }
 };
@@ -49,7 +49,7 @@ struct NoBegin {
 // Up to 1024 threads per block (the most a ladder bucket may ask for) must be launchable.
 #define PREPARE_ENTRY(name, shape, Algorithm)                                                  \
     extern "C" __global__ void __launch_bounds__(1024, 1)                                      \
-        PREPARE_ENTRY_NAME(name, PREPARE_DTYPE)(AllReduceParams params) {                      \
+        PREPARE_ENTRY_NAME(name, PREPARE_DTYPE)(LaunchParams params) {                      \
         prepare::shape<Algorithm, prepare::PREPARE_ELEMENT, PREPARE_WORLD>(params);            \
     }
 #else

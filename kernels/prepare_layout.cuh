@@ -96,7 +96,7 @@ struct PeerSlot {
 };
 
 template <int N>
-__device__ __forceinline__ PeerSlot peer_at_distance(const AllReduceParams& params, int k,
+__device__ __forceinline__ PeerSlot peer_at_distance(const LaunchParams& params, int k,
                                                      u64 offset) {
     return {params.buffers[(params.rank + k) % N] + offset, slot_at_distance<N>(k)};
 }
@@ -150,10 +150,9 @@ __device__ __forceinline__ void copy_owned(const unsigned char* source, u64 sour
 // The RSAG scatter to one owner: the owner's slice of this rank's input goes to this rank's
 // peer slot in the owner's scratch (slots of `slot` bytes), at its offset inside the slice.
 template <typename T, int N>
-__device__ __forceinline__ void copy_slice_to_owner(const AllReduceParams& params,
-                                                    unsigned int owner, u64 slot,
-                                                    const Workers& workers) {
-    const Range slice = slice_of<T, N>(owner, params.elements);
+__device__ __forceinline__ void copy_slice_to_owner(const LaunchParams& params,
+                                                    unsigned int owner, const Range& slice,
+                                                    u64 slot, const Workers& workers) {
     copy_owned<T>(params.input, 0,
                   params.buffers[owner] + params.scratch_offset +
                       peer_slot<N>(params.rank, owner) * slot,
@@ -166,7 +165,7 @@ __device__ __forceinline__ void copy_slice_to_owner(const AllReduceParams& param
 // send_element_op(peer, e, value) write it at each peer (its PeerSlot).
 template <int N, typename LoadVector, typename LoadElement, typename SendVector,
           typename SendElement>
-__device__ __forceinline__ void send_owned(const AllReduceParams& params, u64 offset,
+__device__ __forceinline__ void send_owned(const LaunchParams& params, u64 offset,
                                            const Range& range, const Workers& workers,
                                            LoadVector load_vector_op, LoadElement load_element_op,
                                            SendVector send_vector_op,
@@ -193,7 +192,7 @@ __device__ __forceinline__ void send_owned(const AllReduceParams& params, u64 of
 // peer's buffer, at `offset` plus this rank's peer slot there times `slot` (0: the same offset
 // at every peer), indexed like the message (send_owned).
 template <typename T, int N>
-__device__ __forceinline__ void scatter_owned(const AllReduceParams& params,
+__device__ __forceinline__ void scatter_owned(const LaunchParams& params,
                                               const unsigned char* source, u64 offset, u64 slot,
                                               const Range& range, const Workers& workers) {
     send_owned<N>(

@@ -137,7 +137,7 @@ __device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadli
 // block needs a thread per rank to raise and wait for flags. N is the world size the kernel was
 // compiled for, T its element type.
 template <typename T, int N>
-__device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
+__device__ __forceinline__ bool launch_is_valid(const LaunchParams& params,
                                                 unsigned int blocks) {
     if (params.world != N || params.rank >= params.world) {
         return false;
@@ -146,7 +146,7 @@ __device__ __forceinline__ bool launch_is_valid(const AllReduceParams& params,
         blockDim.z != 1 || gridDim.y != 1 || gridDim.z != 1) {
         return false;
     }
-    if (params.elements > params.scratch_offset / sizeof(typename T::Bits) ||
+    if (params.input_elements > params.scratch_offset / sizeof(typename T::Bits) ||
         params.state == nullptr || params.output == nullptr || params.input == nullptr) {
         return false;
     }
@@ -178,7 +178,7 @@ struct BlockFlags {
 
 // Every thread of the block calls it first, with the state word that counts the launches this
 // one follows; false means return at once.
-__device__ __forceinline__ bool begin_counted(const AllReduceParams& params, BlockFlags& flags,
+__device__ __forceinline__ bool begin_counted(const LaunchParams& params, BlockFlags& flags,
                                               const u64* counter) {
     if (threadIdx.x == 0) {
         flags.stopped = load_relaxed_device(params.state) != 0;
@@ -191,14 +191,14 @@ __device__ __forceinline__ bool begin_counted(const AllReduceParams& params, Blo
 }
 
 // A barrier kernel's begin: the block's own epoch counts.
-__device__ __forceinline__ bool block_begin(const AllReduceParams& params, BlockFlags& flags) {
+__device__ __forceinline__ bool block_begin(const LaunchParams& params, BlockFlags& flags) {
     return begin_counted(params, flags, params.state + 1 + blockIdx.x);
 }
 
 // A barrier between this block and the same-numbered block of every peer. Every thread of the
 // block calls it; false (the same in every thread) means a peer timed out: return at once.
 template <int N>
-__device__ __forceinline__ bool block_barrier(const AllReduceParams& params, BlockFlags& flags,
+__device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockFlags& flags,
                                               unsigned int set) {
     // Every thread's loads and stores before the barrier are done before its flags go out;
     // st.release.sys then carries them to the peers (release is cumulative through bar.sync).
@@ -220,7 +220,7 @@ __device__ __forceinline__ bool block_barrier(const AllReduceParams& params, Blo
 
 // A barrier kernel's begin and its start barrier (set 0): false means return at once.
 template <int N>
-__device__ __forceinline__ bool begin_with_start_barrier(const AllReduceParams& params,
+__device__ __forceinline__ bool begin_with_start_barrier(const LaunchParams& params,
                                                          BlockFlags& flags) {
     return block_begin(params, flags) && block_barrier<N>(params, flags, kSetStart);
 }
@@ -231,13 +231,13 @@ __device__ __forceinline__ bool begin_with_start_barrier(const AllReduceParams& 
 // overwritten.
 struct StartBarrier {
     template <int N>
-    __device__ __forceinline__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {
+    __device__ __forceinline__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
         return begin_with_start_barrier<N>(params, flags);
     }
 };
 
 // The launch finished: the next launch of this block number uses the next epoch.
-__device__ __forceinline__ void block_end(const AllReduceParams& params, const BlockFlags& flags) {
+__device__ __forceinline__ void block_end(const LaunchParams& params, const BlockFlags& flags) {
     if (threadIdx.x == 0) {
         params.state[1 + blockIdx.x] = flags.epoch;
     }
@@ -245,7 +245,7 @@ __device__ __forceinline__ void block_end(const AllReduceParams& params, const B
 
 // Stamps the block's arrival word with when this launch began (%globaltimer), once the launch
 // checks passed; only this block writes it, and only the host reads it, after the launch.
-__device__ __forceinline__ void record_arrival(const AllReduceParams& params) {
+__device__ __forceinline__ void record_arrival(const LaunchParams& params) {
     if (threadIdx.x == 0) {
         params.state[PREPARE_STATE_ARRIVAL_WORDS + blockIdx.x] = global_timer_ns();
     }
@@ -253,7 +253,7 @@ __device__ __forceinline__ void record_arrival(const AllReduceParams& params) {
 
 // Refuses an invalid launch for every block and records why once per block.
 template <typename T, int N>
-__device__ __forceinline__ bool block_launch_is_valid(const AllReduceParams& params) {
+__device__ __forceinline__ bool block_launch_is_valid(const LaunchParams& params) {
     if (launch_is_valid<T, N>(params, gridDim.x)) {
         return true;
     }

@@ -13,7 +13,7 @@ use crate::gpu::driver::{
 use crate::gpu::nccl::{
     CommConfig, Communicator, InitEnvironment, NcclError, NcclMemory, UniqueId,
 };
-use crate::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+use crate::kernels::{LaunchParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
 mod operand_error;
 mod timeout;
@@ -750,7 +750,7 @@ impl PeerMemory {
             .map(|buffer| buffer as &dyn DeviceMemory)
     }
 
-    /// The kernel parameters for a message of `elements` at device address `input`, summed
+    /// The kernel parameters for an all-reduce of `elements` at device address `input`, summed
     /// into device address `output`, for a kernel whose scratch starts at `scratch_offset` in
     /// every rank's buffer.
     pub fn params(
@@ -760,7 +760,7 @@ impl PeerMemory {
         elements: u64,
         scratch_offset: u64,
         timeout: Duration,
-    ) -> AllReduceParams {
+    ) -> LaunchParams {
         let mut buffers = [0_u64; MAX_RANKS];
         let mut signals = [0_u64; MAX_RANKS];
         for rank in 0..self.world as usize {
@@ -779,17 +779,17 @@ impl PeerMemory {
             buffers[rank] = buffer;
             signals[rank] = signal;
         }
-        AllReduceParams {
+        LaunchParams {
             buffers,
             signals,
             state: self.state.address(),
             output,
             input,
-            elements,
             scratch_offset,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             rank: self.rank,
             world: self.world,
+            ..LaunchParams::all_reduce(elements)
         }
     }
 }

@@ -132,7 +132,7 @@ impl CopyEngine {
             stream.wait_for(event).map_err(RuntimeError::driver(rank))?;
             params.output += range.start;
             params.input = params.buffers[rank as usize];
-            params.elements = length as u64 / self.element_bytes;
+            params.set_all_reduce_elements(length as u64 / self.element_bytes);
             params.scratch_offset = (length as u64).next_multiple_of(ALIGNMENT_BYTES);
             stream
                 .launch_loaded(&kernels.sum, kernels.geometry, &params.to_bytes())

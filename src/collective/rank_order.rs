@@ -17,7 +17,7 @@
 
 use super::order::{rank_order_applies, RankOrder};
 use super::{Collectives, EntryId};
-use crate::abi::{AllReduceParams, MAX_RANKS, PARAMS_BYTES};
+use crate::abi::{LaunchParams, PARAMS_BYTES};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Geometry, ModuleImage, Stream};
 use crate::gpu::nccl::{Communicator, Transfer};
 use crate::kernels::{self, slice_of, slot_bytes};
@@ -127,17 +127,12 @@ impl RankOrder {
             .div_ceil(u64::from(SUM_THREADS))
             .clamp(1, crate::abi::MAX_BLOCKS as u64) as u32;
         let geometry = Geometry::new(blocks, SUM_THREADS).map_err(driver)?;
-        let params = AllReduceParams {
-            buffers: [0; MAX_RANKS],
-            signals: [0; MAX_RANKS],
-            state: 0,
+        let params = LaunchParams {
             output: sum_into,
             input: scratch.address(),
-            elements,
-            scratch_offset: 0,
-            timeout_ns: 0,
             rank,
             world,
+            ..LaunchParams::all_reduce(elements)
         };
         stream
             .launch_loaded(&self.kernel, geometry, &params.to_bytes())

@@ -39,7 +39,7 @@ const SOURCES: [(&str, &str); 8] = [
 ];
 
 /// The headers the sources include, by the name they are included as.
-const HEADERS: [(&str, &str); 7] = [
+const HEADERS: [(&str, &str); 9] = [
     (
         "prepare_abi.cuh",
         include_str!("../../kernels/prepare_abi.cuh"),
@@ -63,6 +63,14 @@ const HEADERS: [(&str, &str); 7] = [
     (
         "prepare_layout.cuh",
         include_str!("../../kernels/prepare_layout.cuh"),
+    ),
+    (
+        "prepare_phases.cuh",
+        include_str!("../../kernels/prepare_phases.cuh"),
+    ),
+    (
+        "prepare_phases_simple.cuh",
+        include_str!("../../kernels/prepare_phases_simple.cuh"),
     ),
     (
         "prepare_sync.cuh",

@@ -92,7 +92,7 @@ pub(super) struct Kernel {
 /// caller's tensor (kernels/prepare_abi.cuh).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputAccess {
-    /// Only this rank reads it, through `AllReduceParams::input`, and every output element is
+    /// Only this rank reads it, through `LaunchParams::input`, and every output element is
     /// written by the thread that read it, after reading it: any local memory will do, and the
     /// output may be the input.
     Local,

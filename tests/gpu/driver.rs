@@ -11,7 +11,7 @@ use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, DriverError, Geometry, IpcHandle, Kernel, Module,
     ModuleImage, Stream,
 };
-use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+use prepare::kernels::{LaunchParams, SIGNAL_WORDS, STATE_WORDS};
 
 use super::support::{arch_of, compile_ptx, gpu_required, require_gpus, SplitMix};
 use crate::support::process::{passed, rerun};
@@ -33,18 +33,11 @@ fn load(driver: Driver, device: &Device) -> Module {
     device.load_module(ModuleImage::Ptx(&ptx)).unwrap()
 }
 
-fn params(rank: u32, world: u32) -> AllReduceParams {
-    AllReduceParams {
-        buffers: [0; MAX_RANKS],
-        signals: [0; MAX_RANKS],
-        state: 0,
-        output: 0,
-        input: 0,
-        elements: 0,
-        scratch_offset: 0,
-        timeout_ns: 0,
+fn params(rank: u32, world: u32) -> LaunchParams {
+    LaunchParams {
         rank,
         world,
+        ..LaunchParams::all_reduce(0)
     }
 }
 
@@ -248,7 +241,7 @@ fn two_gpus_read_and_write_each_other_through_peer_access() {
             launch.buffers[0] = ranks[0].buffer.address();
             launch.buffers[1] = ranks[1].buffer.address();
             launch.output = memory.output.address();
-            launch.elements = elements as u64;
+            launch.set_all_reduce_elements(elements as u64);
             launch.scratch_offset = bytes as u64;
             streams[rank]
                 .fill_u8(&memory.output, 0..bytes, 0xee)

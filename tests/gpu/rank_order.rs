@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use prepare::gpu::driver::{DeviceMemory, Geometry, ModuleImage};
-use prepare::kernels::{rank_order_sum, slice_of, slot_bytes, AllReduceParams, MAX_RANKS};
+use prepare::kernels::{rank_order_sum, slice_of, slot_bytes, LaunchParams};
 use prepare::ladder::Dtype;
 use prepare::reference::reference_sum;
 
@@ -70,17 +70,12 @@ fn the_rank_order_sum_kernel_gives_the_reference_sum_on_one_gpu() {
                             .write(&scratch, q * slot, &input[first..first + bytes])
                             .unwrap();
                     }
-                    let params = AllReduceParams {
-                        buffers: [0; MAX_RANKS],
-                        signals: [0; MAX_RANKS],
-                        state: 0,
+                    let params = LaunchParams {
                         output: output.address(),
                         input: scratch.address(),
-                        elements,
-                        scratch_offset: 0,
-                        timeout_ns: 0,
                         rank,
                         world,
+                        ..LaunchParams::all_reduce(elements)
                     };
                     stream
                         .launch_loaded(&kernel, Geometry::new(3, 128).unwrap(), &params.to_bytes())

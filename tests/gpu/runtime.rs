@@ -199,7 +199,7 @@ fn a_rank_on_another_host_turns_peer_kernels_off_for_all() {
 fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
     use prepare::gpu::abort::{Abort, AbortReason};
     use prepare::gpu::driver::{DeviceMemory, Geometry, ModuleImage};
-    use prepare::kernels::{AllReduceParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
+    use prepare::kernels::{LaunchParams, MAX_RANKS, SIGNAL_WORDS, STATE_WORDS};
 
     let (driver, [device]) = require_gpus!(1);
     let arch = arch_of(driver, 0);
@@ -243,17 +243,17 @@ fn a_graph_of_replays_whose_peer_never_arrives_fails_within_one_deadline() {
         signal_addresses[rank] = signals[rank].address();
     }
     let timeout = Duration::from_millis(300);
-    let params = AllReduceParams {
+    let params = LaunchParams {
         buffers: buffer_addresses,
         signals: signal_addresses,
         state: state.address(),
         output: output.address(),
         input: buffer_addresses[0],
-        elements: elements as u64,
         scratch_offset: region as u64,
         timeout_ns: timeout.as_nanos() as u64,
         rank: 0,
         world: 2,
+        ..LaunchParams::all_reduce(elements as u64)
     };
     let geometry = Geometry::new(8, 256).unwrap();
     let replays = 32;

@@ -17,8 +17,8 @@ use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, ModuleImage, Stream,
 };
 use prepare::kernels::{
-    input_region_bytes, kernels_for_ladder, peer_buffer_bytes, AllReduceParams, MAX_RANKS,
-    SIGNAL_BYTES, STATE_WORDS,
+    input_region_bytes, kernels_for_ladder, peer_buffer_bytes, LaunchParams, SIGNAL_BYTES,
+    STATE_WORDS,
 };
 use prepare::ladder::{validate_ladder_file, Bucket, Ladder, Profile};
 use prepare::progress::Silent;
@@ -220,17 +220,15 @@ fn launch_once(
     }
     let scratch_offset = input_region_bytes(ladder);
     for (rank, memory) in ranks.iter().enumerate() {
-        let mut params = AllReduceParams {
-            buffers: [0; MAX_RANKS],
-            signals: [0; MAX_RANKS],
+        let mut params = LaunchParams {
             state: memory.state.address(),
             output: memory.output.address(),
             input: memory.buffer.address(),
-            elements: elements as u64,
             scratch_offset,
             timeout_ns: SPIN_DEADLINE_NS,
             rank: rank as u32,
             world: world as u32,
+            ..LaunchParams::all_reduce(elements as u64)
         };
         for (peer, peer_memory) in ranks.iter().enumerate() {
             params.buffers[peer] = peer_memory.buffer.address();

@@ -77,12 +77,12 @@ u64 per_vector() {
     return 16 / element_bytes();
 }
 
-using Entry = void (*)(AllReduceParams);
+using Entry = void (*)(LaunchParams);
 
 // An entry as the kernel's own template at the world of the launch, as a package compiled for
 // that world has it; a world outside 2..8 goes to the world-2 instantiation, which refuses it.
 template <typename Algorithm, typename T, bool Cluster, int N>
-void entry_at(AllReduceParams params) {
+void entry_at(LaunchParams params) {
     if constexpr (Cluster) {
         prepare::cluster_kernel<Algorithm, T, N>(params);
     } else {
@@ -91,7 +91,7 @@ void entry_at(AllReduceParams params) {
 }
 
 template <typename Algorithm, typename T, bool Cluster>
-void entry(AllReduceParams params) {
+void entry(LaunchParams params) {
     switch (params.world) {
         case 3: entry_at<Algorithm, T, Cluster, 3>(params); break;
         case 4: entry_at<Algorithm, T, Cluster, 4>(params); break;
@@ -330,7 +330,7 @@ constexpr int kBufferGuard = 2 * PREPARE_MAX_RANKS * PREPARE_DOUBLE_BUFFER_CHUNK
 constexpr unsigned char kBufferFill = 0xEE;
 
 // Runs one launch of one rank: every block's threads, joined (the launch ends).
-void launch_rank(const Launch& launch, const AllReduceParams& params) {
+void launch_rank(const Launch& launch, const LaunchParams& params) {
     const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
     std::vector<std::unique_ptr<std::barrier<>>> barriers;
     std::vector<std::unique_ptr<EmuBlock>> blocks;
@@ -374,7 +374,7 @@ constexpr u64 kCopyEngineChunkBytes = 80;
 // per chunk, every peer's chunk copied into this rank's private scratch (the copy engine), then
 // the chunk's sum; the end barrier. Here the copies run on the rank's own thread in stream
 // order, so a missing barrier shows as a race on the peers' inputs.
-void copy_engine_launch(const Launch& launch, const AllReduceParams& params, unsigned char* scratch,
+void copy_engine_launch(const Launch& launch, const LaunchParams& params, unsigned char* scratch,
                         u64 slot_bytes) {
     const Kernel start = {"start", launch.kernel->start, Scratch::None, false, false};
     const Kernel end = {"end", launch.kernel->end, Scratch::None, false, false};
@@ -383,7 +383,7 @@ void copy_engine_launch(const Launch& launch, const AllReduceParams& params, uns
     const u64 bytes = launch.elements * element_bytes();
     for (u64 first = 0; first < bytes || first == 0; first += kCopyEngineChunkBytes) {
         const u64 length = std::min(kCopyEngineChunkBytes, bytes - first);
-        AllReduceParams chunk = params;
+        LaunchParams chunk = params;
         for (unsigned q = 0; q < params.world; ++q) {
             if (q == params.rank) {
                 chunk.buffers[q] = params.buffers[q] + first;
@@ -394,9 +394,11 @@ void copy_engine_launch(const Launch& launch, const AllReduceParams& params, uns
             chunk.buffers[q] = slot;
         }
         chunk.output = static_cast<unsigned char*>(params.output) + first;
-        chunk.elements = length / element_bytes();
+        chunk.input_elements = length / element_bytes();
+        chunk.output_elements = chunk.input_elements;
+        chunk.width = chunk.input_elements;
         chunk.scratch_offset = round_up(length, 16);
-        launch_rank({launch.kernel, launch.blocks, launch.threads, 1, chunk.elements}, chunk);
+        launch_rank({launch.kernel, launch.blocks, launch.threads, 1, chunk.input_elements}, chunk);
         if (bytes == 0)
             break;
     }
@@ -467,7 +469,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 }
                 for (u64 e = 0; e < launch.elements; ++e)
                     put_element(input, e, input_value(seed, index, rank, e));
-                AllReduceParams params;
+                LaunchParams params;
                 std::memset(&params, 0, sizeof params);
                 for (unsigned q = 0; q < world; ++q) {
                     params.buffers[q] = buffers[q].get();
@@ -476,7 +478,10 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 params.state = ranks[rank].state.data();
                 params.output = output.get();
                 params.input = input;
-                params.elements = launch.elements;
+                params.input_elements = launch.elements;
+                params.output_elements = launch.elements;
+                params.rows = 1;
+                params.width = launch.elements;
                 params.scratch_offset = double_buffered(launch.kernel->scratch)
                                             ? own_offsets[launch.kernel - kKernels]
                                             : shared_offset;

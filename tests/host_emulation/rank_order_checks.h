@@ -5,7 +5,7 @@
 
 // The exact NCCL all-reduce's local sum, at the world of the launch.
 template <typename T>
-void rank_order_entry(AllReduceParams params) {
+void rank_order_entry(LaunchParams params) {
     switch (params.world) {
         case 3: prepare::local_kernel<prepare::RankOrderSum, T, 3>(params); break;
         case 4: prepare::local_kernel<prepare::RankOrderSum, T, 4>(params); break;
@@ -99,10 +99,10 @@ void rank_order_all_reduce(unsigned world, u64 elements, unsigned blocks, unsign
         }
         Aligned separate(slot + kGuard);
         unsigned char* output = in_place ? slots.data + rank * slot : separate.data;
-        AllReduceParams params = {};
+        LaunchParams params = {};
         params.input = slots.data;
         params.output = output;
-        params.elements = elements;
+        params.input_elements = elements;
         params.rank = rank;
         params.world = world;
         launch_rank({&kRankOrderSum, blocks, threads, 1, elements}, params);
@@ -148,10 +148,10 @@ void rank_order(const std::vector<unsigned>& worlds) {
     Aligned slots(4 * 64);
     Aligned output(64);
     std::vector<u64> state(PREPARE_STATE_WORDS, 0);
-    AllReduceParams params = {};
+    LaunchParams params = {};
     params.input = slots.data;
     params.output = output.data;
-    params.elements = 8;
+    params.input_elements = 8;
     params.rank = 2;
     params.world = 9;
     params.state = state.data();

@@ -113,7 +113,7 @@ const NO_START_BARRIER: &[Patch] = &[Patch {
     replace: concat!(
         "struct OneShotPull {\n",
         "    template <int N>\n",
-        "    __device__ static bool begin(const AllReduceParams& params, BlockFlags& flags) {\n",
+        "    __device__ static bool begin(const LaunchParams& params, BlockFlags& flags) {\n",
         "        return block_begin(params, flags);\n",
         "    }\n",
     ),

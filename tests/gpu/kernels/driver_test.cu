@@ -1,5 +1,5 @@
 // driver_test.cu: small kernels that exercise the driver layer on real GPUs, each taking the
-// launch contract's AllReduceParams (prepended from kernels/prepare_abi.cuh by the test).
+// launch contract's LaunchParams (prepended from kernels/prepare_abi.cuh by the test).
 //
 //   driver_pull_push        ordinary: reads every rank's input through peer pointers (u32 sums)
 //                           and writes a rank stamp into the next rank's scratch region
@@ -34,13 +34,13 @@ __device__ __forceinline__ void cluster_sync() {
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-extern "C" __global__ void driver_pull_push(AllReduceParams p) {
+extern "C" __global__ void driver_pull_push(LaunchParams p) {
     const u32* inputs[PREPARE_MAX_RANKS];
     for (u32 r = 0; r < p.world; ++r) inputs[r] = (const u32*)p.buffers[r];
     u32* output = (u32*)p.output;
     u32* next_scratch = (u32*)(p.buffers[(p.rank + 1) % p.world] + p.scratch_offset);
     u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < p.elements; i += stride) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < p.input_elements; i += stride) {
         u32 sum = 0;
         for (u32 r = 0; r < p.world; ++r) sum += inputs[r][i];
         output[i] = sum;
@@ -48,7 +48,7 @@ extern "C" __global__ void driver_pull_push(AllReduceParams p) {
     }
 }
 
-extern "C" __global__ void driver_cluster_exchange(AllReduceParams p) {
+extern "C" __global__ void driver_cluster_exchange(LaunchParams p) {
     __shared__ u32 slot[1024];
     u32 rank_in_cluster, cluster_blocks;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank_in_cluster));
@@ -67,7 +67,7 @@ extern "C" __global__ void driver_cluster_exchange(AllReduceParams p) {
     ((u32*)p.output)[(u64)blockIdx.x * blockDim.x + threadIdx.x] = value + cluster_blocks * 10000000u;
 }
 
-extern "C" __global__ void driver_flag_exchange(AllReduceParams p) {
+extern "C" __global__ void driver_flag_exchange(LaunchParams p) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     u64* state = p.state;
     if (state[0] != 0) return;

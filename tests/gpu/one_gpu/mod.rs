@@ -27,7 +27,7 @@ use prepare::gpu::driver::{
     Module, ModuleImage, Stream,
 };
 use prepare::kernels::{
-    AllReduceParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS, STATE_WORDS,
+    LaunchParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS, STATE_WORDS,
 };
 use prepare::ladder::{Arch, Ladder};
 use prepare::reference::{random_rank_inputs, reference_sum};
@@ -280,7 +280,7 @@ impl<'a> World<'a> {
         elements: usize,
         output_offset: usize,
         deadline: Duration,
-    ) -> AllReduceParams {
+    ) -> LaunchParams {
         let mut buffers = [0_u64; MAX_RANKS];
         let mut signals = [0_u64; MAX_RANKS];
         for (peer, memory) in self.ranks.iter().enumerate() {
@@ -288,17 +288,17 @@ impl<'a> World<'a> {
             signals[peer] = memory.signals.address();
         }
         let me = &self.ranks[rank];
-        AllReduceParams {
+        LaunchParams {
             buffers,
             signals,
             state: me.state.address(),
             output: me.output.address() + output_offset as u64,
             input: me.buffer.address(),
-            elements: elements as u64,
             scratch_offset: case.scratch_offset,
             timeout_ns: deadline.as_nanos() as u64,
             rank: rank as u32,
             world: self.size as u32,
+            ..LaunchParams::all_reduce(elements as u64)
         }
     }
 
