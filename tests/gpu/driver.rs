@@ -138,9 +138,9 @@ fn refuses_kernels_that_do_not_take_the_launch_contract() {
     ];
     let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
     insta::assert_snapshot!(messages.join("\n"), @r"
-    kernel driver_two_parameters on GPU 0 takes more than one parameter, but its launches pass one parameter of 184 bytes by value
-    kernel driver_small_parameter on GPU 0 takes one parameter of 4 bytes at offset 0, but its launches pass one parameter of 184 bytes by value
-    kernel driver_no_parameters on GPU 0 takes no parameters, but its launches pass one parameter of 184 bytes by value
+    kernel driver_two_parameters on GPU 0 takes more than one parameter, but its launches pass one parameter of 240 bytes by value
+    kernel driver_small_parameter on GPU 0 takes one parameter of 4 bytes at offset 0, but its launches pass one parameter of 240 bytes by value
+    kernel driver_no_parameters on GPU 0 takes no parameters, but its launches pass one parameter of 240 bytes by value
     cuModuleGetFunction on GPU 0 failed: CUDA_ERROR_NOT_FOUND (named symbol not found)
     ");
 

@@ -79,9 +79,11 @@ void copy_engine_rows(const Launch& launch, const Params& params, unsigned char*
             chunk.buffers[q] = q == params.rank ? params.buffers[q] + first : slot;
         }
         chunk.output = static_cast<unsigned char*>(params.output) + first;
-        chunk.elements = length / element_bytes();
+        chunk.input_elements = length / element_bytes();
+        chunk.output_elements = chunk.input_elements;
+        chunk.width = chunk.input_elements;
         chunk.scratch_offset = round_up(length, 16);
-        launch_rank({launch.kernel, launch.blocks, launch.threads, 1, chunk.elements}, chunk);
+        launch_rank({launch.kernel, launch.blocks, launch.threads, 1, chunk.input_elements}, chunk);
     }
     launch_rank({&end, 1, 32, 1, launch.elements}, params);
 }
@@ -140,7 +142,10 @@ std::vector<Output> all_reduce_rows(std::vector<Rank>& ranks, const RowMessage& 
                 params.state = ranks[rank].state.data();
                 params.output = outputs[rank].get() + piece.first * element_bytes();
                 params.input = input;
-                params.elements = piece.count;
+                params.input_elements = piece.count;
+                params.output_elements = piece.count;
+                params.rows = 1;
+                params.width = piece.count;
                 params.scratch_offset = double_buffered(piece.kernel->scratch)
                                             ? own_offsets[piece.kernel - kKernels]
                                             : shared_offset;

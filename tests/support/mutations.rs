@@ -141,13 +141,13 @@ const NO_COPY_START: &[Patch] = &[Patch {
 
 const SIZE_DEPENDENT_ORDER: &[Patch] = &[Patch {
     file: "all_reduce_one_shot.cu",
-    find: "sum_whole_message<T, N>(params.buffers, params.output, params.elements);",
+    find: "sum_whole_message<T, N>(params.buffers, params.output, params.input_elements);",
     replace: concat!(
         "unsigned char* ranks[N];\n",
         "        for (int q = 0; q < N; ++q) {\n",
-        "            ranks[q] = params.buffers[params.elements > 2048 ? N - 1 - q : q];\n",
+        "            ranks[q] = params.buffers[params.input_elements > 2048 ? N - 1 - q : q];\n",
         "        }\n",
-        "        sum_whole_message<T, N>(ranks, params.output, params.elements);",
+        "        sum_whole_message<T, N>(ranks, params.output, params.input_elements);",
     ),
 }];
 
