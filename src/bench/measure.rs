@@ -197,7 +197,9 @@ impl<'a> Bench<'a> {
                 }
             })
             .collect();
-        // The decision gives every candidate's figures; the winner marked is the tuned choice's.
+        // The decision gives every candidate's figures, inexact ones (NCCL beyond two ranks)
+        // included, since the bench compares them all; the winner marked is the tuned choice's,
+        // made under its own policy.
         let world = self.runtime.world();
         let decision = decide_bucket(
             &BucketSamples {
@@ -207,7 +209,10 @@ impl<'a> Bench<'a> {
                 candidates,
             },
             world as usize,
-            &Policy::default(),
+            &Policy {
+                exact_only: false,
+                ..Policy::default()
+            },
         )?;
         let chosen = self.chosen[bucket].clone();
         Ok(Some(self.rows(&decision, bytes, &ops_of, |profile| {

@@ -23,7 +23,7 @@ use crate::gpu::nccl::{Communicator, Transfer};
 use crate::kernels::{self, slice_of, slot_bytes};
 use crate::ladder::{Ladder, Profile};
 use crate::package::Package;
-use crate::runtime::{Runtime, RuntimeError};
+use crate::runtime::{OperandError, Runtime, RuntimeError};
 
 use super::Operands;
 
@@ -113,11 +113,13 @@ impl RankOrder {
             })
             .collect();
         communicator.send_receive(stream, &sends, &receives)?;
-        // Every slice the same whole vectors: the sums gather in the output itself.
+        // Every slice the same whole vectors: the sums gather in the output itself. Decided by
+        // the message size alone, so every rank makes the same NCCL calls; an output this rank
+        // cannot store vectors into gets its sum by a copy from its slot.
         let even = elements % dtype.per_vector() == 0
-            && (elements / dtype.per_vector()) % u64::from(world) == 0
-            && output.address() % kernels::ALIGNMENT_BYTES == 0;
-        let sum_into = if even {
+            && (elements / dtype.per_vector()) % u64::from(world) == 0;
+        let direct = even && output.address() % kernels::ALIGNMENT_BYTES == 0;
+        let sum_into = if direct {
             output.offset(start(rank) as u64).address()
         } else {
             scratch.address() + own as u64
@@ -138,6 +140,11 @@ impl RankOrder {
             .launch_loaded(&self.kernel, geometry, &params.to_bytes())
             .map_err(driver)?;
         if even {
+            if !direct && length(rank) > 0 {
+                stream
+                    .copy_device(&output, start(rank), &scratch, own, length(rank))
+                    .map_err(driver)?;
+            }
             let mine =
                 CallerMemory::prefix(&output.offset(start(rank) as u64), length(rank) as u64);
             communicator.all_gather(stream, &mine, &output, length(rank))?;
@@ -227,16 +234,22 @@ impl Collectives {
         };
         let passes: Vec<(usize, usize)> =
             super::pieces(elements, rank_order.pass_elements).collect();
-        // Last to first when the output starts inside the input, after it.
-        let backwards = operands.output.address() > operands.input.address()
+        // Every rank takes the passes first to last, since a pass is one exchange of every
+        // rank's slices and its order cannot depend on one rank's operands. An output that
+        // starts inside the input, after it, would then overwrite a later pass's input: refused
+        // before anything is enqueued.
+        let overwrites_later_input = operands.output.address() > operands.input.address()
             && operands.output.address()
                 < operands.input.address() + operands.input.len_bytes() as u64;
-        let ordered: Box<dyn Iterator<Item = &(usize, usize)>> = if backwards {
-            Box::new(passes.iter().rev())
-        } else {
-            Box::new(passes.iter())
-        };
-        for &(first, count) in ordered {
+        if passes.len() > 1 && overwrites_later_input {
+            return Err((self.operand_error())(OperandError::PartlyOverlapping {
+                what: format!(
+                    "the exact NCCL all-reduce of {elements} elements, in {} passes,",
+                    passes.len()
+                ),
+            }));
+        }
+        for &(first, count) in &passes {
             let offset = first as u64 * self.element_bytes;
             let length = count as u64 * self.element_bytes;
             let part = |memory: CallerMemory| CallerMemory::prefix(&memory.offset(offset), length);
