@@ -450,7 +450,12 @@ impl Handle {
                     operands,
                 )?;
             }
-            None if served.pieces.is_some() && operands.may_be_chunked(bytes) => {
+            // In pieces unless a piece could go to a plain NCCL winner that must sum in rank
+            // order here: that message goes whole to the rank-order path below.
+            None if served.pieces.is_some()
+                && served.rank_ordered.is_empty()
+                && operands.may_be_chunked(bytes) =>
+            {
                 let whole = served.collectives.piece_elements() as u64 * served.dtype.size_bytes();
                 served.collectives.enqueue_chunked(
                     &self.runtime,

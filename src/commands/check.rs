@@ -136,6 +136,7 @@ fn without_exact_candidate(candidates: &[CandidateCheck]) -> Option<String> {
         .iter()
         .map(|candidate| candidate.bucket)
         .collect();
+    buckets.sort_unstable();
     buckets.dedup();
     let problems: Vec<String> = buckets
         .into_iter()
