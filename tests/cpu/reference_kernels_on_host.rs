@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use prepare::kernels::{all_kernels, headers, rank_order_sum, scratch_layouts, source, KernelSpec};
@@ -190,6 +191,25 @@ fn build(directory: &Path, kind: Build, mutation: Option<Mutation>) -> PathBuf {
     binary
 }
 
+/// The unmutated harness of `kind`, built once for every test of this run that uses it (each
+/// build compiles every kernel), in a directory of this process under cargo's test scratch.
+fn shared(kind: Build) -> &'static Path {
+    static BUILDS: [OnceLock<PathBuf>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let (slot, name) = match kind {
+        Build::Checked => (0, "checked"),
+        Build::Sanitized => (1, "sanitized"),
+        Build::Quick => (2, "quick"),
+    };
+    BUILDS[slot].get_or_init(|| {
+        let directory = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("host-emulation-{name}-{}", std::process::id()));
+        // A directory left by an earlier process of the same id holds nothing to keep.
+        let _ = std::fs::remove_dir_all(&directory);
+        std::fs::create_dir_all(&directory).unwrap();
+        build(&directory, kind, None)
+    })
+}
+
 fn run(binary: &Path, arguments: &[&str]) {
     let output = Command::new(binary)
         .args(arguments)
@@ -300,11 +320,10 @@ fn failed(verdicts: &BTreeMap<String, bool>) -> Vec<&str> {
 
 #[test]
 fn kernels_give_the_reference_sum_on_every_rank() {
-    let directory = tempfile::tempdir().unwrap();
-    let binary = build(directory.path(), Build::Checked, None);
-    run(&binary, &["quick"]);
-    run(&binary, &["streams", "1"]);
-    let (verdicts, text) = exactness(&binary);
+    let binary = shared(Build::Checked);
+    run(binary, &["quick"]);
+    run(binary, &["streams", "1"]);
+    let (verdicts, text) = exactness(binary);
     assert!(verdicts.values().all(|exact| *exact), "{text}");
 }
 
@@ -313,11 +332,7 @@ fn kernels_give_the_reference_sum_on_every_rank() {
 /// NCCL exchange and all-gather emulated by copies: every element equals the reference sum.
 #[test]
 fn the_rank_order_sum_gives_the_reference_sum_at_every_world_size() {
-    let directory = tempfile::tempdir().unwrap();
-    run(
-        &build(directory.path(), Build::Checked, None),
-        &["rank_order"],
-    );
+    run(shared(Build::Checked), &["rank_order"]);
 }
 
 /// The host's slices ([`prepare::kernels::slice_of`]), by which the exact NCCL all-reduce
@@ -325,9 +340,8 @@ fn the_rank_order_sum_gives_the_reference_sum_at_every_world_size() {
 /// kernel sums: every type, world 2 to 8, sizes around every vector and slice edge.
 #[test]
 fn the_host_slices_are_the_headers() {
-    let directory = tempfile::tempdir().unwrap();
-    let binary = build(directory.path(), Build::Quick, None);
-    let output = Command::new(&binary)
+    let binary = shared(Build::Quick);
+    let output = Command::new(binary)
         .args(["slices", "2", "3", "4", "5", "6", "7", "8"])
         .output()
         .unwrap();
@@ -407,8 +421,7 @@ fn every_planted_mutation_gives_a_wrong_sum() {
 #[test]
 #[ignore = "slow: every world size, then ThreadSanitizer over the stream sequences"]
 fn kernels_are_exact_at_every_world_size_and_race_free() {
-    let directory = tempfile::tempdir().unwrap();
-    run(&build(directory.path(), Build::Checked, None), &["full"]);
+    run(shared(Build::Checked), &["full"]);
     let sanitized = tempfile::tempdir().unwrap();
     run(
         &build(sanitized.path(), Build::Sanitized, None),
@@ -423,11 +436,10 @@ fn kernels_are_exact_at_every_world_size_and_race_free() {
 #[test]
 fn every_row_is_the_same_bytes_in_every_message_and_kernel() {
     let started = Instant::now();
-    let directory = tempfile::tempdir().unwrap();
-    let binary = build(directory.path(), Build::Quick, None);
+    let binary = shared(Build::Quick);
     let built = started.elapsed();
     let started = Instant::now();
-    let (verdicts, text) = invariance(&binary, &shipped_boundaries(&[2, 4, 8]));
+    let (verdicts, text) = invariance(binary, &shipped_boundaries(&[2, 4, 8]));
     assert!(
         failed(&verdicts).is_empty(),
         "rows differ between messages or from the reference:\n{text}"
