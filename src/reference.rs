@@ -280,10 +280,16 @@ const CHUNK: usize = 1 << 16;
 /// A small deterministic generator (SplitMix64): test data needs no cryptographic quality, and
 /// a seed makes a failure reproducible.
 #[derive(Debug, Clone)]
-struct SplitMix64(u64);
+pub struct SplitMix64(u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    /// The generator that `seed` starts.
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -319,7 +325,12 @@ pub fn random_elements(dtype: Dtype, seed: u64, len: usize) -> Vec<u8> {
         .for_each(|(chunk, out)| {
             let mut generator = chunk_generator(seed, chunk);
             for offset in 0..out.len() / size {
-                put_element(dtype, out, offset, random_value(dtype, generator.next()));
+                put_element(
+                    dtype,
+                    out,
+                    offset,
+                    random_value(dtype, generator.next_u64()),
+                );
             }
         });
     bytes
@@ -456,7 +467,7 @@ pub fn rank_dataset(dtype: Dtype, seed: u64, world: usize, rank: usize, len: usi
             for offset in 0..input.len() / size {
                 let sum = sum_in_rank_order(generators.iter_mut().enumerate().map(
                     |(peer, generator)| {
-                        let bits = random_value(dtype, generator.next());
+                        let bits = random_value(dtype, generator.next_u64());
                         if peer == rank {
                             put_element(dtype, input, offset, bits);
                         }
@@ -470,7 +481,7 @@ pub fn rank_dataset(dtype: Dtype, seed: u64, world: usize, rank: usize, len: usi
 }
 
 fn rank_stream(seed: u64, rank: usize) -> u64 {
-    SplitMix64(seed ^ (rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next()
+    SplitMix64(seed ^ (rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use prepare::ladder::{Collective, Dtype};
 use prepare::reference::{
     element, from_f32, inverse_rms, random_elements, random_rank_inputs, reference_add_rms_norm,
     reference_epilogue, reference_outputs, reference_sum, sum_of_squares, to_f32, EpilogueError,
-    EpilogueInputs, EpilogueOutputs, ReferenceError, NORM_LANES,
+    EpilogueInputs, EpilogueOutputs, ReferenceError, SplitMix64, NORM_LANES,
 };
 use prepare::shape::Shape;
 
@@ -322,16 +322,16 @@ fn model(
     }
 }
 
-/// A small generator for ordinary values (SplitMix64).
-struct Draws(u64);
+/// Ordinary values drawn from the reference's generator.
+struct Draws(SplitMix64);
 
 impl Draws {
+    fn new(seed: u64) -> Draws {
+        Draws(SplitMix64::new(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [-scale, scale).
@@ -360,7 +360,7 @@ fn mixed_data(
 ) -> (Vec<Vec<u8>>, Vec<u8>, Vec<u8>) {
     let size = dtype.size_bytes() as usize;
     let special = random_rank_inputs(dtype, seed, world + 1, 2 * hidden);
-    let mut draws = Draws(seed);
+    let mut draws = Draws::new(seed);
     let mut ranks = vec![Vec::new(); world + 1];
     for row in 0..rows {
         let scale = 2.0_f32.powi(i32::try_from(row % 17).unwrap() - 12);
@@ -443,7 +443,7 @@ fn the_fp32_formulas_are_near_an_f64_rms_norm() {
     for dtype in Dtype::ALL {
         for hidden in [8, 264, NORM_LANES + 64, 16_384] {
             let rows = 4;
-            let mut draws = Draws(hidden as u64);
+            let mut draws = Draws::new(hidden as u64);
             let values: Vec<f32> = (0..rows * hidden).map(|_| draws.uniform(4.0)).collect();
             let x = values_to_bytes(dtype, &values);
             let weight: Vec<f32> = (0..hidden).map(|_| 1.0 + draws.uniform(0.5)).collect();
