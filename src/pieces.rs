@@ -48,6 +48,12 @@ impl Contenders {
         winner: &str,
         exact_only: bool,
     ) -> Result<Contenders, String> {
+        if ladder.collective != crate::ladder::Collective::AllReduce {
+            return Err(format!(
+                "pieces of {} are not built, so NCCL takes the whole message",
+                ladder.collective
+            ));
+        }
         let last = ladder
             .buckets
             .len()

@@ -305,6 +305,7 @@ impl Collectives {
             copy_engine,
             rank_order,
             capacity,
+            collective: ladder.collective,
             input_region,
             dtype: ladder.dtype,
             element_bytes: ladder.dtype.size_bytes(),

@@ -11,9 +11,12 @@ mod copy_engine;
 mod drops;
 mod geometry;
 mod load;
+mod nccl_rows;
 mod operands;
 mod order;
 mod rank_order;
+mod row_launch;
+mod rows;
 mod symmetric;
 
 use std::time::Duration;
@@ -23,10 +26,16 @@ use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
 pub use load::{check_architecture, private_output_bytes, PeerLayout};
+pub use nccl_rows::{
+    gather_plan, nccl_takes_directly, pass_elements, scatter_passes, sum_message_elements,
+    sum_slot_bytes, GatherPlan, RowTransfer, ScatterPass,
+};
 pub use operands::{
     moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
 pub use order::rank_order_applies;
+pub use row_launch::startup_shape;
+pub use rows::{plan_rows, RowLayout, RowMessage, RowPlan};
 
 use crate::device::DropReason;
 use crate::gpu::abort::Abort;
@@ -35,7 +44,7 @@ use crate::gpu::driver::{
 };
 use crate::gpu::nccl::{Communicator, NcclDataType, NcclMemory};
 use crate::kernels::InputAccess;
-use crate::ladder::Dtype;
+use crate::ladder::{Collective, Dtype};
 use crate::runtime::{OperandError, PeerMemory, Runtime, RuntimeError};
 use crate::shape::ElementPieces;
 
@@ -122,6 +131,7 @@ pub struct Collectives {
     // The rank-order sum and its scratch, where the package holds the kernel.
     rank_order: Option<order::RankOrder>,
     capacity: usize,
+    collective: Collective,
     // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
     input_region: u64,
     dtype: Dtype,
@@ -320,6 +330,9 @@ impl Collectives {
     /// An out-of-place all-reduce keeps its input, except a message in the registered buffer
     /// off its start, or at its start when the output cannot take the sum and neither the rest
     /// of the input region nor the private buffer holds it (the input then holds the sum).
+    ///
+    /// A reduce-scatter's or all-gather's `elements` is its full message, in the shape
+    /// start-up checks and times ([`startup_shape`]); [`Collectives::enqueue_rows`] takes any.
     pub fn enqueue_operands(
         &self,
         runtime: &Runtime,
@@ -328,6 +341,10 @@ impl Collectives {
         elements: usize,
         operands: Operands,
     ) -> Result<(), RuntimeError> {
+        if self.has_rows() {
+            let message = self.startup_message(runtime.world(), elements)?;
+            return self.enqueue_rows(runtime, stream, id, &message, operands);
+        }
         let entry = &self.entries[id];
         // Scratch is sized by each bucket's largest message; a larger one would overrun it.
         let bytes = elements as u64 * self.element_bytes;

@@ -231,11 +231,11 @@ pub fn moves(destination: u64, source: u64, bytes: u64, private: &Range<u64>) ->
         .collect()
 }
 
-fn span(start: u64, bytes: u64) -> Range<u64> {
+pub(super) fn span(start: u64, bytes: u64) -> Range<u64> {
     start..start.saturating_add(bytes)
 }
 
-fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
+pub(super) fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
     a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
 }
 

@@ -52,4 +52,56 @@ pub enum OperandError {
         /// The message.
         what: String,
     },
+    /// A reduce-scatter's or all-gather's operand of another length than the shape gives
+    /// this rank.
+    #[error(
+        "rank {rank}: the {collective} of {rows} x {width} takes an {operand} of {bytes} bytes \
+         on this rank; it holds {holds}"
+    )]
+    WrongLength {
+        /// The collective.
+        collective: crate::ladder::Collective,
+        /// `input` or `output`.
+        operand: &'static str,
+        /// The bytes it holds.
+        holds: u64,
+        /// The bytes the shape gives it on this rank.
+        bytes: u64,
+        /// The message's rows.
+        rows: u64,
+        /// Its width.
+        width: u64,
+        /// This rank.
+        rank: u32,
+    },
+    /// A reduce-scatter's or all-gather's output overlapping its input other than in place.
+    #[error(
+        "rank {rank}: the {collective}'s output overlaps its input, and not in place (in \
+         place, {in_place})"
+    )]
+    RowsOverlap {
+        /// The collective.
+        collective: crate::ladder::Collective,
+        /// This rank.
+        rank: u32,
+        /// The in-place layout of the collective.
+        in_place: &'static str,
+    },
+    /// A reduce-scatter's or all-gather's output that the kernel cannot write where it is
+    /// and that no buffer of this rank holds.
+    #[error(
+        "rank {rank}: no buffer of this rank holds the {collective}'s output of {bytes} bytes, \
+         which the kernel cannot write where it is"
+    )]
+    NoRoomForOutput {
+        /// The collective.
+        collective: crate::ladder::Collective,
+        /// This rank.
+        rank: u32,
+        /// The output's bytes.
+        bytes: u64,
+    },
+    /// A width of 0, a rank outside the world: a shape the rule refuses.
+    #[error(transparent)]
+    Shape(#[from] crate::shape::ShapeError),
 }

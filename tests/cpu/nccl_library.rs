@@ -13,7 +13,7 @@ use prepare::gpu::nccl::{self, Found, NcclError, UniqueId};
 use crate::support::process::in_own_process;
 use crate::test_name;
 
-/// A stand-in for NCCL reporting `version` (nccl.h's code), with the ten entry points the tool
+/// A stand-in for NCCL reporting `version` (nccl.h's code), with the entry points the tool
 /// binds; creating a communicator fails with `ncclInvalidArgument`.
 fn stand_in_source(version: u32) -> String {
     format!(
@@ -33,6 +33,7 @@ const char* ncclGetErrorString(int result) {{
 const char* ncclGetLastError(void* comm) {{ return "no real NCCL here"; }}
 int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, void* c, void* st) {{ return 5; }}
 int ncclAllGather(const void* s, void* r, size_t n, int t, void* c, void* st) {{ return 5; }}
+int ncclReduceScatter(const void* s, void* r, size_t n, int t, int op, void* c, void* st) {{ return 5; }}
 int ncclSend(const void* s, size_t n, int t, int peer, void* c, void* st) {{ return 5; }}
 int ncclRecv(void* r, size_t n, int t, int peer, void* c, void* st) {{ return 5; }}
 int ncclGroupStart(void) {{ return 0; }}

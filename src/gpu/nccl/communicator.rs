@@ -519,6 +519,39 @@ impl Communicator {
         self.all_reduce(stream, send, recv, count, NcclDataType::Bf16)
     }
 
+    /// Enqueues a sum reduce-scatter on `stream`: `send` holds world x `count` elements of
+    /// `dtype`, and rank r's `recv` gets the sum of every rank's r-th run of `count`. In place
+    /// when `recv` is this rank's run of `send`. The buffers free themselves only after their
+    /// device's work is done, so they outlive the operation.
+    pub fn reduce_scatter(
+        &self,
+        stream: &Stream,
+        send: &dyn DeviceMemory,
+        recv: &dyn DeviceMemory,
+        count: usize,
+        dtype: NcclDataType,
+    ) -> Result<(), NcclError> {
+        let bytes = self.message_bytes("ncclReduceScatter", count, dtype.size_bytes())?;
+        let total = self.message_bytes("ncclReduceScatter", bytes, self.world as usize)?;
+        let buffers = [(send, total), (recv, bytes)];
+        self.enqueue("ncclReduceScatter", stream, &buffers, |api, raw_stream| {
+            // SAFETY: `send` holds world x `count` and `recv` `count` elements of `dtype` on the
+            // stream's device (checked by `enqueue`), freed only after that device's work
+            // completes; the stream is live and its context current.
+            unsafe {
+                (api.reduce_scatter)(
+                    send.address() as *const c_void,
+                    recv.address() as *mut c_void,
+                    count,
+                    dtype.raw(),
+                    sys::ncclRedOp_t::ncclSum,
+                    self.handle.raw,
+                    raw_stream,
+                )
+            }
+        })
+    }
+
     /// Enqueues an all-gather of `bytes` bytes per rank from `send` into `recv` (world x
     /// `bytes`, in rank order) on `stream`.
     pub fn all_gather(

@@ -272,6 +272,15 @@ library_api! {
             sys::ncclComm_t,
             sys::cudaStream_t,
         ) -> c_int = "ncclAllGather",
+        pub reduce_scatter: unsafe extern "C" fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            sys::ncclDataType_t,
+            sys::ncclRedOp_t,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> c_int = "ncclReduceScatter",
         pub send: unsafe extern "C" fn(
             *const c_void,
             usize,

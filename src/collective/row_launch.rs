@@ -1,0 +1,195 @@
+//! Enqueueing a reduce-scatter or all-gather through an entry: the operands checked against
+//! the shape, then the entry's NCCL path ([`super::nccl_rows`]) or its custom kernel with the
+//! copies [`plan_rows`] asks for around it.
+
+use super::rows::{plan_rows, RowMessage};
+use super::{check_entry, moves, Collectives, EntryId, Input, Launch, Operands};
+use crate::gpu::driver::{DeviceMemory as _, Stream};
+use crate::ladder::Collective;
+use crate::runtime::{OperandError, Runtime, RuntimeError};
+use crate::shape::Shape;
+
+/// The shape start-up checks and times a row collective of `elements` at, on `world` ranks:
+/// one row per rank where that gives every rank whole 16-byte vectors of `per_vector`
+/// elements (the bucket edges, multiples of 16 bytes x the world), else rows of one element,
+/// uneven across the ranks and off every vector boundary (the odd size the check adds).
+pub fn startup_shape(elements: u64, world: u32, per_vector: u64) -> Shape {
+    let world = u64::from(world);
+    if elements > 0 && elements % (world * per_vector) == 0 {
+        Shape::new(world, elements / world).expect("a width of at least one")
+    } else {
+        Shape::flat(elements)
+    }
+}
+
+impl Collectives {
+    /// The collective the package serves.
+    pub fn collective(&self) -> Collective {
+        self.collective
+    }
+
+    /// Whether the package's collective has rows (a reduce-scatter or an all-gather).
+    pub fn has_rows(&self) -> bool {
+        matches!(
+            self.collective,
+            Collective::ReduceScatter | Collective::AllGather
+        )
+    }
+
+    /// This rank's part of the package's row collective of `shape`.
+    pub fn row_message(&self, world: u32, shape: Shape) -> Result<RowMessage, RuntimeError> {
+        RowMessage::new(self.collective, shape, world, self.rank, self.dtype)
+            .map_err(|source| (self.operand_error())(OperandError::Shape(source)))
+    }
+
+    /// This rank's part of a row collective of `elements` in the start-up shape
+    /// ([`startup_shape`]).
+    pub fn startup_message(&self, world: u32, elements: usize) -> Result<RowMessage, RuntimeError> {
+        let shape = startup_shape(elements as u64, world, self.dtype.per_vector());
+        self.row_message(world, shape)
+    }
+
+    /// Enqueues entry `id` for `message` from `operands.input` into `operands.output` (each at
+    /// least as long as this rank's part; in place is this rank's rows of the other operand,
+    /// any other overlap refused), on `stream`. A rank owning no rows still enqueues its part.
+    pub fn enqueue_rows(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        message: &RowMessage,
+        operands: Operands,
+    ) -> Result<(), RuntimeError> {
+        let entry = &self.entries[id];
+        let elements = message.shape().elements() as usize;
+        check_entry(entry, elements, self.bucket_capacity[entry.bucket])
+            .and_then(|()| check_holds(message, &operands))
+            .map_err(self.operand_error())?;
+        let layout = message
+            .layout(operands.input.address(), operands.output.address())
+            .map_err(self.operand_error())?;
+        match &entry.launch {
+            None => unreachable!("check_entry refuses an entry without a launch"),
+            Some(Launch::Nccl { .. }) => self.enqueue_nccl_rows(
+                self.communicator(runtime, id),
+                stream,
+                message,
+                layout,
+                operands,
+            ),
+            Some(Launch::NcclRankOrder) if message.collective() == Collective::ReduceScatter => {
+                self.enqueue_exact_scatter(runtime.communicator(), stream, message, operands)
+            }
+            Some(Launch::NcclRankOrder) => {
+                self.enqueue_nccl_rows(runtime.communicator(), stream, message, layout, operands)
+            }
+            Some(Launch::NcclSymmetric { .. } | Launch::CopyEngine(_)) => {
+                Err(RuntimeError::Setup {
+                    rank: self.rank,
+                    message: format!(
+                        "{} in bucket {} has no {} path",
+                        entry.profile,
+                        entry.bucket,
+                        message.collective()
+                    ),
+                })
+            }
+            Some(Launch::Custom {
+                kernel,
+                geometry,
+                scratch_offset,
+                input,
+            }) => {
+                let Input::Peer(peer) = &self.input else {
+                    unreachable!("custom entries exist only with peer memory")
+                };
+                let buffers = self.layout(peer);
+                let plan = plan_rows(
+                    *input,
+                    message,
+                    operands.input.address(),
+                    operands.output.address(),
+                    &buffers,
+                )
+                .map_err(self.operand_error())?;
+                if plan.staged {
+                    let copies = moves(
+                        plan.input,
+                        operands.input.address(),
+                        message.input_bytes(),
+                        &buffers.private_output,
+                    );
+                    self.copy(stream, peer, &operands, &copies)?;
+                }
+                let mut params =
+                    peer.params(plan.input, plan.output, 0, *scratch_offset, self.timeout);
+                message.set_params(&mut params);
+                stream
+                    .launch_loaded(kernel, *geometry, &params.to_bytes())
+                    .map_err(RuntimeError::driver(self.rank))?;
+                if plan.bounce {
+                    let copies = moves(
+                        operands.output.address(),
+                        plan.output,
+                        message.output_bytes(),
+                        &buffers.private_output,
+                    );
+                    self.copy(stream, peer, &operands, &copies)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Enqueues a row collective of any size on NCCL (above the ladder, or a plain NCCL winner
+    /// that must be exact): see `enqueue_nccl_rows_fallback`. Checks the operands first.
+    pub fn enqueue_nccl_rows_whole(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        message: &RowMessage,
+        operands: Operands,
+        exact_only: bool,
+    ) -> Result<(), RuntimeError> {
+        check_holds(message, &operands).map_err(self.operand_error())?;
+        let layout = message
+            .layout(operands.input.address(), operands.output.address())
+            .map_err(self.operand_error())?;
+        self.enqueue_nccl_rows_fallback(runtime, stream, message, layout, operands, exact_only)
+    }
+}
+
+/// Refuses operands shorter than this rank's part of `message`.
+fn check_holds(message: &RowMessage, operands: &Operands) -> Result<(), OperandError> {
+    for (operand, memory, bytes) in [
+        ("input", &operands.input, message.input_bytes()),
+        ("output", &operands.output, message.output_bytes()),
+    ] {
+        if (memory.len_bytes() as u64) < bytes {
+            return Err(OperandError::TooShort {
+                operand,
+                holds: memory.len_bytes(),
+                bytes,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::startup_shape;
+    use crate::shape::Shape;
+
+    #[test]
+    fn start_up_takes_a_row_per_rank_at_the_edges_and_single_elements_otherwise() {
+        // 4 ranks of bf16 (8 a vector): 4096 elements are a row of 1024 per rank.
+        assert_eq!(startup_shape(4096, 4, 8), Shape::new(4, 1024).unwrap());
+        // The odd size: rows of one element, uneven over the ranks.
+        assert_eq!(startup_shape(4093, 4, 8), Shape::flat(4093));
+        assert_eq!(startup_shape(4093, 4, 8).width(), 1);
+        // Not whole vectors per rank: single elements too.
+        assert_eq!(startup_shape(4 * 12, 4, 8), Shape::flat(48));
+        assert_eq!(startup_shape(0, 4, 8), Shape::flat(0));
+    }
+}
