@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::collective::{agree_drops, Collectives, EntryId};
 use crate::device::DropReason;
 use crate::gpu::driver::{DeviceBuffer, DeviceMemory as _, Graph, PinnedBytes, Stream};
-use crate::ladder::Dtype;
+use crate::ladder::{Collective, Dtype};
 use crate::package::{BucketQualification, CandidateQualification, Outcome};
 use crate::reference::{element, random_rank_inputs, rank_dataset, reference_sum, RankDataset};
 use crate::runtime::{Runtime, RuntimeError};
@@ -253,10 +253,29 @@ impl Checker<'_> {
         let size = dtype.size_bytes() as usize;
         let bytes = elements * size;
         let collectives = self.collectives;
+        let world = self.runtime.world();
+        // A reduce-scatter reads the whole message and writes its rows; an all-gather reads
+        // its rows of one message every rank shares (the reference sum's, or rank 0's input)
+        // and writes it whole.
+        let collective = collectives.collective();
+        let owned = if collectives.has_rows() {
+            let message = collectives.startup_message(world, elements)?;
+            let own = message.owned_bytes(rank);
+            own.start as usize..own.end as usize
+        } else {
+            0..bytes
+        };
+        let (input_bytes, output_bytes) = match collective {
+            Collective::ReduceScatter => (bytes, owned.len()),
+            Collective::AllGather => (owned.len(), bytes),
+            _ => (bytes, bytes),
+        };
         let output = collectives.output()?;
-        let poisoned = (elements + PAST_END_ELEMENTS).min(output.len_bytes() / size);
-        // The run's input on the device, this rank's input and the reference sum on the host,
-        // and where the output is read back to.
+        let poisoned = (output_bytes / size + PAST_END_ELEMENTS).min(output.len_bytes() / size);
+        // Read back into: the output with what follows it, then the input.
+        let read_bytes = (poisoned * size).max(input_bytes);
+        // The run's input on the device, this rank's input and its expected output on the
+        // host, and where the output is read back to.
         let fresh;
         let mut fresh_read_back;
         let (input, expected, read_back): (&[u8], std::borrow::Cow<'_, [u8]>, &mut [u8]) =
@@ -265,31 +284,48 @@ impl Checker<'_> {
                     fresh = random_rank_inputs(
                         dtype,
                         run_seed(self.seed, self.counter),
-                        self.runtime.world() as usize,
+                        world as usize,
                         elements,
                     );
                     let views: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+                    let (input, expected): (&[u8], std::borrow::Cow<'_, [u8]>) = match collective {
+                        Collective::AllGather => (&fresh[0][owned.clone()], fresh[0][..].into()),
+                        Collective::ReduceScatter => (
+                            &fresh[rank as usize],
+                            reference_sum(dtype, &views)[owned.clone()].to_vec().into(),
+                        ),
+                        _ => (&fresh[rank as usize], reference_sum(dtype, &views).into()),
+                    };
                     stream
-                        .write(collectives.input(), 0, &fresh[rank as usize])
+                        .write(collectives.input(), 0, input)
                         .map_err(driver)?;
-                    fresh_read_back = vec![0_u8; poisoned * size];
-                    (
-                        &fresh[rank as usize],
-                        reference_sum(dtype, &views).into(),
-                        &mut fresh_read_back,
-                    )
+                    fresh_read_back = vec![0_u8; read_bytes];
+                    (input, expected, &mut fresh_read_back)
                 }
                 Some(shared) => {
                     let turn = self.counter as usize % shared.datasets.len();
-                    stream
-                        .copy_device(collectives.input(), 0, &shared.on_device[turn], 0, bytes)
-                        .map_err(driver)?;
                     let dataset = &shared.datasets[turn];
-                    (
-                        &dataset.input[..bytes],
-                        dataset.reference[..bytes].into(),
-                        &mut shared.read_back[..poisoned * size],
-                    )
+                    let (input, expected): (&[u8], std::borrow::Cow<'_, [u8]>) = match collective {
+                        Collective::AllGather => (
+                            &dataset.reference[owned.clone()],
+                            dataset.reference[..bytes].into(),
+                        ),
+                        Collective::ReduceScatter => (
+                            &dataset.input[..bytes],
+                            dataset.reference[owned.clone()].into(),
+                        ),
+                        _ => (&dataset.input[..bytes], dataset.reference[..bytes].into()),
+                    };
+                    if collective == Collective::AllGather {
+                        stream
+                            .write(collectives.input(), 0, input)
+                            .map_err(driver)?;
+                    } else {
+                        stream
+                            .copy_device(collectives.input(), 0, &shared.on_device[turn], 0, bytes)
+                            .map_err(driver)?;
+                    }
+                    (input, expected, &mut shared.read_back[..read_bytes])
                 }
             };
         stream
@@ -301,17 +337,17 @@ impl Checker<'_> {
             graph.launch().map_err(driver)
         })?;
         stream.read(output, 0, read_back).map_err(driver)?;
-        if let Some(past) = (elements..poisoned)
+        if let Some(past) = (output_bytes / size..poisoned)
             .find(|&index| element(dtype, read_back, index) != poison_bits(dtype))
         {
             return Ok(Some(format!(
                 "rank {rank}, {elements} elements: wrote element {past}, past the end of the message"
             )));
         }
-        if let Some(message) = mismatch(rank, dtype, &read_back[..bytes], &expected) {
+        if let Some(message) = mismatch(rank, dtype, &read_back[..output_bytes], &expected) {
             return Ok(Some(message));
         }
-        let input_after = &mut read_back[..bytes];
+        let input_after = &mut read_back[..input_bytes];
         stream
             .read(collectives.input(), 0, input_after)
             .map_err(driver)?;

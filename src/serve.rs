@@ -13,6 +13,7 @@
 //! like torchrun starts it through [`Server`].
 
 mod error;
+mod rows;
 mod server;
 
 use std::fmt;

@@ -1,0 +1,256 @@
+//! The handle's reduce-scatter and all-gather: rows x width messages by the shape rule
+//! ([`crate::shape`]), routed by the full message's bytes like the all-reduce.
+//!
+//! A rank's call is checked against its own operands only: the shape gives each operand's
+//! length on this rank, so an operand that does not fit it (through the `_on` forms, which
+//! know their lengths) is refused by name. Ranks that pass different rows or widths cannot be
+//! told apart on the host without an exchange per call, which would cost more than the
+//! collective; such calls are the caller's mistake, as ranks enqueueing different
+//! all-reduces are.
+
+use super::{Handle, ServeError, Served};
+use crate::collective::{Operands, RowMessage};
+use crate::gpu::driver::{CallerMemory, DeviceMemory, Stream};
+use crate::ladder::{Collective, Dtype};
+use crate::runtime::{OperandError, RuntimeError};
+use crate::shape::Shape;
+
+/// Zero bytes at `address` of GPU `ordinal`: the empty operand of a rank that owns no rows,
+/// which nothing reads or writes (its address may be null).
+fn empty_at(address: u64, ordinal: usize) -> CallerMemory {
+    struct Empty(u64, usize);
+    impl DeviceMemory for Empty {
+        fn address(&self) -> u64 {
+            self.0
+        }
+        fn len_bytes(&self) -> usize {
+            0
+        }
+        fn ordinal(&self) -> usize {
+            self.1
+        }
+    }
+    CallerMemory::whole(&Empty(address, ordinal))
+}
+
+impl Handle {
+    /// Enqueues the reduce-scatter of a message of `rows` x `width` elements of `dtype`: every
+    /// rank's `input` holds the whole message, and this rank's `output` gets its own rows
+    /// (`prepare::shape::owned_rows`) of the reference sum. In place when `output` is this
+    /// rank's rows of `input`; any other overlap is refused. `rows` 0 enqueues nothing; a
+    /// width of 0 is refused. Routed by the whole message's bytes, as [`Handle::all_reduce`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Handle::all_reduce`]: `stream` must be a live stream of this rank's GPU (or 0),
+    /// and both operands must stay allocated until the enqueued work has run. They are checked
+    /// to be device memory of this GPU holding this rank's part.
+    #[allow(unsafe_code)]
+    pub unsafe fn reduce_scatter(
+        &self,
+        input: u64,
+        output: u64,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<(), ServeError> {
+        // SAFETY: the caller's promises are this call's.
+        unsafe {
+            self.rows_raw(
+                Collective::ReduceScatter,
+                input,
+                output,
+                rows,
+                width,
+                dtype,
+                stream,
+            )
+        }
+    }
+
+    /// Enqueues the all-gather of a message of `rows` x `width` elements of `dtype`: this
+    /// rank's `input` holds its own rows, and every rank's `output` gets the whole message,
+    /// each rank's rows at their place, bytes as given. In place when `input` is this rank's
+    /// rows of `output`; any other overlap is refused. `rows` 0 enqueues nothing; a width of
+    /// 0 is refused.
+    ///
+    /// # Safety
+    ///
+    /// As [`Handle::reduce_scatter`].
+    #[allow(unsafe_code)]
+    pub unsafe fn all_gather(
+        &self,
+        input: u64,
+        output: u64,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<(), ServeError> {
+        // SAFETY: the caller's promises are this call's.
+        unsafe {
+            self.rows_raw(
+                Collective::AllGather,
+                input,
+                output,
+                rows,
+                width,
+                dtype,
+                stream,
+            )
+        }
+    }
+
+    /// Like [`Handle::reduce_scatter`], on memory and a stream this crate already checked;
+    /// each operand must be exactly this rank's part's length.
+    pub fn reduce_scatter_on(
+        &self,
+        stream: &Stream,
+        operands: Operands,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+    ) -> Result<(), ServeError> {
+        self.rows_on(
+            Collective::ReduceScatter,
+            stream,
+            operands,
+            rows,
+            width,
+            dtype,
+        )
+    }
+
+    /// Like [`Handle::all_gather`], on memory and a stream this crate already checked; each
+    /// operand must be exactly this rank's part's length.
+    pub fn all_gather_on(
+        &self,
+        stream: &Stream,
+        operands: Operands,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+    ) -> Result<(), ServeError> {
+        self.rows_on(Collective::AllGather, stream, operands, rows, width, dtype)
+    }
+
+    /// The served package and this rank's part of a `collective` of `rows` x `width`.
+    fn row_message(
+        &self,
+        collective: Collective,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+    ) -> Result<(&Served, RowMessage), ServeError> {
+        let rank = self.rank();
+        let served = self.served(collective, dtype)?;
+        let message = Shape::new(rows, width)
+            .and_then(|shape| RowMessage::new(collective, shape, self.world(), rank, dtype))
+            .map_err(|source| RuntimeError::Operands {
+                rank,
+                source: OperandError::Shape(source),
+            })?;
+        Ok((served, message))
+    }
+
+    #[allow(unsafe_code, clippy::too_many_arguments)]
+    unsafe fn rows_raw(
+        &self,
+        collective: Collective,
+        input: u64,
+        output: u64,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<(), ServeError> {
+        let rank = self.rank();
+        let (served, message) = self.row_message(collective, rows, width, dtype)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let too_large = || ServeError::MessageTooLarge {
+            rank,
+            elements: usize::try_from(message.shape().elements()).unwrap_or(usize::MAX),
+        };
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
+        // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
+        let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
+        let operand = |address: u64, bytes: u64, what: &'static str| {
+            let bytes = usize::try_from(bytes).map_err(|_| too_large())?;
+            if bytes == 0 {
+                return Ok(empty_at(address, device.ordinal()));
+            }
+            // SAFETY: the caller promises it stays allocated until the queued work has run.
+            unsafe { device.caller_memory(address, bytes) }.map_err(bad(what))
+        };
+        let operands = Operands {
+            input: operand(input, message.input_bytes(), "the input")?,
+            output: operand(output, message.output_bytes(), "the output")?,
+        };
+        self.enqueue_rows(served, &stream, &message, operands)
+    }
+
+    fn rows_on(
+        &self,
+        collective: Collective,
+        stream: &Stream,
+        operands: Operands,
+        rows: u64,
+        width: u64,
+        dtype: Dtype,
+    ) -> Result<(), ServeError> {
+        let (served, message) = self.row_message(collective, rows, width, dtype)?;
+        message
+            .check_lengths(
+                operands.input.len_bytes() as u64,
+                operands.output.len_bytes() as u64,
+            )
+            .map_err(|source| RuntimeError::Operands {
+                rank: self.rank(),
+                source,
+            })?;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.enqueue_rows(served, stream, &message, operands)
+    }
+
+    /// Routes `message` by its full bytes: the bucket's winner, or NCCL on the whole message
+    /// above the ladder (pieces of these collectives are not built) and where a plain NCCL
+    /// winner of a reduce-scatter must sum in rank order.
+    fn enqueue_rows(
+        &self,
+        served: &Served,
+        stream: &Stream,
+        message: &RowMessage,
+        operands: Operands,
+    ) -> Result<(), ServeError> {
+        let rank = self.rank();
+        let capturing = stream.is_capturing().map_err(RuntimeError::driver(rank))?;
+        if !capturing {
+            self.check_seen()?;
+        }
+        let sums = message.collective() == Collective::ReduceScatter;
+        match served.route(message.message_bytes()) {
+            Some(id) if !(sums && served.rank_ordered.contains(&id)) => {
+                served
+                    .collectives
+                    .enqueue_rows(&self.runtime, stream, id, message, operands)?;
+            }
+            _ => served.collectives.enqueue_nccl_rows_whole(
+                &self.runtime,
+                stream,
+                message,
+                operands,
+                served.selection.choice.policy.exact_only,
+            )?,
+        }
+        if !capturing {
+            self.refresh_abort_words()?;
+        }
+        Ok(())
+    }
+}
