@@ -12,6 +12,7 @@ mod one_gpu;
 mod qualify;
 mod rank_order;
 mod ranks_on_one_gpu;
+mod rows;
 mod runtime;
 mod smoke;
 mod support;
