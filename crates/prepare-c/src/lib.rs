@@ -9,6 +9,7 @@
 //! (`build.rs`), into `include/` beside the library: `target/<profile>/include/prepare.h`.
 
 mod boundary;
+mod rows;
 
 use std::ffi::{c_char, c_void, OsStr};
 use std::os::unix::ffi::OsStrExt as _;
@@ -28,6 +29,7 @@ use prepare::tune::choice::Tuning;
 use boundary::{
     c_str, chain, collective, copy_out, dtype, guard, last_error, reference, write, Failure,
 };
+pub use rows::{prepare_all_gather, prepare_owned_rows, prepare_reduce_scatter};
 
 /// The ABI this library offers ([`prepare_abi_version`]): raised whenever a call, a struct or
 /// an enum changes, so a binding written for another refuses the library before any call.

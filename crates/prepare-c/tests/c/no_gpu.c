@@ -229,6 +229,62 @@ int main(int argc, char **argv) {
     char text[64];
     expect("all_reduce(NULL handle)", prepare_all_reduce(NULL, text, text, 1, 0, NULL),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    /* The reduce-scatter and the all-gather check the dtype and the shape before the handle. */
+    typedef PrepareStatus (*RowCall)(const PrepareHandle *, const void *, void *, size_t, size_t,
+                                     int32_t, void *);
+    const struct {
+        const char *name;
+        RowCall call;
+    } row_calls[] = {{"reduce_scatter", prepare_reduce_scatter},
+                     {"all_gather", prepare_all_gather}};
+    for (size_t index = 0; index < sizeof row_calls / sizeof row_calls[0]; index++) {
+        char what[64];
+        RowCall call = row_calls[index].call;
+        snprintf(what, sizeof what, "%s(NULL handle)", row_calls[index].name);
+        expect(what, call(NULL, text, text, 4, 3, PREPARE_DTYPE_BF16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+        snprintf(what, sizeof what, "%s(width 0)", row_calls[index].name);
+        expect(what, call(NULL, text, text, 4, 0, PREPARE_DTYPE_BF16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "width must be at least 1");
+        snprintf(what, sizeof what, "%s(dtype 7)", row_calls[index].name);
+        expect(what, call(NULL, text, text, 4, 3, 7, NULL), PREPARE_STATUS_INVALID_ARGUMENT,
+               "dtype 7 is not a PrepareDtype");
+        snprintf(what, sizeof what, "%s(SIZE_MAX x 2 elements)", row_calls[index].name);
+        expect(what, call(NULL, text, text, SIZE_MAX, 2, PREPARE_DTYPE_FP32, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "more than 2^64 - 1 elements");
+        snprintf(what, sizeof what, "%s(no rows, NULL operands, NULL handle)",
+                 row_calls[index].name);
+        expect(what, call(NULL, NULL, NULL, 0, 1, PREPARE_DTYPE_FP16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    }
+
+    /* The shape rule: the first rows % world ranks own one row more; a rank may own none. */
+    const size_t owned_cases[][5] = {
+        /* rows, world, rank, first, count */
+        {10, 4, 0, 0, 3}, {10, 4, 1, 3, 3}, {10, 4, 2, 6, 2}, {10, 4, 3, 8, 2},
+        {2, 4, 3, 2, 0},  {8, 2, 1, 4, 4},  {0, 3, 2, 0, 0},
+    };
+    for (size_t index = 0; index < sizeof owned_cases / sizeof owned_cases[0]; index++) {
+        const size_t *row = owned_cases[index];
+        size_t first = SIZE_MAX;
+        size_t count = SIZE_MAX;
+        char what[64];
+        snprintf(what, sizeof what, "owned_rows(%zu rows, rank %zu of %zu)", row[0], row[2],
+                 row[1]);
+        expect(what, prepare_owned_rows(row[0], (uint32_t)row[1], (uint32_t)row[2], &first,
+                                        &count),
+               PREPARE_STATUS_OK, NULL);
+        if (first != row[3] || count != row[4]) {
+            fprintf(stderr, "FAIL %s: rows %zu..%zu, expected %zu..%zu\n", what, first,
+                    first + count, row[3], row[3] + row[4]);
+            failures++;
+        }
+    }
+    expect("owned_rows(NULL outputs)", prepare_owned_rows(5, 2, 1, NULL, NULL), PREPARE_STATUS_OK,
+           NULL);
+    expect("owned_rows(rank 2 of 2)", prepare_owned_rows(5, 2, 2, NULL, NULL),
+           PREPARE_STATUS_INVALID_ARGUMENT, "rank 2 is not below the world size 2");
+
     expect("route(NULL handle)", prepare_route(NULL, PREPARE_COLLECTIVE_ALL_REDUCE, 0, 2, text,
                                                   sizeof text, &needed),
            PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");

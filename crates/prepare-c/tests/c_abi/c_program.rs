@@ -2,7 +2,8 @@
 //! (`target/<profile>/include/`, where the build script writes it), links it to the cdylib
 //! this crate builds, and runs it: the C ABI's error paths with no GPU, no driver and no
 //! torchrun variables (a missing package, an invalid ladder, null arguments, counts and
-//! timeouts out of range, a failing call from a thread's exit). Running at all shows the
+//! timeouts out of range, the reduce-scatter's and all-gather's shape and dtype checks, the
+//! shape rule, a failing call from a thread's exit). Running at all shows the
 //! library loads on a machine without libcuda or NCCL; an empty stderr shows it printed
 //! nothing there, not even for a panic it caught.
 
@@ -82,6 +83,18 @@ fn the_c_program_sees_every_error_path_as_a_status_and_a_message() {
     );
 
     let mut run = Command::new(&program);
+    // The library just built, before any other copy on the loader's path that Cargo set (an
+    // older `cargo build`'s in the profile directory would otherwise shadow the rpath).
+    let mut search = vec![library.clone()];
+    search.extend(
+        std::env::var_os("LD_LIBRARY_PATH")
+            .iter()
+            .flat_map(std::env::split_paths),
+    );
+    run.env(
+        "LD_LIBRARY_PATH",
+        std::env::join_paths(search).expect("library directories join"),
+    );
     run.arg(env!("CARGO_PKG_VERSION"))
         .arg(&missing)
         .arg(&invalid)
