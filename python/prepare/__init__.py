@@ -1,4 +1,5 @@
-"""prepare: the fastest exact all-reduce on this machine, for tensor-parallel servers.
+"""prepare: the fastest exact all-reduce, reduce-scatter and all-gather on this machine, for
+tensor-parallel servers.
 
 `prepare.Collectives` serves PyTorch tensors (it imports torch when made); the low-level
 binding of the C ABI (`prepare.NativeHandle`, `prepare.unique_id`) needs no torch.
@@ -17,6 +18,7 @@ from ._binding import (
     native_version,
     unique_id,
 )
+from ._shape import owned_rows
 from .collectives import Collectives
 
 __version__ = "0.2.0"
@@ -34,5 +36,6 @@ __all__ = [
     "__version__",
     "library_path",
     "native_version",
+    "owned_rows",
     "unique_id",
 ]

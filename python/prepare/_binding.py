@@ -235,6 +235,14 @@ _SIGNATURES = {
                            ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
     "prepare_all_reduce": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                             ctypes.c_int32, ctypes.c_void_p], ctypes.c_int32),
+    "prepare_reduce_scatter": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int32,
+                                ctypes.c_void_p], ctypes.c_int32),
+    "prepare_all_gather": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                            ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p], ctypes.c_int32),
+    "prepare_owned_rows": ([ctypes.c_size_t, ctypes.c_uint32, ctypes.c_uint32,
+                            ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+                           ctypes.c_int32),
     "prepare_route": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_char_p,
                        ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int32),
     "prepare_choice_json": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t,
@@ -468,6 +476,20 @@ class NativeHandle:
                      _address("stream", stream))
         _check(library().prepare_all_reduce(self._live(), *arguments))
 
+    def reduce_scatter(self, input: int, output: int, rows: int, width: int, dtype: int,
+                       stream: int) -> None:
+        """Enqueues the reduce-scatter of `rows` x `width` elements at device address `input`
+        (the whole message) into `output` (this rank's rows, `owned_rows`)."""
+        arguments = _row_arguments(input, output, rows, width, dtype, stream)
+        _check(library().prepare_reduce_scatter(self._live(), *arguments))
+
+    def all_gather(self, input: int, output: int, rows: int, width: int, dtype: int,
+                   stream: int) -> None:
+        """Enqueues the all-gather of `rows` x `width` elements: this rank's rows at device
+        address `input` (`owned_rows`), every rank's at their place in `output`."""
+        arguments = _row_arguments(input, output, rows, width, dtype, stream)
+        _check(library().prepare_all_gather(self._live(), *arguments))
+
     # Each call below takes the package's key: a collective code, then a dtype code.
 
     def route(self, collective: int, dtype: int, nbytes: int) -> str:
@@ -522,3 +544,21 @@ def served_names(handle: NativeHandle, collective: int = 0) -> Iterable[str]:
 
 def _key(collective: int, dtype: int) -> Tuple[int, int]:
     return _integer("collective", collective, "int32_t"), _integer("dtype", dtype, "int32_t")
+
+
+def _row_arguments(input: Any, output: Any, rows: Any, width: Any, dtype: Any,
+                   stream: Any) -> Tuple[Optional[int], Optional[int], int, int, int,
+                                         Optional[int]]:
+    return (_address("input", input), _address("output", output),
+            _integer("rows", rows, "size_t"), _integer("width", width, "size_t"),
+            _integer("dtype", dtype, "int32_t"), _address("stream", stream))
+
+
+def native_owned_rows(rows: int, world: int, rank: int) -> range:
+    """The rows `rank` of `world` owns of a message of `rows`, as the C library says
+    (`prepare_owned_rows`, the Rust `prepare::shape::owned_rows`)."""
+    arguments = (_integer("rows", rows, "size_t"), _integer("world", world, "uint32_t"),
+                 _integer("rank", rank, "uint32_t"))
+    first, count = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(library().prepare_owned_rows(*arguments, ctypes.byref(first), ctypes.byref(count)))
+    return range(first.value, first.value + count.value)

@@ -8,6 +8,7 @@ import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ._shape import RowShape, all_gather_shape, is_in_place, reduce_scatter_shape
 from ._binding import (
     COLLECTIVE_CODES,
     DTYPE_CODES,
@@ -33,7 +34,7 @@ def _collective_code(collective: Any) -> int:
         raise InvalidArgument(f"collective={collective!r}: give one of {names}")
     return COLLECTIVE_CODES[collective]
 
-# Live handles by integer id: what the custom op `prepare::all_reduce` refers to, so a
+# Live handles by integer id: what the custom ops (`prepare::all_reduce`, ...) refer to, so a
 # compiled graph holds a number rather than a Python object.
 _REGISTRY: Dict[int, "Collectives"] = {}
 _NEXT_ID = itertools.count(1)
@@ -64,9 +65,20 @@ def _dtype_names(torch) -> Dict[Any, str]:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
+def _registered(handle: int) -> "Collectives":
+    with _REGISTRY_LOCK:
+        collectives = _REGISTRY.get(handle)
+    if collectives is None:
+        raise InvalidArgument(f"prepare handle {handle} is closed")
+    return collectives
+
+
 def _registered_op():
-    """`torch.ops.prepare.all_reduce(handle, output, input)`: mutates `output`; `input` None
-    means in place. Registered once per process, with a fake implementation for tracing."""
+    """The custom ops, registered once per process, each with a fake implementation for
+    tracing: `torch.ops.prepare.all_reduce(handle, output, input)` mutates `output`, `input`
+    None meaning in place; `torch.ops.prepare.reduce_scatter(handle, output, input)` and
+    `torch.ops.prepare.all_gather(handle, output, input)` mutate `output`, whose shape says the
+    message's (the all-gather's total rows are its first dimension)."""
     global _OP
     with _OP_LOCK:
         if _OP is not None:
@@ -77,17 +89,32 @@ def _registered_op():
                                  device_types="cuda")
         def all_reduce(handle: int, output: torch.Tensor,
                        input: Optional[torch.Tensor]) -> None:
-            with _REGISTRY_LOCK:
-                collectives = _REGISTRY.get(handle)
-            if collectives is None:
-                raise InvalidArgument(f"prepare handle {handle} is closed")
-            collectives._enqueue(output if input is None else input, output)
+            _registered(handle)._enqueue(output if input is None else input, output)
 
         @all_reduce.register_fake
         def _(handle: int, output: torch.Tensor, input: Optional[torch.Tensor]) -> None:
             return None
 
-        _OP = all_reduce
+        @torch.library.custom_op("prepare::reduce_scatter", mutates_args=("output",),
+                                 device_types="cuda")
+        def reduce_scatter(handle: int, output: torch.Tensor, input: torch.Tensor) -> None:
+            _registered(handle)._enqueue_rows("reduce_scatter", input, output)
+
+        @reduce_scatter.register_fake
+        def _(handle: int, output: torch.Tensor, input: torch.Tensor) -> None:
+            # The shapes are checked as the eager call checks them; nothing is written.
+            _registered(handle)._row_shape("reduce_scatter", input, output)
+
+        @torch.library.custom_op("prepare::all_gather", mutates_args=("output",),
+                                 device_types="cuda")
+        def all_gather(handle: int, output: torch.Tensor, input: torch.Tensor) -> None:
+            _registered(handle)._enqueue_rows("all_gather", input, output)
+
+        @all_gather.register_fake
+        def _(handle: int, output: torch.Tensor, input: torch.Tensor) -> None:
+            _registered(handle)._row_shape("all_gather", input, output)
+
+        _OP = (all_reduce, reduce_scatter, all_gather)
         return _OP
 
 
@@ -107,7 +134,8 @@ class _Region:
 
 
 class Collectives:
-    """prepare's all-reduce for the ranks of a `torch.distributed` process group.
+    """prepare's all-reduce, reduce-scatter and all-gather for the ranks of a
+    `torch.distributed` process group.
 
     Collective to create: every rank of `group` (default: the default group) calls it with
     the same packages and options, after `torch.distributed.init_process_group` and
@@ -120,7 +148,8 @@ class Collectives:
     whose output differs from the reference sum (plain NCCL beyond two ranks) out of the
     choice and of `force`; True keeps them, so the winner may change the output.
 
-    All-reduces must be made in the same order on every rank, one stream at a time.
+    Collectives must be made in the same order on every rank (a reduce-scatter or all-gather
+    of the same rows and width), one stream at a time.
     """
 
     def __init__(self, packages: Union[PathLike, Sequence[PathLike]], group: Any = None,
@@ -255,6 +284,84 @@ class Collectives:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self._live().all_reduce(input.data_ptr(), output.data_ptr(), input.numel(),
                                 self._code(input.dtype), stream)
+
+    # The reduce-scatter and the all-gather: rows are a tensor's first dimension, the width
+    # the product of the others; rank r owns a contiguous run of rows (`prepare.owned_rows`).
+
+    def reduce_scatter(self, input: Any, out: Any = None) -> Any:
+        """Sums `input` (the whole message on every rank, rows its first dimension) over the
+        ranks and writes this rank's rows of the sum (`prepare.owned_rows`: the first
+        `rows % world` ranks own one row more, a rank may own none) into `out`, of shape
+        (owned rows, *input.shape[1:]), allocated when None. In place when `out` is this
+        rank's rows of `input` (`input[owned.start:owned.stop]`); any other overlap is
+        refused. On the current CUDA stream, enqueue only: captured by `torch.cuda.graph`,
+        traced by `torch.compile` (as `torch.ops.prepare.reduce_scatter`). Returns `out`."""
+        self._live()
+        self._check_tensor(input, "the input")
+        self._pair("reduce_scatter", input.dtype)
+        if out is not None:
+            self._check_tensor(out, "out")
+        shape = reduce_scatter_shape(input.shape, self.world_size, self.rank)
+        return self._rows("reduce_scatter", input, out, shape)
+
+    def all_gather(self, input: Any, out: Any = None, rows: Optional[int] = None) -> Any:
+        """Gathers every rank's rows into `out`, the whole message in rank order: `input` is
+        this rank's rows (`prepare.owned_rows` of the total). The total rows are `out`'s first
+        dimension or `rows` (one is needed, since this rank's rows do not give the total; both
+        must agree); `out`, of shape (rows, *input.shape[1:]), is allocated when None. In
+        place when `input` is this rank's rows of `out`; any other overlap is refused. On the
+        current CUDA stream, enqueue only: captured by `torch.cuda.graph`, traced by
+        `torch.compile` (as `torch.ops.prepare.all_gather`). Returns `out`."""
+        self._live()
+        self._check_tensor(input, "the input")
+        self._pair("all_gather", input.dtype)
+        if out is not None:
+            self._check_tensor(out, "out")
+        shape = all_gather_shape(input.shape, None if out is None else out.shape, rows,
+                                 self.world_size, self.rank)
+        return self._rows("all_gather", input, out, shape)
+
+    def _rows(self, collective: str, input: Any, out: Any, shape: RowShape) -> Any:
+        torch = _torch()
+        if out is None:
+            out = torch.empty(shape.output, dtype=input.dtype, device=input.device)
+        else:
+            if tuple(out.shape) != shape.output or out.dtype != input.dtype:
+                raise InvalidArgument(
+                    f"out is {tuple(out.shape)} {out.dtype}; this rank's {collective} of the "
+                    f"input {tuple(input.shape)} {input.dtype} writes {shape.output} "
+                    f"{input.dtype}")
+        if torch.compiler.is_compiling():
+            op = getattr(torch.ops.prepare, collective)
+            op(self._id, out, input)
+        else:
+            self._enqueue_rows(collective, input, out)
+        return out
+
+    def _row_shape(self, collective: str, input: Any, output: Any) -> RowShape:
+        """The message of a row collective from its operands' shapes (the all-gather's total
+        rows are its output's first dimension), checked."""
+        if collective == "reduce_scatter":
+            shape = reduce_scatter_shape(input.shape, self.world_size, self.rank)
+        else:
+            shape = all_gather_shape(input.shape, output.shape, None, self.world_size,
+                                     self.rank)
+        if tuple(output.shape) != shape.output:
+            raise InvalidArgument(
+                f"out is {tuple(output.shape)}; this rank's {collective} of the input "
+                f"{tuple(input.shape)} writes {shape.output}")
+        return shape
+
+    def _enqueue_rows(self, collective: str, input: Any, output: Any) -> None:
+        torch = _torch()
+        shape = self._row_shape(collective, input, output)
+        code = self._pair(collective, input.dtype)[1]
+        # The library refuses any other overlap too; checked here to name the arguments.
+        is_in_place(collective, (input.data_ptr(), input.nbytes),
+                    (output.data_ptr(), output.nbytes), shape.own_offset(input.element_size()))
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        enqueue = getattr(self._live(), collective)
+        enqueue(input.data_ptr(), output.data_ptr(), shape.rows, shape.width, code, stream)
 
     # Zero copy.
 

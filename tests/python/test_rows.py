@@ -1,0 +1,374 @@
+"""The reduce-scatter and the all-gather without a GPU or torch: the shape rule in Python against
+the library's (`prepare_owned_rows`, the Rust `prepare::shape::owned_rows`), the shapes and
+layouts `Collectives` checks before any call (each error naming the argument), the binding's
+integer checks, the library's own checks before the handle, and what `Collectives` hands the
+library, through a stand-in for torch and for the native handle."""
+
+import importlib.util
+import json
+import math
+import py_compile
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import prepare
+from prepare import _binding, _shape, collectives
+
+SIZE = "from 0 to 18446744073709551615 (size_t)"
+
+
+def refused(call, *needles, error=prepare.InvalidArgument):
+    with pytest.raises(error) as caught:
+        call()
+    assert type(caught.value) is error
+    for needle in needles:
+        assert needle in str(caught.value), str(caught.value)
+    return caught.value
+
+
+# The shape rule.
+
+def test_owned_rows_is_the_librarys_rule():
+    checked = 0
+    for world in range(1, 10):
+        for rows in [*range(0, 3 * world + 2), 2047, 2048, 4097, 1 << 40, (1 << 64) - 1]:
+            for rank in range(world):
+                assert prepare.owned_rows(rows, world, rank) == _binding.native_owned_rows(
+                    rows, world, rank), (rows, world, rank)
+                checked += 1
+    assert checked > 500
+
+
+@pytest.mark.parametrize(
+    "rows, world, owned",
+    [(10, 4, [(0, 3), (3, 6), (6, 8), (8, 10)]), (2, 4, [(0, 1), (1, 2), (2, 2), (2, 2)]),
+     (0, 3, [(0, 0)] * 3), (8, 2, [(0, 4), (4, 8)]), (7, 1, [(0, 7)])],
+)
+def test_owned_rows_gives_the_first_rows_mod_world_ranks_one_more(rows, world, owned):
+    assert [prepare.owned_rows(rows, world, rank) for rank in range(world)] == [
+        range(start, stop) for start, stop in owned]
+
+
+@pytest.mark.parametrize(
+    "arguments, shown",
+    [((10, 2, 2), "rank 2 is not below the world size 2"),
+     ((10, 0, 0), "world=0: give an integer of at least 1"),
+     ((-1, 2, 0), "rows=-1: give an integer of at least 0"),
+     ((True, 2, 0), "rows is bool: give an integer"),
+     ((4.0, 2, 0), "rows is float: give an integer"),
+     ((4, 2, -1), "rank=-1")],
+    ids=["rank-outside", "world-0", "rows-negative", "rows-bool", "rows-float", "rank-negative"],
+)
+def test_owned_rows_refuses_what_the_rule_has_no_answer_for(arguments, shown):
+    refused(lambda: prepare.owned_rows(*arguments), shown)
+
+
+def test_the_library_refuses_a_rank_outside_the_world_as_python_does():
+    refused(lambda: _binding.native_owned_rows(10, 2, 2), "rank 2 is not below the world size 2")
+
+
+# Shapes.
+
+def test_a_reduce_scatter_writes_this_ranks_rows_of_every_dimension_after_the_first():
+    shape = _shape.reduce_scatter_shape((10, 4, 3), world=4, rank=1)
+    assert (shape.rows, shape.width, shape.owned, shape.output) == (10, 12, range(3, 6),
+                                                                    (3, 4, 3))
+    assert shape.own_offset(2) == 3 * 12 * 2
+    flat = _shape.reduce_scatter_shape((5,), world=2, rank=1)
+    assert (flat.rows, flat.width, flat.output) == (5, 1, (2,))
+    none = _shape.reduce_scatter_shape((1, 7), world=2, rank=1)
+    assert none.output == (0, 7) and none.owned == range(1, 1)
+    empty = _shape.reduce_scatter_shape((0, 7), world=2, rank=0)
+    assert (empty.rows, empty.output) == (0, (0, 7))
+
+
+@pytest.mark.parametrize(
+    "input_shape, shown",
+    [((), "input is a 0-d tensor"), ((4, 0), "input is (4, 0): its rows are empty (width 0"),
+     ((4, 3, 0), "input is (4, 3, 0)"), ((0, 0), "the width must be at least 1")],
+)
+def test_a_reduce_scatter_without_rows_or_width_is_refused_naming_the_input(input_shape, shown):
+    refused(lambda: _shape.reduce_scatter_shape(input_shape, 2, 0), shown)
+
+
+def test_an_all_gather_takes_its_total_rows_from_out_or_rows():
+    by_out = _shape.all_gather_shape((2, 5), (7, 5), None, world=4, rank=0)
+    by_rows = _shape.all_gather_shape((2, 5), None, 7, world=4, rank=0)
+    both = _shape.all_gather_shape((2, 5), (7, 5), 7, world=4, rank=0)
+    for shape in (by_out, by_rows, both):
+        assert (shape.rows, shape.width, shape.owned, shape.output) == (7, 5, range(0, 2),
+                                                                        (7, 5))
+    last = _shape.all_gather_shape((1, 2, 3), None, 7, world=4, rank=3)
+    assert (last.owned, last.output, last.width) == (range(6, 7), (7, 2, 3), 6)
+    none = _shape.all_gather_shape((0, 3), None, 1, world=2, rank=1)
+    assert none.owned == range(1, 1) and none.output == (1, 3)
+
+
+@pytest.mark.parametrize(
+    "input_shape, out_shape, rows, shown",
+    [((2, 5), None, None, "all_gather needs the total rows"),
+     ((2, 5), (7, 5), 8, "rows=8, but out has 7 rows"),
+     ((2, 5), (7, 4), None, "out is (7, 4) and the input (2, 5)"),
+     ((2, 5), (), None, "out is a 0-d tensor"),
+     ((3, 5), (7, 5), None, "the input has 3 rows, but rank 0 of 4 owns 2 of 7 (rows 0:2"),
+     ((2, 5), None, -1, "rows=-1"),
+     ((2, 5), None, 2.0, "rows is float"),
+     ((2, 0), None, 8, "input is (2, 0): its rows are empty"),
+     ((), None, 8, "input is a 0-d tensor")],
+    ids=["no-total", "rows-disagree", "row-shapes-differ", "out-0d", "input-not-owned",
+         "rows-negative", "rows-float", "width-0", "input-0d"],
+)
+def test_an_all_gather_of_the_wrong_shape_is_refused_naming_the_argument(input_shape, out_shape,
+                                                                         rows, shown):
+    refused(lambda: _shape.all_gather_shape(input_shape, out_shape, rows, 4, 0), shown)
+
+
+# Layouts.
+
+def test_in_place_is_this_ranks_rows_of_the_other_operand():
+    # A message of 4 rows of 8 bytes at 0x1000; rank 1 of 2 owns rows 2:4, 16 bytes in.
+    message, rows = (0x1000, 32), (0x1010, 16)
+    assert _shape.is_in_place("reduce_scatter", message, rows, 16)
+    assert _shape.is_in_place("all_gather", rows, message, 16)
+    assert not _shape.is_in_place("reduce_scatter", message, (0x2000, 16), 16)
+    assert not _shape.is_in_place("all_gather", (0x2000, 16), message, 16)
+    # Empty operands lie apart wherever they point.
+    assert not _shape.is_in_place("reduce_scatter", message, (0x1010, 0), 16)
+    assert not _shape.is_in_place("all_gather", (0, 0), message, 0)
+
+
+@pytest.mark.parametrize(
+    "collective, input_span, output_span, in_place",
+    [("reduce_scatter", (0x1000, 32), (0x1000, 16), "out is this rank's rows of the input"),
+     ("reduce_scatter", (0x1000, 32), (0x1018, 16), "out is this rank's rows of the input"),
+     ("reduce_scatter", (0x1010, 32), (0x1000, 32), "out is this rank's rows of the input"),
+     ("all_gather", (0x1000, 16), (0x1000, 32), "the input is this rank's rows of out"),
+     ("all_gather", (0x1020, 16), (0x1018, 32), "the input is this rank's rows of out")],
+    ids=["rs-rank-0-rows", "rs-off-by-8", "rs-same-length", "ag-rank-0-rows", "ag-straddling"],
+)
+def test_any_other_overlap_is_refused_naming_the_in_place_layout(collective, input_span,
+                                                                 output_span, in_place):
+    refused(lambda: _shape.is_in_place(collective, input_span, output_span, 16),
+            f"out overlaps the input of the {collective}, and not in place", in_place)
+
+
+# The binding and the library.
+
+def closed_handle():
+    return prepare.NativeHandle.__new__(prepare.NativeHandle)
+
+
+@pytest.mark.parametrize("method", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize(
+    "arguments, shown",
+    [((0, 0, 2**64, 1, 0, None), "rows=18446744073709551616 is out of range: give an integer "
+      + SIZE),
+     ((0, 0, 4, -1, 0, None), "width=-1 is out of range"),
+     ((0, 0, 4, 1.5, 0, None), "width is a float"),
+     ((-1, 0, 4, 1, 0, None), "input=-1 is out of range"),
+     ((0, 2**64, 4, 1, 0, None), "output=18446744073709551616 is out of range"),
+     ((0, 0, 4, 1, 2**31, None), "dtype=2147483648 is out of range"),
+     ((0, 0, 4, 1, 0, -1), "stream=-1 is out of range")],
+    ids=["rows-2^64", "width-negative", "width-float", "input-negative", "output-2^64",
+         "dtype-2^31", "stream-negative"],
+)
+def test_the_row_calls_refuse_integers_outside_their_c_type(method, arguments, shown):
+    refused(lambda: getattr(closed_handle(), method)(*arguments), shown)
+
+
+@pytest.mark.parametrize("method", ["reduce_scatter", "all_gather"])
+def test_a_row_call_on_a_closed_handle_is_refused(method):
+    refused(lambda: getattr(closed_handle(), method)(0, 0, 4, 1, 0, 0), "closed")
+
+
+@pytest.mark.parametrize("name", ["prepare_reduce_scatter", "prepare_all_gather"])
+def test_the_library_checks_the_dtype_and_the_shape_before_the_handle(name):
+    call = getattr(_binding.library(), name)
+    for arguments, shown in [((4, 0, 0), b"a message of 4 rows of width 0: the width must be "),
+                             ((4, 3, 9), b"dtype 9 is not a PrepareDtype"),
+                             ((4, 3, 0), b"handle is NULL")]:
+        assert call(None, None, None, *arguments, None) == 1
+        assert shown in _binding.library().prepare_last_error()
+
+
+# What Collectives hands the library, through stand-ins for torch and the native handle.
+
+class FakeTensor:
+    """What `Collectives` reads of a tensor: its shape, dtype, device, layout and memory."""
+
+    def __init__(self, shape, address, dtype="bf16 dtype", element_size=2):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = types.SimpleNamespace(type="cuda", index=0)
+        self._address = address
+        self._element_size = element_size
+
+    def is_contiguous(self):
+        return True
+
+    def data_ptr(self):
+        return self._address
+
+    def element_size(self):
+        return self._element_size
+
+    @property
+    def nbytes(self):
+        return math.prod(self.shape) * self._element_size
+
+    def rows(self, start, stop):
+        """The view of rows start:stop."""
+        row = math.prod(self.shape[1:]) * self._element_size
+        return FakeTensor((stop - start, *self.shape[1:]), self._address + start * row,
+                          self.dtype, self._element_size)
+
+
+class Recorder:
+    """A native handle that records the calls it would make."""
+
+    closed = False
+
+    def __init__(self):
+        self.calls = []
+
+    def reduce_scatter(self, *arguments):
+        self.calls.append(("reduce_scatter", *arguments))
+
+    def all_gather(self, *arguments):
+        self.calls.append(("all_gather", *arguments))
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """A `Collectives` of rank 1 of 4 serving both row collectives in bf16, on stand-ins."""
+    allocated = []
+
+    def empty(shape, dtype, device):
+        tensor = FakeTensor(shape, 0x90000 + 0x10000 * len(allocated), dtype)
+        allocated.append(tensor)
+        return tensor
+
+    torch = types.SimpleNamespace(
+        Tensor=FakeTensor, empty=empty,
+        compiler=types.SimpleNamespace(is_compiling=lambda: False),
+        cuda=types.SimpleNamespace(current_stream=lambda device: types.SimpleNamespace(
+            cuda_stream=77)))
+    monkeypatch.setattr(collectives, "_TORCH", torch)
+    handle = object.__new__(collectives.Collectives)
+    handle._native, handle._id = Recorder(), None
+    handle.rank, handle.world_size, handle.device = 1, 4, 0
+    handle._names = {"bf16 dtype": "bf16", "fp32 dtype": "fp32"}
+    handle._served = [("reduce_scatter", "bf16 dtype"), ("all_gather", "bf16 dtype")]
+    handle.allocated = allocated
+    return handle
+
+
+def test_a_reduce_scatter_allocates_this_ranks_rows_and_passes_rows_and_width(served):
+    message = FakeTensor((10, 4, 3), 0x1000)
+    out = served.reduce_scatter(message)
+    assert out is served.allocated[0] and out.shape == (3, 4, 3)
+    assert served._native.calls == [("reduce_scatter", 0x1000, out.data_ptr(), 10, 12, 0, 77)]
+    given = FakeTensor((3, 4, 3), 0x5000)
+    assert served.reduce_scatter(message, out=given) is given
+    # In place: rank 1 owns rows 3:6 of the input.
+    in_place = message.rows(3, 6)
+    assert served.reduce_scatter(message, out=in_place) is in_place
+    assert served._native.calls[-1] == ("reduce_scatter", 0x1000, 0x1000 + 3 * 24, 10, 12, 0, 77)
+
+
+def test_an_all_gather_allocates_the_whole_message_from_rows(served):
+    own = FakeTensor((3, 4), 0x1000)
+    out = served.all_gather(own, rows=10)
+    assert out.shape == (10, 4)
+    assert served._native.calls == [("all_gather", 0x1000, out.data_ptr(), 10, 4, 0, 77)]
+    whole = FakeTensor((10, 4), 0x8000)
+    assert served.all_gather(own, out=whole) is whole
+    in_place = whole.rows(3, 6)
+    assert served.all_gather(in_place, out=whole, rows=10) is whole
+    assert served._native.calls[-1] == ("all_gather", 0x8000 + 3 * 8, 0x8000, 10, 4, 0, 77)
+
+
+@pytest.mark.parametrize(
+    "call, shown",
+    [(lambda c: c.reduce_scatter(FakeTensor((10, 4), 0x1000), out=FakeTensor((2, 4), 0x5000)),
+      "out is (2, 4) bf16 dtype; this rank's reduce_scatter of the input (10, 4) bf16 dtype "
+      "writes (3, 4)"),
+     (lambda c: c.reduce_scatter(FakeTensor((10, 4), 0x1000),
+                                 out=FakeTensor((3, 4), 0x5000, "fp32 dtype", 4)),
+      "out is (3, 4) fp32 dtype"),
+     (lambda c: c.reduce_scatter(FakeTensor((10, 4), 0x1000), out=FakeTensor((3, 4), 0x1000)),
+      "out overlaps the input of the reduce_scatter, and not in place"),
+     (lambda c: c.reduce_scatter(FakeTensor((10, 4), 0x1000, "fp32 dtype", 4)),
+      "no package holds reduce_scatter fp32 dtype"),
+     (lambda c: c.reduce_scatter(FakeTensor((10, 4), 0x1000), out=[1]),
+      "out is a list, not a torch.Tensor"),
+     (lambda c: c.reduce_scatter(FakeTensor((10, 0), 0x1000)), "its rows are empty"),
+     (lambda c: c.all_gather(FakeTensor((3, 4), 0x1000)), "all_gather needs the total rows"),
+     (lambda c: c.all_gather(FakeTensor((2, 4), 0x1000), rows=10),
+      "the input has 2 rows, but rank 1 of 4 owns 3 of 10"),
+     (lambda c: c.all_gather(FakeTensor((3, 4), 0x1000), out=FakeTensor((10, 4), 0x8000),
+                             rows=9), "rows=9, but out has 10 rows"),
+     (lambda c: c.all_gather(FakeTensor((3, 4), 0x8000), out=FakeTensor((10, 4), 0x8000)),
+      "out overlaps the input of the all_gather, and not in place"),
+     (lambda c: c.all_gather(FakeTensor((3, 4), 0x1000),
+                             out=FakeTensor((10, 4), 0x8000, "fp32 dtype", 4)),
+      "out is (10, 4) fp32 dtype")],
+    ids=["rs-out-shape", "rs-out-dtype", "rs-overlap", "rs-dtype-not-served", "rs-out-not-tensor",
+         "rs-width-0", "ag-no-total", "ag-input-rows", "ag-rows-disagree", "ag-overlap",
+         "ag-out-dtype"],
+)
+def test_bad_row_calls_are_refused_before_the_library(served, call, shown):
+    refused(lambda: call(served), shown)
+    assert served._native.calls == []
+
+
+def test_a_row_call_on_a_closed_collectives_is_refused():
+    handle = object.__new__(collectives.Collectives)
+    handle._native, handle._id = None, None
+    for call in (lambda: handle.reduce_scatter(None), lambda: handle.all_gather(None, rows=2)):
+        refused(call, "closed")
+
+
+
+# The GPU scripts and the example, as far as they run without torch or a GPU.
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_script_writes_its_ladders_without_torch(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "tests/python/gpu_rows.py"),
+                           "--write-ladders", str(tmp_path), "--world", "4"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    written = {path.name: json.loads(path.read_text()) for path in tmp_path.iterdir()}
+    assert sorted(written) == [f"h200_nvlink_{collective}_{dtype}_tp4.json"
+                               for collective in ("all_gather", "reduce_scatter")
+                               for dtype in ("bf16", "fp32")]
+    for name, ladder in written.items():
+        assert ladder["world_size"] == 4 and name.startswith(f"h200_nvlink_{ladder['collective']}")
+        ids = [profile["id"] for profile in ladder["profiles"]]
+        # The rank-order NCCL profile is the reduce-scatter's only: an all-gather sums nothing.
+        assert ("nccl_rank_order" in ids) == (ladder["collective"] == "reduce_scatter")
+        assert all(bucket["candidates"] == ids for bucket in ladder["buckets"])
+
+
+def test_the_gpu_checks_compile(tmp_path):
+    for name in ("gpu_rows.py", "gpu_rows_checks.py"):
+        py_compile.compile(str(ROOT / "tests/python" / name), doraise=True,
+                           cfile=str(tmp_path / f"{name}c"))
+
+
+def test_the_tp_mlp_example_parses_its_sequence_parallel_mode():
+    spec = importlib.util.spec_from_file_location("torch_tp_mlp",
+                                                  ROOT / "examples/torch_tp_mlp.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    parsed = example.parse_args(["rs_package", "ag_package", "--sequence-parallel"])
+    assert parsed.packages == ["rs_package", "ag_package"] and parsed.sequence_parallel
+    assert not example.parse_args(["package"]).sequence_parallel
+    with pytest.raises(SystemExit):
+        example.parse_args([])
