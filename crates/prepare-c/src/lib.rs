@@ -32,7 +32,9 @@ use boundary::{
 pub use rows::{prepare_all_gather, prepare_owned_rows, prepare_reduce_scatter};
 
 /// The ABI this library offers ([`prepare_abi_version`]): raised whenever a call, a struct or
-/// an enum changes, so a binding written for another refuses the library before any call.
+/// an enum changes, so a binding written for another refuses the library before any call. A
+/// call added leaves it: a binding written before it never calls it, and one that calls it
+/// fails to link or load against a library without it, naming the call.
 /// 2: [`PrepareOptions::allow_inexact`].
 pub const PREPARE_ABI_VERSION: u32 = 2;
 
@@ -126,8 +128,8 @@ pub struct PrepareOptions {
     pub allow_inexact: i32,
 }
 
-/// A rank's serving handle (opaque). Use it from one thread at a time; every rank must call
-/// the all-reduces in the same order.
+/// A rank's serving handle (opaque). Use it from one thread at a time; every rank must make
+/// the same collectives in the same order.
 #[derive(Debug)]
 pub struct PrepareHandle {
     handle: Handle,
