@@ -62,6 +62,9 @@
 //                            output_elements, rows, width
 //   all_reduce_add_rms_norm  the all-reduce's, and rows, width (the hidden size), residual,
 //                            weight, normed and eps
+//   add_rms_norm (the unfused epilogue after an all-reduce kernel, local memory only): input
+//                            (the sum, rows x width), rows, width, residual, weight, normed,
+//                            eps, rank, world, and state when it is not null
 // The fields every all-reduce kernel reads come first, at the offsets they have always had.
 struct LaunchParams {
     // buffers[r]: rank r's registered buffer mapped into this process; buffers[rank] is local.

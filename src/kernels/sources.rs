@@ -3,7 +3,11 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 8] = [
+const SOURCES: [(&str, &str); 9] = [
+    (
+        "add_rms_norm.cu",
+        include_str!("../../kernels/add_rms_norm.cu"),
+    ),
     (
         "all_reduce_full_phased.cu",
         include_str!("../../kernels/all_reduce_full_phased.cu"),
@@ -39,7 +43,7 @@ const SOURCES: [(&str, &str); 8] = [
 ];
 
 /// The headers the sources include, by the name they are included as.
-const HEADERS: [(&str, &str); 9] = [
+const HEADERS: [(&str, &str); 10] = [
     (
         "prepare_abi.cuh",
         include_str!("../../kernels/prepare_abi.cuh"),
@@ -63,6 +67,10 @@ const HEADERS: [(&str, &str); 9] = [
     (
         "prepare_layout.cuh",
         include_str!("../../kernels/prepare_layout.cuh"),
+    ),
+    (
+        "prepare_norm.cuh",
+        include_str!("../../kernels/prepare_norm.cuh"),
     ),
     (
         "prepare_phases.cuh",
@@ -109,6 +117,9 @@ mod tests {
             } else if spec.source == "nccl_rank_order_sum.cu" {
                 // Local memory only: no flags, no peers, no state required.
                 "local_kernel"
+            } else if spec.source == "add_rms_norm.cu" {
+                // The same, with the epilogue's checks.
+                "epilogue_kernel"
             } else {
                 "block_kernel"
             };

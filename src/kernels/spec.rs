@@ -109,7 +109,16 @@ pub enum InputAccess {
 const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 11] = [
+const KERNELS: [Kernel; 12] = [
+    // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
+    Kernel {
+        name: "add_rms_norm",
+        source: "add_rms_norm.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: None,
+        input: InputAccess::Local,
+    },
     Kernel {
         name: "all_reduce_full_phased",
         source: "all_reduce_full_phased.cu",

@@ -43,7 +43,7 @@ fn drop_function(text: &str, name: &str) -> String {
 /// The kernel sources and headers, with `mutation` planted when given, their inline PTX
 /// replaced by the host versions.
 fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
-    let replaced: [(&str, &[&str], &str); 3] = [
+    let replaced: [(&str, &[&str], &str); 4] = [
         (
             "prepare_sync.cuh",
             &[
@@ -78,6 +78,16 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "float_to_fp16_bits",
             ],
             "host_element_prims.h",
+        ),
+        (
+            "prepare_norm.cuh",
+            &[
+                "mul_round_nearest",
+                "div_round_nearest",
+                "sqrt_round_nearest",
+                "shuffle_xor",
+            ],
+            "host_norm_prims.h",
         ),
     ];
     let mut files: Vec<(String, String)> = headers()
@@ -119,6 +129,10 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
             .replace(
                 "__shared__ int outcome;",
                 "int& outcome = emu_shared<int>(1);",
+            )
+            .replace(
+                "__shared__ NormShared norm_shared;",
+                "NormShared& norm_shared = emu_shared<NormShared>(1);",
             );
         assert!(!text.contains("asm"), "{name} still has inline PTX");
         assert!(
@@ -472,4 +486,74 @@ fn a_sum_order_that_depends_on_the_message_size_breaks_invariance() {
         "{mutation}: the exactness mode caught it too, so its messages reach past the size where \
          the order changes; update the mutation's doc and this test:\n{text}"
     );
+}
+
+/// The bytes of a comma-separated list of hex element bits.
+fn hex_elements(dtype: Dtype, list: &str) -> Vec<u8> {
+    let size = dtype.size_bytes() as usize;
+    list.split(',')
+        .flat_map(|bits| u32::from_str_radix(bits, 16).unwrap().to_le_bytes()[..size].to_vec())
+        .collect()
+}
+
+/// prepare's unfused residual add + RMSNorm (kernels/add_rms_norm.cu) on the host, in every
+/// type: hidden sizes 8 to 16,384 and random multiples of 8, messages of 0, 1, 3 and 64 rows,
+/// with a residual and without, `normed` over the input or apart, on ordinary values, signed
+/// zeros, subnormals, rows of zeros, NaN, infinities and squares that overflow, each output
+/// equal to the harness's mirror of the reference; a row the same bytes alone and among other
+/// rows; every launch it cannot do refused. The mirror's own inputs and outputs (a line per
+/// case) must be [`reference_add_rms_norm`]'s, so the mirror is the Rust reference.
+#[test]
+fn the_epilogue_kernel_gives_the_reference_and_its_mirror_is_the_reference() {
+    use prepare::reference::{reference_add_rms_norm, EpilogueInputs};
+    use prepare::shape::Shape;
+
+    let output = Command::new(shared(Build::Checked))
+        .arg("norm")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    let failures: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with("norm "))
+        .collect();
+    assert!(output.status.success(), "{}", failures.join("\n"));
+    let mut checked = Vec::new();
+    for line in text.lines().filter(|line| line.starts_with("norm ")) {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [_, dtype, hidden, rows, eps, x, residual, weight, normed, residual_out] = fields[..]
+        else {
+            panic!("a line of ten fields: {}", &line[..line.len().min(200)]);
+        };
+        let dtype = Dtype::ALL
+            .into_iter()
+            .find(|candidate| candidate.name() == dtype)
+            .unwrap();
+        let (hidden, rows): (u64, u64) = (hidden.parse().unwrap(), rows.parse().unwrap());
+        let residual = (residual != "-").then(|| hex_elements(dtype, residual));
+        let weight = hex_elements(dtype, weight);
+        let epilogue = EpilogueInputs {
+            residual: residual.as_deref(),
+            weight: &weight,
+            eps: f32::from_bits(u32::from_str_radix(eps, 16).unwrap()),
+        };
+        let shape = Shape::new(rows, hidden).unwrap();
+        let reference =
+            reference_add_rms_norm(dtype, shape, &hex_elements(dtype, x), &epilogue).unwrap();
+        let what = format!(
+            "{dtype}, {rows} x {hidden}, residual {}",
+            residual.is_some()
+        );
+        assert!(
+            reference.normed == hex_elements(dtype, normed),
+            "{what}: normed"
+        );
+        assert!(
+            reference.residual_out == hex_elements(dtype, residual_out),
+            "{what}: residual_out"
+        );
+        checked.push((dtype, hidden, residual.is_some()));
+    }
+    // Every type, four hidden sizes, with a residual and without.
+    assert_eq!(checked.len(), 3 * 4 * 2, "{checked:?}");
 }

@@ -31,6 +31,8 @@
 //   invariance W:B...  rows in messages of several sizes, around a bucket boundary of B bytes
 //                at W ranks, alone and in pieces, every kernel: each row the same bytes
 //                everywhere (invariance.h); one line per kernel entry, as exactness
+//   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
+//                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
 #include <algorithm>
 #include <cstdio>
@@ -40,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "add_rms_norm.cu"
 #include "all_reduce_full_phased.cu"
 #include "all_reduce_one_shot.cu"
 #include "all_reduce_one_shot_copy_engine.cu"
@@ -719,6 +722,7 @@ void operands(const std::vector<unsigned>& worlds) {
 
 // The rank-order sum's checks (rank_order, rank_order_exactness, print_slices).
 #include "rank_order_checks.h"
+#include "norm.h"
 
 }  // namespace
 
@@ -766,12 +770,15 @@ int main(int argc, char** argv) {
         for_each_dtype([] {
             exactness();
             rank_order_exactness();
+            norm_exactness();
         });
     } else if (mode == "invariance") {
         const std::vector<Boundary> boundaries = parse_boundaries(argc - 2, argv + 2);
         if (boundaries.empty())
             return 2;
-        for_each_dtype([&] { invariance(boundaries); });
+        for_each_dtype([&] { invariance(boundaries); norm_invariance(); });
+    } else if (mode == "norm") {
+        for_each_dtype([] { norm_checks(); });
     } else if (mode == "rank_order") {
         for_each_dtype([] { rank_order({2, 3, 4, 5, 6, 7, 8}); });
     } else if (mode == "slices") {

@@ -26,6 +26,8 @@ struct EmuBlock {
     unsigned cta, ctas, cluster;
     EmuBlock** cluster_blocks;
     alignas(16) unsigned char shared[2][64];
+    // One value a thread for an emulated warp shuffle, in two halves (host_norm_prims.h).
+    float exchange[2][1024];
 };
 inline thread_local EmuBlock* emu_block;
 

@@ -54,6 +54,9 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             Mutation::NoLineWait | Mutation::NoStepWait => &["prepare_double_buffer.cuh"],
             Mutation::NoCopyStart => &["all_reduce_one_shot_copy_engine.cu"],
             Mutation::DropTail => &["prepare_layout.cuh"],
+            Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
+                &["prepare_norm.cuh"]
+            }
             _ => &["prepare_element.cuh"],
         };
         assert_eq!(names, expected, "{mutation}");
@@ -77,7 +80,10 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             "double_count",
             "no_line_wait",
             "no_step_wait",
-            "no_copy_start"
+            "no_copy_start",
+            "squares_out_of_order",
+            "no_eps",
+            "weight_skipped"
         ]
     );
 }

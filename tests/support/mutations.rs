@@ -38,6 +38,13 @@ pub enum Mutation {
     /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
     /// late.
     NoCopyStart,
+    /// The epilogue's warp butterfly joins its 32 groups of squares from the other end (xor 16
+    /// first): another tree than the pinned order's.
+    SquaresOutOfOrder,
+    /// The epilogue leaves eps out of the mean of squares.
+    NoEps,
+    /// The epilogue leaves the weight out of each row's last element.
+    WeightSkipped,
     /// `all_reduce_one_shot_pull_<dtype>` sums the ranks in reverse order in messages of more
     /// than 2048 elements: a row's sum then depends on the size of the message holding it
     /// (at more than two ranks; two values add the same either way). Not in
@@ -151,11 +158,33 @@ const SIZE_DEPENDENT_ORDER: &[Patch] = &[Patch {
     ),
 }];
 
+const SQUARES_OUT_OF_ORDER: &[Patch] = &[Patch {
+    file: "prepare_norm.cuh",
+    find: "for (unsigned int offset = 1; offset < kWarpThreads; offset <<= 1) {",
+    replace: "for (unsigned int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {",
+}];
+
+const NO_EPS: &[Patch] = &[Patch {
+    file: "prepare_norm.cuh",
+    find: "sqrt_round_nearest(add_round_nearest(mean, eps))",
+    replace: "sqrt_round_nearest(mean)",
+}];
+
+const WEIGHT_SKIPPED: &[Patch] = &[Patch {
+    file: "prepare_norm.cuh",
+    find: "bits[j] = T::round(mul_round_nearest(scaled, T::to_float(scale[j])));",
+    replace: "bits[j] = T::round(e + j == hidden - 1 ? scaled : mul_round_nearest(scaled, T::to_float(scale[j])));",
+}];
+
+/// The epilogue's kernels, which sum no ranks and have no tail: the mutations of the rank
+/// loops and of the tail leave them as they are.
+const EPILOGUE: &[&str] = &["add_rms_norm"];
+
 const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::SkipPeer,
         Mutation::Truncate,
         Mutation::DropTail,
@@ -164,6 +193,9 @@ impl Mutation {
         Mutation::NoLineWait,
         Mutation::NoStepWait,
         Mutation::NoCopyStart,
+        Mutation::SquaresOutOfOrder,
+        Mutation::NoEps,
+        Mutation::WeightSkipped,
     ];
 
     /// Its name, as tests report it.
@@ -177,6 +209,9 @@ impl Mutation {
             Mutation::NoLineWait => "no_line_wait",
             Mutation::NoStepWait => "no_step_wait",
             Mutation::NoCopyStart => "no_copy_start",
+            Mutation::SquaresOutOfOrder => "squares_out_of_order",
+            Mutation::NoEps => "no_eps",
+            Mutation::WeightSkipped => "weight_skipped",
             Mutation::SizeDependentOrder => "size_dependent_order",
         }
     }
@@ -193,9 +228,13 @@ impl Mutation {
         )
     }
 
-    /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
-    /// a shared header (no algorithm named).
+    /// The kernels whose code it changes, by entry name, sorted: every kernel that runs the
+    /// changed code for a mutation in a shared header (no algorithm named).
     pub fn kernels(self) -> Vec<String> {
+        let untouched: &[&str] = match self {
+            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => EPILOGUE,
+            _ => &[],
+        };
         let (algorithms, dtypes): (&[&str], &[Dtype]) = match self {
             Mutation::NoStartBarrier | Mutation::SizeDependentOrder => {
                 (&["all_reduce_one_shot_pull"], &Dtype::ALL)
@@ -209,6 +248,9 @@ impl Mutation {
                 &Dtype::ALL,
             ),
             Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
+            Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
+                (EPILOGUE, &Dtype::ALL)
+            }
             Mutation::Truncate => (&[], &[Dtype::Bf16, Dtype::Fp16]),
             Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (&[], &Dtype::ALL),
         };
@@ -217,11 +259,13 @@ impl Mutation {
             .flat_map(|dtype| all_kernels(*dtype, 2))
             .map(|spec| spec.name)
             .filter(|name| {
-                algorithms.is_empty()
-                    || algorithms.iter().any(|algorithm| {
+                let of = |algorithms: &[&str]| {
+                    algorithms.iter().any(|algorithm| {
                         name.strip_prefix(algorithm)
                             .is_some_and(|rest| rest.matches('_').count() == 1)
                     })
+                };
+                (algorithms.is_empty() || of(algorithms)) && !of(untouched)
             })
             .collect();
         names.sort();
@@ -238,6 +282,9 @@ impl Mutation {
             Mutation::NoLineWait => NO_LINE_WAIT,
             Mutation::NoStepWait => NO_STEP_WAIT,
             Mutation::NoCopyStart => NO_COPY_START,
+            Mutation::SquaresOutOfOrder => SQUARES_OUT_OF_ORDER,
+            Mutation::NoEps => NO_EPS,
+            Mutation::WeightSkipped => WEIGHT_SKIPPED,
             Mutation::SizeDependentOrder => SIZE_DEPENDENT_ORDER,
         }
     }

@@ -13,6 +13,7 @@
 
 mod checks;
 pub mod invariance;
+mod norm;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
