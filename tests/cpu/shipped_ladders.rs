@@ -528,3 +528,43 @@ fn the_gb10_catalogs_run_on_gb10_alone() {
         }
     }
 }
+
+/// The device rules judge a reduce-scatter's and an all-gather's one-shot candidates as the
+/// all-reduce's: every block resident at once, NCCL always passing, and the architecture rule
+/// by targets; with no clustered bucket the cluster rules never refuse them, on GB10 either.
+#[test]
+fn the_device_rules_judge_reduce_scatter_and_all_gather_candidates_as_the_all_reduce() {
+    let fixture = |name: &str| {
+        let path = root().join(format!("tests/fixtures/ladders/valid/{name}.json"));
+        validate_ladder_file(&path).unwrap_or_else(|error| panic!("{error}"))
+    };
+    let reduce_scatter = fixture("reduce_scatter");
+    assert_eq!(check_package_fits(&reduce_scatter, &gb10()), Ok(()));
+    assert_eq!(check_package_fits(&reduce_scatter, &h200()), Ok(()));
+    let all_gather = fixture("all_gather");
+    assert_eq!(check_package_fits(&all_gather, &h200()), Ok(()));
+    assert_eq!(
+        check_package_fits(&all_gather, &gb10()).unwrap_err().rule(),
+        "architecture_not_targeted"
+    );
+    let bucket = &reduce_scatter.buckets[0];
+    let profile = |id: &str| reduce_scatter.profile(id).expect("a profile");
+    // The bucket launches 8 blocks; one_shot_pull_32 launches its own 32.
+    assert_eq!(
+        check_candidate_residency(bucket, profile("one_shot_pull"), Residency::Blocks(8)),
+        Ok(())
+    );
+    let error =
+        check_candidate_residency(bucket, profile("one_shot_pull_32"), Residency::Blocks(16))
+            .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "not resident: needs 32 blocks at once, the occupancy query allows 16 blocks"
+    );
+    for id in ["nccl", "nccl_rank_order"] {
+        assert_eq!(
+            check_candidate_residency(bucket, profile(id), Residency::Blocks(0)),
+            Ok(())
+        );
+    }
+}
