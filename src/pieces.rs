@@ -67,7 +67,7 @@ impl Contenders {
                 "the largest bucket chose {winner}, NCCL, so pieces would be NCCL too"
             ));
         }
-        let nccl = if rank_order_applies(ladder.world_size, exact_only) {
+        let nccl = if rank_order_applies(ladder.collective, ladder.world_size, exact_only) {
             ladder
                 .rank_order_nccl(last)
                 .and_then(|profile| collectives.find_live(last, &profile.id))

@@ -13,8 +13,8 @@ use sha2::{Digest as _, Sha256};
 
 use crate::agree::Topology;
 use crate::cache::{self, Cache, Fingerprint};
-use crate::collective::{Collectives, EntryId};
-use crate::ladder::Ladder;
+use crate::collective::{rank_order_applies, Collectives, EntryId};
+use crate::ladder::{is_exact, Ladder};
 use crate::package::{Outcome, Package};
 use crate::pieces;
 use crate::progress::Reporter;
@@ -483,11 +483,12 @@ struct StaticCandidate {
     qualified_exact: bool,
 }
 
-/// One bucket's samples for [`decide_static`]. Where the NCCL fallback sums in rank order
-/// (`rank_ordered`: beyond two ranks under the exact policy, with the sum kernel in the
-/// package), a plain NCCL candidate is served by the rank-order path, so it counts as exact
-/// when the bucket has no rank-order candidate that runs; where it has one, that one is
-/// preferred and plain NCCL keeps its own verdict.
+/// One bucket's samples for [`decide_static`]: a candidate is exact where it was checked exact
+/// and the policy says it can be ([`is_exact`]; plain NCCL summing beyond two
+/// ranks may match once by chance). Where the NCCL fallback sums in rank order (`rank_ordered`:
+/// under the exact policy where plain NCCL is not exact, with the sum kernel in the package), a
+/// plain NCCL candidate is served by the rank-order path, so it counts as exact when the bucket
+/// has no rank-order candidate that runs; where it has one, that one is preferred.
 fn static_samples(
     ladder: &Ladder,
     index: usize,
@@ -507,6 +508,9 @@ fn static_samples(
     let served_in_rank_order = |profile: &str| {
         rank_ordered && !rank_order_runs && is(profile, crate::ladder::Profile::is_plain_nccl)
     };
+    let (collective, world) = (ladder.collective, ladder.world_size);
+    let can_be_exact =
+        |profile: &str| (ladder.profile(profile)).is_some_and(|p| is_exact(collective, p, world));
     BucketSamples {
         index,
         default: ladder.buckets[index].default.clone(),
@@ -514,7 +518,8 @@ fn static_samples(
         candidates: candidates
             .into_iter()
             .map(|candidate| CandidateSamples {
-                exact: candidate.qualified_exact || served_in_rank_order(&candidate.profile),
+                exact: (candidate.qualified_exact && can_be_exact(&candidate.profile))
+                    || served_in_rank_order(&candidate.profile),
                 profile: candidate.profile,
                 dropped: candidate.dropped,
                 samples: Vec::new(),
@@ -531,7 +536,7 @@ fn static_decisions(
     policy: &Policy,
 ) -> Result<Vec<BucketDecision>, DecisionError> {
     let ladder = package.ladder();
-    let rank_ordered = crate::collective::rank_order_applies(ladder.world_size, policy.exact_only)
+    let rank_ordered = rank_order_applies(ladder.collective, ladder.world_size, policy.exact_only)
         && collectives.has_rank_order();
     (0..ladder.buckets.len())
         .map(|index| {
@@ -709,48 +714,47 @@ fn time_and_decide(
 
 #[cfg(test)]
 mod tests {
-    use super::{static_samples, StaticCandidate};
-    use crate::collective::rank_order_applies;
-    use crate::ladder::Ladder;
+    use super::{rank_order_applies, static_samples, StaticCandidate};
+    use crate::ladder::{Collective, Ladder};
     use crate::tune::{decide_static, Policy};
 
-    fn ladder(world: u32) -> Ladder {
+    fn ladder(collective: Collective, world: u32) -> Ladder {
         serde_json::from_value(serde_json::json!({
-            "format_version": 1, "name": "static", "collective": "all_reduce", "dtype": "bf16",
+            "format_version": 1, "name": "static", "collective": collective, "dtype": "bf16",
             "world_size": world, "targets": ["sm_90"],
             "profiles": [
-                { "id": "rsag", "algorithm": "rsag" },
+                { "id": "custom", "algorithm": "one_shot" },
                 { "id": "nccl", "algorithm": "nccl" },
                 { "id": "nccl_rank_order", "algorithm": "nccl", "order": "rank" }
             ],
             "buckets": [
                 { "max_bytes": 65536, "threads": 512, "blocks": 8,
-                  "candidates": ["rsag", "nccl", "nccl_rank_order"], "default": "rsag" },
+                  "candidates": ["custom", "nccl", "nccl_rank_order"], "default": "custom" },
                 { "max_bytes": 131_072, "threads": 512, "blocks": 8,
-                  "candidates": ["rsag", "nccl"], "default": "rsag" }
+                  "candidates": ["custom", "nccl"], "default": "custom" }
             ]
         }))
         .unwrap()
     }
 
-    /// The static winner of bucket `index` when the custom kernels run or not (`custom`), with
-    /// plain NCCL qualified exact only at two ranks, as NCCL sums beyond two ranks.
+    /// The static winner of bucket `index` when the custom kernel runs or not (`custom`), with
+    /// every candidate checked exact: plain NCCL may match the reference by chance, and where
+    /// it sums in its own order that is not taken as exactness.
     fn winner(ladder: &Ladder, index: usize, custom: bool, exact_only: bool) -> String {
-        let world = ladder.world_size;
         let candidates = ladder.buckets[index]
             .candidates
             .iter()
             .map(|profile| StaticCandidate {
                 profile: profile.clone(),
-                dropped: (profile == "rsag" && !custom).then(|| "no peer access".to_owned()),
-                qualified_exact: profile != "nccl" || world == 2,
+                dropped: (profile == "custom" && !custom).then(|| "no peer access".to_owned()),
+                qualified_exact: true,
             })
             .collect();
         let policy = Policy {
             exact_only,
             ..Policy::default()
         };
-        let rank_ordered = rank_order_applies(world, exact_only);
+        let rank_ordered = rank_order_applies(ladder.collective, ladder.world_size, exact_only);
         decide_static(
             &static_samples(ladder, index, candidates, rank_ordered),
             &policy,
@@ -760,26 +764,30 @@ mod tests {
     }
 
     /// Between hosts (no custom candidate runs) static tuning falls back to NCCL: plain at two
-    /// ranks and under an inexact policy, the rank-order profile beyond two ranks under the
-    /// exact policy; a bucket with nothing but plain NCCL keeps it (served in rank order).
+    /// ranks, under an inexact policy and for an all-gather, the rank-order profile beyond two
+    /// ranks under the exact policy; a bucket with nothing but plain NCCL keeps it (served in
+    /// rank order).
     #[test]
     fn the_static_fallback_is_plain_nccl_at_two_ranks_and_rank_order_beyond_when_exact() {
-        for (world, exact_only, expected) in [
+        for (world, exact_only, summed) in [
             (2, true, "nccl"),
             (2, false, "nccl"),
             (4, true, "nccl_rank_order"),
             (4, false, "nccl"),
             (8, true, "nccl_rank_order"),
         ] {
-            let ladder = ladder(world);
-            assert_eq!(
-                winner(&ladder, 0, false, exact_only),
-                expected,
-                "world {world}, exact {exact_only}"
-            );
-            assert_eq!(winner(&ladder, 1, false, exact_only), "nccl");
-            // The default wins wherever it runs.
-            assert_eq!(winner(&ladder, 0, true, exact_only), "rsag");
+            for &collective in Collective::BUILT {
+                let ladder = ladder(collective, world);
+                let expected = match collective {
+                    Collective::AllGather => "nccl",
+                    _ => summed,
+                };
+                let case = format!("{collective}, world {world}, exact {exact_only}");
+                assert_eq!(winner(&ladder, 0, false, exact_only), expected, "{case}");
+                assert_eq!(winner(&ladder, 1, false, exact_only), "nccl", "{case}");
+                // The default wins wherever it runs.
+                assert_eq!(winner(&ladder, 0, true, exact_only), "custom", "{case}");
+            }
         }
     }
 }

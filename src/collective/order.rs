@@ -2,13 +2,14 @@
 //! (the path itself: `rank_order`).
 
 use crate::gpu::driver::{DeviceBuffer, LoadedKernel};
-use crate::ladder::Dtype;
+use crate::ladder::{plain_nccl_is_exact, Collective, Dtype};
 
-/// Whether the NCCL fallback sums in rank order: beyond two ranks under the exact policy. At
-/// two ranks NCCL's one addition is the reference sum; under an inexact policy the caller took
-/// NCCL's own order.
-pub fn rank_order_applies(world: u32, exact_only: bool) -> bool {
-    world > 2 && exact_only
+/// Whether the NCCL fallback of `collective` sums in rank order: under the exact policy where
+/// NCCL's own collective is not exact (an all-reduce or reduce-scatter beyond two ranks). At two
+/// ranks NCCL's one addition is the reference sum, an all-gather adds nothing, and under an
+/// inexact policy the caller took NCCL's own order.
+pub fn rank_order_applies(collective: Collective, world: u32, exact_only: bool) -> bool {
+    exact_only && !plain_nccl_is_exact(collective, world)
 }
 
 /// The sum kernel and its scratch on this rank.
@@ -25,15 +26,31 @@ pub(super) struct RankOrder {
 #[cfg(test)]
 mod tests {
     use super::rank_order_applies;
+    use crate::ladder::Collective;
 
     #[test]
     fn the_fallback_sums_in_rank_order_beyond_two_ranks_under_the_exact_policy_only() {
-        // Two ranks: NCCL's one addition is the reference sum, whatever the policy.
-        assert!(!rank_order_applies(2, true));
-        assert!(!rank_order_applies(2, false));
-        for world in 3..=8 {
-            assert!(rank_order_applies(world, true), "{world}");
-            assert!(!rank_order_applies(world, false), "{world}");
+        for collective in [Collective::AllReduce, Collective::ReduceScatter] {
+            // Two ranks: NCCL's one addition is the reference sum, whatever the policy.
+            assert!(!rank_order_applies(collective, 2, true));
+            assert!(!rank_order_applies(collective, 2, false));
+            for world in 3..=8 {
+                assert!(rank_order_applies(collective, world, true), "{world}");
+                assert!(!rank_order_applies(collective, world, false), "{world}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_all_gather_never_sums_in_rank_order() {
+        for world in 2..=8 {
+            for exact_only in [true, false] {
+                assert!(!rank_order_applies(
+                    Collective::AllGather,
+                    world,
+                    exact_only
+                ));
+            }
         }
     }
 }

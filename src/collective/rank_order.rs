@@ -21,7 +21,7 @@ use crate::abi::{LaunchParams, PARAMS_BYTES};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Geometry, ModuleImage, Stream};
 use crate::gpu::nccl::{Communicator, Transfer};
 use crate::kernels::{self, slice_of, slot_bytes};
-use crate::ladder::{Ladder, Profile};
+use crate::ladder::{Collective, Ladder, Profile};
 use crate::package::Package;
 use crate::runtime::{OperandError, Runtime, RuntimeError};
 
@@ -170,7 +170,7 @@ impl Collectives {
         world: u32,
         exact_only: bool,
     ) -> Vec<EntryId> {
-        if !(rank_order_applies(world, exact_only) && self.has_rank_order()) {
+        if !(rank_order_applies(ladder.collective, world, exact_only) && self.has_rank_order()) {
             return Vec::new();
         }
         (0..self.entries().len())
@@ -198,7 +198,9 @@ impl Collectives {
         operands: Operands,
         exact_only: bool,
     ) -> Result<(), RuntimeError> {
-        if rank_order_applies(runtime.world(), exact_only) && self.has_rank_order() {
+        if rank_order_applies(Collective::AllReduce, runtime.world(), exact_only)
+            && self.has_rank_order()
+        {
             let bytes = elements as u64 * self.element_bytes;
             operands
                 .check_lengths(bytes)

@@ -16,8 +16,8 @@ pub const EXACT_ONLY_NOTE: &str = "note: --exact-only is the default: candidates
 /// Flags of the exactness policy.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExactnessArgs {
-    /// Also keep candidates whose output differs from the reference sum (plain NCCL beyond two
-    /// ranks): the winner may then change the model's output.
+    /// Also keep candidates whose output differs from the reference sum (plain NCCL all-reduce
+    /// or reduce-scatter beyond two ranks): the winner may then change the model's output.
     #[arg(long, conflicts_with = "exact_only")]
     pub allow_inexact: bool,
     /// The default (kept for old command lines): candidates that differ from the reference sum

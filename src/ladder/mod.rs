@@ -1,11 +1,13 @@
 //! Ladders: the JSON catalog of collective candidates for one collective, dtype, world size
 //! and set of architectures. Types here are the single source of the ladder's JSON Schema.
 
+mod exactness;
 mod validate;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use exactness::{is_exact, plain_nccl_is_exact};
 pub use validate::{
     validate_ladder, validate_ladder_bytes, validate_ladder_file, validate_ladder_text, Diagnostic,
     LadderError, Rule, Stage, ValidationReport,
@@ -39,7 +41,8 @@ pub struct Ladder {
     /// Free text for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The collective every candidate performs.
+    /// The collective every candidate performs: `all_reduce`, `reduce_scatter` or `all_gather`
+    /// (`all_reduce_add_rms_norm` is a name of the format that nothing serves yet).
     pub collective: Collective,
     /// The element type of the message.
     pub dtype: Dtype,
@@ -67,11 +70,13 @@ pub struct Ladder {
 pub enum Collective {
     /// Every rank ends with the element-wise sum of every rank's input.
     AllReduce,
-    /// Every rank ends with the sum of its own run of whole rows of the message.
+    /// Every rank ends with the sum of its own run of whole rows of the message. Takes one-shot
+    /// pull and push profiles (barrier protocol) and NCCL ones, plain or `"order": "rank"`.
     ReduceScatter,
-    /// Every rank ends with every rank's rows, in rank order.
+    /// Every rank ends with every rank's rows, in rank order. Takes one-shot pull and push
+    /// profiles (barrier protocol) and plain NCCL ones.
     AllGather,
-    /// The all-reduce, then a residual added and an RMSNorm of every row.
+    /// The all-reduce, then a residual added and an RMSNorm of every row; not built yet.
     AllReduceAddRmsNorm,
 }
 
@@ -84,11 +89,15 @@ impl Collective {
         Collective::AllReduceAddRmsNorm,
     ];
 
-    /// The collectives the kernel table serves (`kernels::kernel_for`); validation refuses a
-    /// ladder of any other (`collective_not_built`).
-    pub const BUILT: &'static [Collective] = &[Collective::AllReduce];
+    /// The collectives a ladder may name; validation refuses a ladder of any other
+    /// (`collective_not_built`).
+    pub const BUILT: &'static [Collective] = &[
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+    ];
 
-    /// Whether the kernel table serves this collective.
+    /// Whether a ladder may name this collective.
     pub fn is_built(self) -> bool {
         Collective::BUILT.contains(&self)
     }
@@ -287,18 +296,19 @@ pub struct Profile {
     /// NCCL communicator `minCTAs` (NCCL profiles only), 1 to 64, at most `max_ctas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ctas: Option<u32>,
-    /// `symmetric` (NCCL profiles only): NCCL sums in a buffer of its own from `ncclMemAlloc`,
-    /// registered on every rank as one symmetric window (`ncclCommWindowRegister` with
-    /// `NCCL_WIN_COLL_SYMMETRIC`), where it may run its symmetric-memory kernels; the message is
-    /// copied in and the sum copied out around an in-place `ncclAllReduce`. The window holds the
-    /// largest message of the buckets that name the profile, on its own communicator.
+    /// `symmetric` (NCCL profiles of an all-reduce only): NCCL sums in a buffer of its own from
+    /// `ncclMemAlloc`, registered on every rank as one symmetric window (`ncclCommWindowRegister`
+    /// with `NCCL_WIN_COLL_SYMMETRIC`), where it may run its symmetric-memory kernels; the message
+    /// is copied in and the sum copied out around an in-place `ncclAllReduce`. The window holds
+    /// the largest message of the buckets that name the profile, on its own communicator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,
-    /// `rank` (NCCL profiles only, without `window`, `max_ctas` or `min_ctas`): the exact NCCL
-    /// all-reduce. Each rank's slice of the message goes to its owner by grouped `ncclSend` and
-    /// `ncclRecv`, the owner sums its slice in rank order with a kernel of the package (the
-    /// reference sum), and `ncclAllGather` gathers the sums. It touches no peer memory, so it
-    /// runs between hosts too.
+    /// `rank` (NCCL profiles only, without `window`, `max_ctas` or `min_ctas`; all-reduce and
+    /// reduce-scatter): the exact NCCL collective. Each rank's slice (a reduce-scatter's: its
+    /// rows) of the message goes to its owner by grouped `ncclSend` and `ncclRecv`, the owner
+    /// sums it in rank order with a kernel of the package (the reference sum), and for the
+    /// all-reduce `ncclAllGather` gathers the sums. It touches no peer memory, so it runs between
+    /// hosts too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<Order>,
 }
@@ -309,13 +319,14 @@ impl Profile {
         self.algorithm == Algorithm::Nccl
     }
 
-    /// Whether NCCL sums this profile in its own order (`ncclAllReduce`): an NCCL profile
-    /// without `order`.
+    /// Whether NCCL runs its own collective for this profile (`ncclAllReduce`,
+    /// `ncclReduceScatter`, `ncclAllGather`), summing in its own order: an NCCL profile without
+    /// `order`. Whether that is exact depends on the collective and world size ([`is_exact`]).
     pub fn is_plain_nccl(&self) -> bool {
         self.is_nccl() && self.order.is_none()
     }
 
-    /// Whether this profile is the exact NCCL all-reduce (`"order": "rank"`).
+    /// Whether this profile is the exact NCCL all-reduce or reduce-scatter (`"order": "rank"`).
     pub fn is_nccl_rank_order(&self) -> bool {
         self.is_nccl() && self.order == Some(Order::Rank)
     }
@@ -353,13 +364,16 @@ pub const SYMMETRIC_WINDOW_ALIGNMENT_BYTES: u64 = 2 << 20;
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
-    /// Every rank reads (pull) or receives (push) every peer's whole message and sums locally.
+    /// Every rank reads (pull) or receives (push) every peer's whole message and sums locally;
+    /// a reduce-scatter's rank its own rows of every peer's, an all-gather's every peer's rows.
     OneShot,
-    /// Reduce-scatter then all-gather: rank r sums its slice, then peers gather the slices.
+    /// Reduce-scatter then all-gather: rank r sums its slice, then peers gather the slices
+    /// (all-reduce only).
     Rsag,
-    /// Full all-reduce by whole-message exchange; phased schedule only.
+    /// Full all-reduce by whole-message exchange; phased schedule only (all-reduce only).
     Full,
-    /// `ncclAllReduce` on a blocking communicator.
+    /// NCCL's collective (`ncclAllReduce`, `ncclReduceScatter`, `ncclAllGather`) on a blocking
+    /// communicator.
     Nccl,
 }
 
@@ -386,7 +400,7 @@ pub enum Transfer {
     /// Write into peers' buffers.
     Push,
     /// The copy engines read peers' buffers into local scratch and a kernel sums locally
-    /// (one-shot only).
+    /// (one-shot all-reduce only).
     CopyEngine,
 }
 
@@ -448,9 +462,10 @@ impl Order {
 pub enum Protocol {
     /// Flag barriers between phases, the start one included; scratch shared with other kernels.
     Barrier,
-    /// Flags in the data, double-buffered, no barrier; twice the bytes on the wire.
+    /// Flags in the data, double-buffered, no barrier; twice the bytes on the wire (all-reduce
+    /// only).
     Ll,
-    /// A flag after each step of data, double-buffered, no barrier.
+    /// A flag after each step of data, double-buffered, no barrier (all-reduce only).
     Simple,
 }
 
@@ -471,7 +486,7 @@ impl Protocol {
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
-    /// One peer at a time: in phase k rank r talks only to peer (r+k) mod n.
+    /// One peer at a time: in phase k rank r talks only to peer (r+k) mod n (all-reduce only).
     Phased,
 }
 

@@ -3,6 +3,7 @@
 //! before it passed, and the report holds every problem of the first stage that failed, each
 //! with its rule, JSON pointer, what was found and what would be valid.
 
+mod collective_rules;
 mod diagnostic;
 mod rules;
 mod schema_errors;

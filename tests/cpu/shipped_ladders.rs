@@ -1,14 +1,16 @@
 //! The shipped catalogs are shaped as documented, and the device rules judge them on the
 //! described devices: RTX PRO 6000 runs every GB202 catalog, GB10 only the ordinary one (the
-//! refusal names it), H200 runs the H200 catalogs and no GB202 one.
+//! refusal names it), H200 runs the H200 catalogs and no GB202 one; the GB10 reduce-scatter
+//! catalogs are NCCL only, exact by default, and run on GB10 alone.
 
 use prepare::device::{
     check_candidate_residency, check_export_target, check_package_fits, required_residency,
     DeviceDescription, DeviceError, Residency,
 };
-use prepare::ladder::{validate_ladder_file, Algorithm, Arch, Ladder};
+use prepare::ladder::{is_exact, validate_ladder_file, Algorithm, Arch, Collective, Dtype, Ladder};
+use prepare::tune::{decide_static, BucketSamples, CandidateSamples, Policy};
 
-use crate::support::repository::root;
+use crate::support::repository::{json_files, root};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -28,6 +30,24 @@ const H200: [&str; 4] = [
     "h200_nvlink_tp4",
     "h200_nvlink_tp8",
 ];
+/// Twins of the catalogs above in another dtype: the same profiles, boundaries and defaults.
+const TWINS: [&str; 8] = [
+    "gb202_pcie_tp4_fp16",
+    "gb202_pcie_tp4_clustered_fp16",
+    "gb202_pcie_tp4_clustered_full_fp16",
+    "h200_nvlink_tp2_fp16",
+    "h200_nvlink_tp2_clustered_fp16",
+    "h200_nvlink_tp2_fp32",
+    "h200_nvlink_tp4_fp16",
+    "h200_nvlink_tp8_fp16",
+];
+/// GB10 hosts over RoCE, one rank each: reduce-scatter through NCCL alone.
+const GB10_REDUCE_SCATTER: [&str; 2] = [
+    "gb10_roce_tp2_reduce_scatter_fp32",
+    "gb10_roce_tp3_reduce_scatter_fp32",
+];
+/// TensorFold's reduce-scatter: 2,048 x 4,096 fp32.
+const TENSORFOLD_MESSAGE: u64 = 2048 * 4096 * 4;
 
 fn ladder(name: &str) -> Ladder {
     let path = root().join("ladders").join(format!("{name}.json"));
@@ -358,5 +378,193 @@ fn every_served_catalog_keeps_at_most_four_times_its_largest_message() {
         if name.starts_with("h200_nvlink_tp2") {
             assert_eq!(private, prepare::collective::MOVE_CHUNK_BYTES, "{name}");
         }
+    }
+}
+
+/// Each shipped ladder is one of the lists above, so every one is judged by the tests here.
+#[test]
+fn every_shipped_ladder_is_named_here() {
+    let mut shipped: Vec<String> = json_files("ladders")
+        .iter()
+        .map(|file| file.file_stem().unwrap().to_str().unwrap().to_owned())
+        .collect();
+    shipped.sort();
+    let mut named: Vec<&str> = GB202
+        .into_iter()
+        .chain(H200)
+        .chain(TWINS)
+        .chain(GB10_REDUCE_SCATTER)
+        .collect();
+    named.sort_unstable();
+    assert_eq!(shipped, named);
+    for (name, ladder) in catalogs() {
+        assert_eq!(ladder.collective, Collective::AllReduce, "{name}");
+    }
+}
+
+/// The GB10 reduce-scatter catalogs: fp32 at two and three ranks on sm_121, every bucket
+/// timing the exact NCCL reduce-scatter (the default) against plain ncclReduceScatter, from one
+/// decode row to 64 MiB with TensorFold's message inside, and nothing in peer memory.
+#[test]
+fn the_gb10_reduce_scatter_catalogs_are_nccl_only_with_the_exact_one_the_default() {
+    for (name, world) in GB10_REDUCE_SCATTER.into_iter().zip([2, 3]) {
+        let ladder = ladder(name);
+        assert_eq!(
+            (ladder.collective, ladder.dtype, ladder.world_size),
+            (Collective::ReduceScatter, Dtype::Fp32, world),
+            "{name}"
+        );
+        assert_eq!(ladder.targets, vec![Arch::Sm121], "{name}");
+        assert_eq!(
+            ladder.bucket_for(SMALLEST_SERVING_MESSAGE),
+            Some(0),
+            "{name}"
+        );
+        assert!(ladder.bucket_for(TENSORFOLD_MESSAGE).is_some(), "{name}");
+        // The last boundary is the first valid one from 64 MiB on.
+        let unit = 16 * u64::from(world);
+        assert_eq!(
+            largest_message(&ladder),
+            (64 * MIB).next_multiple_of(unit),
+            "{name}"
+        );
+        for (index, bucket) in ladder.buckets.iter().enumerate() {
+            assert_eq!(
+                bucket.candidates,
+                ["nccl_rank_order", "nccl"],
+                "{name} bucket {index}"
+            );
+            assert_eq!(bucket.default, "nccl_rank_order", "{name} bucket {index}");
+        }
+        let rank_order = ladder.profile("nccl_rank_order").expect("a profile");
+        assert!(rank_order.is_nccl_rank_order(), "{name}");
+        assert!(ladder.profile("nccl").expect("a profile").is_plain_nccl());
+        assert_eq!(prepare::kernels::peer_buffer_bytes(&ladder), 0, "{name}");
+        assert_eq!(
+            prepare::collective::private_output_bytes(&ladder),
+            0,
+            "{name}"
+        );
+        // The package holds the rank-order sum and no other kernel.
+        let kernels: Vec<String> = prepare::kernels::kernels_for_ladder(&ladder)
+            .into_iter()
+            .map(|spec| spec.name)
+            .collect();
+        assert_eq!(kernels, ["nccl_rank_order_sum_fp32"], "{name}");
+    }
+}
+
+/// Static tuning takes the exact NCCL reduce-scatter in every bucket, exact under either
+/// policy; plain ncclReduceScatter counts as exact at two ranks only.
+#[test]
+fn static_tuning_of_the_gb10_catalogs_is_exact() {
+    for name in GB10_REDUCE_SCATTER {
+        let ladder = ladder(name);
+        for exact_only in [true, false] {
+            let policy = Policy {
+                exact_only,
+                ..Policy::default()
+            };
+            for (index, bucket) in ladder.buckets.iter().enumerate() {
+                let samples = BucketSamples {
+                    index,
+                    default: bucket.default.clone(),
+                    sizes: Vec::new(),
+                    candidates: bucket
+                        .candidates
+                        .iter()
+                        .map(|id| CandidateSamples {
+                            profile: id.clone(),
+                            dropped: None,
+                            exact: is_exact(
+                                ladder.collective,
+                                ladder.profile(id).expect("validated"),
+                                ladder.world_size,
+                            ),
+                            samples: Vec::new(),
+                        })
+                        .collect(),
+                };
+                let plain = samples
+                    .candidates
+                    .iter()
+                    .find(|candidate| candidate.profile == "nccl")
+                    .expect("plain NCCL is a candidate");
+                assert_eq!(plain.exact, ladder.world_size == 2, "{name}");
+                let decision = decide_static(&samples, &policy).expect("a decision");
+                assert_eq!(
+                    (decision.winner.as_str(), decision.bit_exact),
+                    ("nccl_rank_order", true),
+                    "{name} bucket {index}, exact {exact_only}"
+                );
+            }
+        }
+    }
+}
+
+/// NCCL launches its own kernels and the rank-order sum runs on any SM count, so the GB10
+/// catalogs fit a GB10 and, by their targets, nothing else described.
+#[test]
+fn the_gb10_catalogs_run_on_gb10_alone() {
+    for name in GB10_REDUCE_SCATTER {
+        let ladder = ladder(name);
+        assert_eq!(check_package_fits(&ladder, &gb10()), Ok(()), "{name}");
+        for device in [rtx_pro_6000(), h200()] {
+            let error = check_package_fits(&ladder, &device).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("{device} cannot run ladder {name}: it targets sm_121 only [architecture_not_targeted]")
+            );
+        }
+        for bucket in &ladder.buckets {
+            for id in &bucket.candidates {
+                let profile = ladder.profile(id).expect("validated");
+                assert_eq!(
+                    check_candidate_residency(bucket, profile, Residency::Blocks(0)),
+                    Ok(()),
+                    "{name}: {id}"
+                );
+            }
+        }
+    }
+}
+
+/// The device rules judge a reduce-scatter's and an all-gather's one-shot candidates as the
+/// all-reduce's: every block resident at once, NCCL always passing, and the architecture rule
+/// by targets; with no clustered bucket the cluster rules never refuse them, on GB10 either.
+#[test]
+fn the_device_rules_judge_reduce_scatter_and_all_gather_candidates_as_the_all_reduce() {
+    let fixture = |name: &str| {
+        let path = root().join(format!("tests/fixtures/ladders/valid/{name}.json"));
+        validate_ladder_file(&path).unwrap_or_else(|error| panic!("{error}"))
+    };
+    let reduce_scatter = fixture("reduce_scatter");
+    assert_eq!(check_package_fits(&reduce_scatter, &gb10()), Ok(()));
+    assert_eq!(check_package_fits(&reduce_scatter, &h200()), Ok(()));
+    let all_gather = fixture("all_gather");
+    assert_eq!(check_package_fits(&all_gather, &h200()), Ok(()));
+    assert_eq!(
+        check_package_fits(&all_gather, &gb10()).unwrap_err().rule(),
+        "architecture_not_targeted"
+    );
+    let bucket = &reduce_scatter.buckets[0];
+    let profile = |id: &str| reduce_scatter.profile(id).expect("a profile");
+    // The bucket launches 8 blocks; one_shot_pull_32 launches its own 32.
+    assert_eq!(
+        check_candidate_residency(bucket, profile("one_shot_pull"), Residency::Blocks(8)),
+        Ok(())
+    );
+    let error =
+        check_candidate_residency(bucket, profile("one_shot_pull_32"), Residency::Blocks(16))
+            .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "not resident: needs 32 blocks at once, the occupancy query allows 16 blocks"
+    );
+    for id in ["nccl", "nccl_rank_order"] {
+        assert_eq!(
+            check_candidate_residency(bucket, profile(id), Residency::Blocks(0)),
+            Ok(())
+        );
     }
 }

@@ -402,3 +402,45 @@ fn an_output_with_control_characters_is_printed_escaped() {
     }
     assert_eq!(names(scratch.path()), [out]);
 }
+
+/// A reduce-scatter ladder of NCCL candidates only exports end to end beyond two ranks (NVRTC
+/// compiles the rank-order sum for sm_121), and `show`, in text and in `--json`, says the
+/// collective.
+#[test]
+fn an_nccl_only_reduce_scatter_ladder_exports_and_shows_its_collective() {
+    require_nvrtc!();
+    let scratch = tempfile::tempdir().unwrap();
+    let name = "gb10_roce_tp3_reduce_scatter_fp32";
+    let ladder = repository::root()
+        .join("ladders")
+        .join(format!("{name}.json"));
+    let (code, stdout, stderr) = export(scratch.path(), &ladder, "sm_121", "rs", false);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(
+        stdout.starts_with(&format!("Exported `{name}` for sm_121 to rs\n")),
+        "{stdout}"
+    );
+    let package = open_package(&scratch.path().join("rs")).unwrap();
+    let kernels: Vec<&str> = package
+        .kernels()
+        .map(|(record, _)| record.name.as_str())
+        .collect();
+    assert_eq!(kernels, ["nccl_rank_order_sum_fp32"]);
+
+    let (code, text, stderr) = run_in(scratch.path(), &["show", "rs"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let header = format!("{name}: reduce_scatter, fp32, 3 ranks");
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("Ladder") && line.ends_with(&header)),
+        "{text}"
+    );
+    let (code, json, stderr) = run_in(scratch.path(), &["show", "--json", "rs"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        shown["manifest"]["ladder"]["collective"], "reduce_scatter",
+        "{json}"
+    );
+    assert_eq!(shown["manifest"]["ladder"]["name"], name);
+}

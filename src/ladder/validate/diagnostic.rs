@@ -106,6 +106,19 @@ rules! {
     OrderWithoutNccl => "order_without_nccl", Rules;
     /// `order` on an NCCL profile with `window`, `max_ctas` or `min_ctas`.
     OrderWithCommunicatorSettings => "order_with_communicator_settings", Rules;
+    /// A reduce-scatter or all-gather profile of an algorithm only the all-reduce has (`rsag`,
+    /// `full`).
+    AlgorithmNotForCollective => "algorithm_not_for_collective", Rules;
+    /// `schedule` on a reduce-scatter or all-gather profile: they have no phased kernels.
+    ScheduleNotForCollective => "schedule_not_for_collective", Rules;
+    /// `ll` or `simple` on a reduce-scatter or all-gather profile.
+    ProtocolNotForCollective => "protocol_not_for_collective", Rules;
+    /// `"transfer": "copy_engine"` on a reduce-scatter or all-gather profile.
+    CopyEngineNotForCollective => "copy_engine_not_for_collective", Rules;
+    /// `window` on a reduce-scatter or all-gather NCCL profile.
+    WindowNotForCollective => "window_not_for_collective", Rules;
+    /// `order` on an all-gather NCCL profile: an all-gather sums nothing.
+    OrderNotForCollective => "order_not_for_collective", Rules;
     /// `blocks` on an NCCL or phased profile.
     BlocksNotApplicable => "blocks_not_applicable", Rules;
     /// A profile's `blocks` outside 1 to 1024.
@@ -128,6 +141,9 @@ rules! {
     ClusterSizeWithout512Threads => "cluster_size_without_512_threads", Rules;
     /// A clustered bucket whose `blocks` is not 64.
     ClusterSizeWithout64Blocks => "cluster_size_without_64_blocks", Rules;
+    /// `cluster_size` on a bucket of a reduce-scatter or all-gather ladder: they have no cluster
+    /// kernels.
+    ClusteredBucketNotForCollective => "clustered_bucket_not_for_collective", Rules;
     /// A candidate that names no profile.
     UnknownCandidate => "unknown_candidate", Rules;
     /// A profile listed twice among a bucket's candidates.
@@ -140,8 +156,8 @@ rules! {
     DefaultNotCandidate => "default_not_candidate", Rules;
     /// A bucket without an NCCL candidate.
     NoNcclCandidate => "no_nccl_candidate", Rules;
-    /// A bucket of a ladder of more than two ranks whose default is plain NCCL, which sums in
-    /// its own order there.
+    /// A bucket whose default is plain NCCL where NCCL's own order is not the reference's (an
+    /// all-reduce or reduce-scatter of more than two ranks).
     PlainNcclDefault => "plain_nccl_default", Rules;
 }
 

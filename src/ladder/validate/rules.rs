@@ -5,9 +5,12 @@
 
 use std::collections::HashMap;
 
+use super::collective_rules::{
+    bucket_refusal, has_all_reduce_forms, is_refused_form, profile_refusals,
+};
 use super::diagnostic::{closest, json_string, Diagnostic, Rule};
 use crate::ladder::{
-    Algorithm, Arch, Bucket, Collective, Ladder, Profile, Protocol, Schedule, Transfer,
+    is_exact, Algorithm, Arch, Bucket, Collective, Ladder, Profile, Protocol, Schedule, Transfer,
     CLUSTER_BLOCKS, CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,
 };
 
@@ -127,7 +130,13 @@ impl Checker<'_> {
                 seen.insert(arch, index);
             }
         }
-        if let Some(clustered) = ladder.buckets.iter().position(Bucket::is_clustered) {
+        // A collective without clustered buckets refuses each of them by its own rule.
+        let clustered = ladder
+            .buckets
+            .iter()
+            .position(Bucket::is_clustered)
+            .filter(|_| has_all_reduce_forms(ladder.collective));
+        if let Some(clustered) = clustered {
             let capable: Vec<&str> = Arch::ALL
                 .iter()
                 .filter(|arch| arch.supports_clusters())
@@ -171,6 +180,14 @@ impl Checker<'_> {
             );
         }
 
+        let collective = self.ladder.collective;
+        self.diagnostics
+            .extend(profile_refusals(collective, index, profile));
+        if is_refused_form(collective, profile) {
+            return;
+        }
+        let all_reduce_forms = has_all_reduce_forms(collective);
+
         let algorithm = profile.algorithm;
         let phased = profile.schedule == Some(Schedule::Phased);
         if let Some(transfer) = profile.transfer {
@@ -199,7 +216,9 @@ impl Checker<'_> {
                 );
             }
         }
-        if let Some(protocol) = profile.protocol {
+        // A collective without double-buffered kernels refuses them by its own rule.
+        let judged = |protocol: &Protocol| all_reduce_forms || *protocol == Protocol::Barrier;
+        if let Some(protocol) = profile.protocol.filter(judged) {
             let double_buffered = protocol != Protocol::Barrier;
             let push = profile.transfer == Some(Transfer::Push);
             let applies = !phased
@@ -407,6 +426,9 @@ impl Checker<'_> {
         let ladder = self.ladder;
         let at = |field: &str| format!("/buckets/{index}/{field}");
 
+        if let Some(refusal) = bucket_refusal(ladder.collective, index, bucket) {
+            self.diagnostics.push(refusal);
+        }
         if bucket.max_bytes > MAX_BUCKET_BYTES {
             self.report(
                 Rule::MaxBytesTooLarge,
@@ -455,7 +477,10 @@ impl Checker<'_> {
         }
         // A clustered bucket has one shape: each field with its rule, value, required value
         // and what the report expects.
-        if let Some(cluster_size) = bucket.cluster_size {
+        if let Some(cluster_size) = bucket
+            .cluster_size
+            .filter(|_| has_all_reduce_forms(ladder.collective))
+        {
             let shape = [
                 (
                     Rule::ClusterSizeNot8,
@@ -523,6 +548,12 @@ impl Checker<'_> {
                 );
                 continue;
             };
+            // The profile's own rule refuses it, and a clustered bucket has its own.
+            if is_refused_form(ladder.collective, profile)
+                || !has_all_reduce_forms(ladder.collective)
+            {
+                continue;
+            }
             // A full profile is a cluster kernel even while its schedule is missing.
             let cluster_kernel =
                 profile.is_cluster_kernel() || profile.algorithm == Algorithm::Full;
@@ -568,22 +599,19 @@ impl Checker<'_> {
             );
         }
 
-        // Beyond two ranks plain NCCL's sum is not the reference's, so static tuning and every
-        // fallback to the default would change the output. A default that is no candidate has
-        // its own rule.
-        let plain_nccl_default = ladder
+        // Where plain NCCL's sum is not the reference's (an all-reduce or reduce-scatter beyond
+        // two ranks), static tuning and every fallback to the default would change the output.
+        // A default that is no candidate has its own rule.
+        let exact = |profile: &Profile| is_exact(ladder.collective, profile, ladder.world_size);
+        let inexact_default = ladder
             .profile(&bucket.default)
             .filter(|_| bucket.candidates.contains(&bucket.default))
-            .is_some_and(Profile::is_plain_nccl);
-        if WORLD_SIZES.contains(&ladder.world_size) && ladder.world_size > 2 && plain_nccl_default {
+            .is_some_and(|profile| !exact(profile));
+        if WORLD_SIZES.contains(&ladder.world_size) && inexact_default {
             let exact: Vec<String> = bucket
                 .candidates
                 .iter()
-                .filter(|candidate| {
-                    ladder
-                        .profile(candidate)
-                        .is_some_and(|profile| !profile.is_plain_nccl())
-                })
+                .filter(|candidate| ladder.profile(candidate).is_some_and(exact))
                 .map(|candidate| json_string(candidate))
                 .collect();
             let expected = if exact.is_empty() {
