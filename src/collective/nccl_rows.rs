@@ -347,7 +347,7 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         let communicator = runtime.communicator();
         if message.collective() == Collective::ReduceScatter
-            && super::rank_order_applies(runtime.world(), exact_only)
+            && super::rank_order_applies(Collective::ReduceScatter, runtime.world(), exact_only)
             && self.has_rank_order()
         {
             return self.enqueue_exact_scatter(communicator, stream, message, operands);

@@ -315,11 +315,17 @@ pub fn rank_order_sum(dtype: Dtype, world: u32) -> KernelSpec {
         .spec(dtype, world)
 }
 
-/// Whether a package of `ladder` holds the rank-order sum: beyond two ranks always (plain NCCL
-/// is not exact there, so every fallback to NCCL needs it, whatever the ladder names), and
+/// Whether a package of `ladder` holds the rank-order sum. Never an all-gather's: it sums
+/// nothing. Otherwise beyond two ranks always (plain NCCL is not exact there, so every fallback
+/// to NCCL needs it, whatever the ladder names), in every reduce-scatter package (rows the world
+/// does not divide go through the sends, the receives and this sum, whatever the profile), and
 /// wherever a profile asks for it.
 pub fn needs_rank_order_sum(ladder: &Ladder) -> bool {
+    if ladder.collective == Collective::AllGather {
+        return false;
+    }
     ladder.world_size > 2
+        || ladder.collective == Collective::ReduceScatter
         || ladder
             .profiles
             .iter()
@@ -438,29 +444,35 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_package_holds_the_rank_order_sum_beyond_two_ranks_or_where_a_profile_names_it() {
+    fn a_package_holds_the_rank_order_sum_beyond_two_ranks_for_every_reduce_scatter_or_where_a_profile_names_it() {
         let rank_order = |json: serde_json::Value| {
             let ladder: Ladder = serde_json::from_value(json).unwrap();
             kernels_for_ladder(&ladder)
                 .iter()
                 .any(|spec| spec.name.starts_with(RANK_ORDER_SUM))
         };
-        let at = |world: u32, order: bool| {
+        let of = |collective: &str, world: u32, order: bool| {
             let mut profile = serde_json::json!({ "id": "nccl", "algorithm": "nccl" });
             if order {
                 profile["order"] = "rank".into();
             }
             serde_json::json!({
-                "format_version": 1, "name": "n", "collective": "all_reduce", "dtype": "fp16",
+                "format_version": 1, "name": "n", "collective": collective, "dtype": "fp16",
                 "world_size": world, "targets": ["sm_90"], "profiles": [profile],
                 "buckets": [{ "max_bytes": 4096, "threads": 32, "blocks": 1,
                               "candidates": ["nccl"], "default": "nccl" }]
             })
         };
+        let at = |world: u32, order: bool| of("all_reduce", world, order);
         assert!(!rank_order(at(2, false)));
         assert!(rank_order(at(2, true)));
         for world in 3..=8 {
             assert!(rank_order(at(world, false)), "{world}");
+        }
+        // A reduce-scatter's uneven rows always go through the sum; an all-gather sums nothing.
+        for world in 2..=8 {
+            assert!(rank_order(of("reduce_scatter", world, false)), "{world}");
+            assert!(!rank_order(of("all_gather", world, false)), "{world}");
         }
         let spec = rank_order_sum(Dtype::Fp16, 5);
         assert_eq!(spec.name, "nccl_rank_order_sum_fp16");
