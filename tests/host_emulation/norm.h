@@ -459,11 +459,12 @@ void norm_exactness() {
     }
 }
 
-// The epilogue's line of the invariance mode.
+// The epilogue's line of the invariance mode. Its seeds are its own: the mode's other data
+// come from random_source, whose draws this leaves as they were.
 void norm_invariance() {
     const int before = failures;
     for (u64 hidden : {24ull, 7168ull})
-        norm_batch_invariance(hidden, random_source());
+        norm_batch_invariance(hidden, 1000 + hidden);
     std::lock_guard<std::mutex> lock(print_mutex);
     if (failures == before) {
         std::printf("add_rms_norm_%s: invariant\n", kDtypeNames[dtype]);
