@@ -28,8 +28,14 @@ back-to-back operations, K chosen so a replay takes about 150 us (at most 200 op
 slowest rank's one-op replay; interleaved rounds (A B C A B C ...), each sample preceded by a
 barrier (a 64-element NCCL all-reduce on the same stream) and timed with CUDA events around
 the replay; 2 warm-up rounds, then 25 rounds; per round the slowest rank counts; the figure is
-the median over rounds. Bus bandwidth is bytes x 2(n-1)/n / time. The code is in
-benches/allreduce_bench/, one module per concern.
+the median over rounds. Bus bandwidth is bytes x 2(n-1)/n / time (x (n-1)/n for the
+reduce-scatter and the all-gather). The code is in benches/allreduce_bench/, one module per
+concern.
+
+`--collective reduce_scatter` or `all_gather` times `reduce_scatter_tensor` or
+`all_gather_into_tensor` (and with --prepare, prepare's) at rows x width by `prepare bench`'s
+rule; `--sequence-parallel` times reduce-scatter, RMSNorm on the owned rows, all-gather beside
+all-reduce then RMSNorm at --tokens x --hidden (docs/benchmarks.md).
 
 Multicast (NVLS) is never used: NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are
 set before torch is imported unless already set, and any other value is refused.

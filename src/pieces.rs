@@ -153,6 +153,7 @@ pub fn time_contenders(
             elements,
             operands,
             chunked: id != contenders.nccl,
+            shape: None,
         })
         .collect();
     // One size: `[entry][rank][round]` is each candidate's only size.

@@ -8,6 +8,7 @@
 use crate::collective::{Collectives, EntryId, Operands};
 use crate::gpu::driver::{DeviceBuffer, Event, Graph, Stream};
 use crate::runtime::{Runtime, RuntimeError};
+use crate::shape::Shape;
 
 /// Elements of the barrier all-reduce.
 const BARRIER_ELEMENTS: usize = 64;
@@ -211,13 +212,12 @@ impl Timer {
         &mut self,
         runtime: &Runtime,
         collectives: &Collectives,
-        entries: &[(EntryId, usize)],
+        entries: &[Timed],
         ops: u32,
         options: TimingOptions,
     ) -> Result<GroupSamples, RuntimeError> {
         let ops = vec![ops.max(1); entries.len()];
-        let entries: Vec<Timed> = entries.iter().map(|&entry| entry.into()).collect();
-        self.time_graphs(runtime, collectives, &entries, &ops, options, None)
+        self.time_graphs(runtime, collectives, entries, &ops, options, None)
     }
 
     /// Operations per replay for each entry: about `sample_us` on the slowest rank.
@@ -359,6 +359,10 @@ pub struct Timed {
     /// In pieces of the largest bucket's message, each through the entry
     /// ([`Collectives::enqueue_chunked`]); needs operands large enough for the message.
     pub chunked: bool,
+    /// A reduce-scatter's or all-gather's rows x width (`elements` of them); `None` for the
+    /// all-reduce, and for the shape start-up times these collectives at
+    /// ([`crate::collective::startup_shape`]).
+    pub shape: Option<Shape>,
 }
 
 impl From<(EntryId, usize)> for Timed {
@@ -368,6 +372,7 @@ impl From<(EntryId, usize)> for Timed {
             elements,
             operands: None,
             chunked: false,
+            shape: None,
         }
     }
 }
@@ -380,6 +385,17 @@ impl Timed {
         stream: &mut Stream,
         ops: u32,
     ) -> Result<Graph, RuntimeError> {
+        if let Some(shape) = self.shape {
+            let message = collectives.row_message(runtime.world(), shape)?;
+            return collectives.capture_rows(
+                runtime,
+                stream,
+                self.id,
+                &message,
+                self.operands,
+                ops,
+            );
+        }
         match self.operands {
             None => collectives.capture(runtime, stream, self.id, self.elements, ops),
             Some(operands) if self.chunked => collectives.capture_with(stream, ops, |stream| {

@@ -16,6 +16,8 @@ from .contenders import (
 )
 from .nccl_symmetric import NcclSymmetric
 from .report import Report
+from .row_contenders import ROW_CONTENDER_TYPES
+from .rules import ROW_COLLECTIVES, bench_shape
 from .timing import Timing
 
 BARRIER_ELEMENTS = 64
@@ -126,6 +128,7 @@ class Bench(Timing, Report):
             "warmup_rounds": self.args.warmup,
             "sample_us": self.args.sample_us,
             "max_ops": self.args.max_ops,
+            "collective": self.args.collective,
             "env": {
                 "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
                 "TORCH_SYMM_MEM_DISABLE_MULTICAST": os.environ.get(
@@ -147,13 +150,33 @@ class Bench(Timing, Report):
             self.header["prepare"] = {
                 "package": self.args.prepare,
                 "version": prepare.__version__,
-                "routes": {
-                    str(nbytes): self.prepare.route(nbytes) for nbytes in self.args.sizes
-                },
+                "routes": self.prepare_routes(),
             }
             for nbytes, route in self.header["prepare"]["routes"].items():
                 self.notes.append(f"prepare routes {format_bytes(int(nbytes))} to {route}")
         return self.prepare
+
+    def prepare_routes(self):
+        """Where prepare routes each size's full message, by collective."""
+        if self.args.sequence_parallel:
+            routes = {}
+            for collective in ("all_reduce",) + ROW_COLLECTIVES:
+                if collective not in {c for c, _ in self.prepare.served}:
+                    continue
+                for tokens in self.args.tokens:
+                    nbytes = tokens * self.args.hidden * 2
+                    routes[f"{collective} {nbytes}"] = self.prepare.route(
+                        nbytes, collective=collective
+                    )
+            return routes
+        collective = self.args.collective
+        routes = {}
+        for nbytes in self.args.sizes:
+            if collective in ROW_COLLECTIVES:
+                rows, width = bench_shape(nbytes, 2, self.world)
+                nbytes = rows * width * 2
+            routes[str(nbytes)] = self.prepare.route(nbytes, collective=collective)
+        return routes
 
     def import_symm_mem(self):
         error = None
@@ -177,8 +200,9 @@ class Bench(Timing, Report):
     def make_contenders(self, max_elements):
         """Contenders that allocated and met on every rank; the others keep their error."""
         contenders = []
+        types = ROW_CONTENDER_TYPES if self.args.collective in ROW_COLLECTIVES else CONTENDER_TYPES
         for name in self.args.contenders:
-            contender = CONTENDER_TYPES[name](self)
+            contender = types[name](self)
             contenders.append(contender)
             if name.startswith("symm_mem") and self.symm_mem_error is not None:
                 contender.error = f"torch.distributed._symmetric_memory: {self.symm_mem_error}"
@@ -268,8 +292,18 @@ class Bench(Timing, Report):
     def run(self):
         args = self.args
         self.describe_run()
+        if args.sequence_parallel:
+            from .sequence_parallel import run_steps
+
+            run_steps(self)
+            return
         self.import_symm_mem()
         max_elements = max(args.sizes) // 2
+        if args.collective in ROW_COLLECTIVES:
+            # A shape's message is at most a row (4096 elements) past its size.
+            max_elements = max(
+                rows * width for rows, width in (bench_shape(n, 2, self.world) for n in args.sizes)
+            )
         self.contenders = self.make_contenders(max_elements)
         for size_index, nbytes in enumerate(args.sizes):
             log(self.rank, f"{format_bytes(nbytes)} ({nbytes} bytes)")

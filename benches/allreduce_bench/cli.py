@@ -5,11 +5,20 @@ import os
 import re
 import sys
 
+from .rules import COLLECTIVES
+
 DEFAULT_SIZES = "8K,16K,32K,64K,256K,1M,4M,16M,64M"
 # The contenders that need only torch and the NCCL it loaded.
 TORCH_CONTENDERS = ("torch_nccl", "nccl_symmetric", "symm_mem_one_shot", "symm_mem_two_shot")
 PREPARE_CONTENDERS = ("prepare_zero_copy", "prepare_any_tensor")
 CONTENDERS = TORCH_CONTENDERS + PREPARE_CONTENDERS
+# What times a reduce-scatter or an all-gather: NCCL through torch, and prepare.
+ROW_CONTENDERS = ("torch_nccl",) + PREPARE_CONTENDERS
+# The sequence-parallel step against all-reduce then RMSNorm, prepare's and PyTorch's.
+STEP_CONTENDERS = ("torch_all_reduce", "torch_sequence_parallel", "prepare_all_reduce",
+                   "prepare_sequence_parallel")
+# Decode (1 to 64 tokens) and prefill sizes.
+DEFAULT_TOKENS = "1,2,4,8,16,32,64,256,1024,4096"
 MULTICAST_OFF = {"1", "true", "TRUE"}
 
 
@@ -42,12 +51,38 @@ def parse_sizes(text):
 
 def parse_contenders(text):
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in CONTENDERS]
+    known = CONTENDERS + STEP_CONTENDERS
+    unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}"
+            f"unknown contender(s) {unknown}; choose from {', '.join(known)}"
         )
-    return [name for name in CONTENDERS if name in names]
+    return [name for name in known if name in names]
+
+
+def parse_tokens(text):
+    tokens = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if not part.strip().isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError(f"not a token count of at least 1: {part!r}")
+        if int(part) not in tokens:
+            tokens.append(int(part))
+    if not tokens:
+        raise argparse.ArgumentTypeError("no token counts given")
+    return tokens
+
+
+def default_contenders(args):
+    """The contenders a run takes when none are named: those its collective has, the prepare
+    ones only with a package."""
+    if args.sequence_parallel:
+        return [name for name in STEP_CONTENDERS
+                if args.prepare or not name.startswith("prepare")]
+    if args.collective != "all_reduce":
+        return [name for name in ROW_CONTENDERS if args.prepare or name == "torch_nccl"]
+    return list(CONTENDERS if args.prepare else TORCH_CONTENDERS)
 
 
 def parse_args(argv):
@@ -73,7 +108,33 @@ def parse_args(argv):
     parser.add_argument(
         "--prepare",
         metavar="PACKAGE",
-        help="also time prepare's Python path (prepare.Collectives) with this package",
+        nargs="+",
+        help="also time prepare's Python path (prepare.Collectives) with these packages (one "
+        "per collective: the sequence-parallel step needs the all-reduce's, the "
+        "reduce-scatter's and the all-gather's)",
+    )
+    parser.add_argument(
+        "--collective",
+        choices=COLLECTIVES,
+        default="all_reduce",
+        help="what is timed (default all_reduce); a reduce-scatter or an all-gather of a size "
+        "is rows of 4096 elements (fewer where that gives every rank a row)",
+    )
+    parser.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="time the sequence-parallel step (reduce-scatter, RMSNorm on the owned rows, "
+        "all-gather) beside all-reduce then RMSNorm, at --tokens x --hidden bf16, instead of "
+        "--sizes",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=parse_tokens,
+        default=parse_tokens(DEFAULT_TOKENS),
+        help=f"token counts of the sequence-parallel step (default {DEFAULT_TOKENS})",
+    )
+    parser.add_argument(
+        "--hidden", type=int, default=7168, help="hidden width of that step (default 7168)"
     )
     parser.add_argument(
         "--prepare-cache-dir",
@@ -106,9 +167,20 @@ def parse_args(argv):
         help="seconds any one step may take before the run is ended (default 300)",
     )
     args = parser.parse_args(argv)
+    if args.sequence_parallel:
+        args.collective = "all_reduce"
     if args.contenders is None:
-        args.contenders = list(CONTENDERS if args.prepare else TORCH_CONTENDERS)
-    if not args.prepare and any(name in PREPARE_CONTENDERS for name in args.contenders):
+        args.contenders = default_contenders(args)
+    if args.sequence_parallel:
+        allowed, what = STEP_CONTENDERS, "the sequence-parallel step"
+    elif args.collective != "all_reduce":
+        allowed, what = ROW_CONTENDERS, f"the {args.collective}"
+    else:
+        allowed, what = CONTENDERS, "the all_reduce"
+    others = [name for name in args.contenders if name not in allowed]
+    if others:
+        parser.error(f"{what} has no contender {', '.join(others)}; it has {', '.join(allowed)}")
+    if not args.prepare and any(name.startswith("prepare") for name in args.contenders):
         parser.error("the prepare contenders need --prepare PACKAGE")
     bounds = [
         ("--rounds", args.rounds >= 1, "must be at least 1"),
@@ -117,6 +189,7 @@ def parse_args(argv):
         ("--max-ops", args.max_ops >= 1, "must be at least 1"),
         ("--pause-us", args.pause_us >= 0, "must not be negative"),
         ("--timeout", args.timeout > 0, "must be positive"),
+        ("--hidden", args.hidden >= 1, "must be at least 1"),
     ]
     for flag, within, bound in bounds:
         if not within:

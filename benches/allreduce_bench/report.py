@@ -5,6 +5,23 @@ import os
 import sys
 
 from .common import log
+from .rules import operation
+
+
+def shape_text(row):
+    """A row's shape column: rows x width, tokens x hidden, or nothing (the all-reduce)."""
+    if "rows" in row:
+        return f"{row['rows']}x{row['width']}"
+    if "tokens" in row:
+        return f"{row['tokens']}x{row['hidden']}"
+    return None
+
+
+def what_is_timed(args):
+    """What one timed operation is, for the notes."""
+    if getattr(args, "sequence_parallel", False):
+        return "step (tokens x hidden: the partial sum to its RMSNorm on every rank)"
+    return operation(getattr(args, "collective", "all_reduce"))
 
 
 class Report:
@@ -18,8 +35,10 @@ class Report:
             exact = "-"
         else:
             exact = "yes" if row["exact"] else "NO"
+        shape = shape_text(row)
         return (
-            f"{row['bytes']:>11}  {row['contender']:<20}"
+            f"{row['bytes']:>11}  {'' if shape is None else f'{shape:>12}  '}"
+            f"{row['contender']:<26}"
             f"{number(row['median_us'], 10, 2)}{number(row['min_us'], 10, 2)}"
             f"{number(row['max_us'], 10, 2)}{number(row['bus_gbps'], 9, 1)}  {exact}"
         )
@@ -28,8 +47,9 @@ class Report:
         if self.rank != 0:
             return
         if not self.printed_header:
+            shape = "" if not rows or shape_text(rows[0]) is None else f"{'shape':>12}  "
             print(
-                f"{'bytes':>11}  {'contender':<20}{'median_us':>10}{'min_us':>10}"
+                f"{'bytes':>11}  {shape}{'contender':<26}{'median_us':>10}{'min_us':>10}"
                 f"{'max_us':>10}{'busbw':>9}  exact"
             )
             self.printed_header = True
@@ -42,7 +62,10 @@ class Report:
             return
         errors = [row for row in self.rows if row["error"]]
         print()
-        print("times: microseconds per all-reduce (median, fastest and slowest round);")
+        print(
+            f"times: microseconds per {what_is_timed(self.args)} (median, fastest and "
+            "slowest round);"
+        )
         print("busbw: GB/s at the median; exact: bit-exact against the fp32 rank-order sum")
         for row in errors:
             print(f"unavailable: {row['bytes']} {row['contender']}: {row['error']}")

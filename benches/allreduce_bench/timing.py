@@ -1,10 +1,12 @@
-"""The timing method: inputs and the reference sum, CUDA-graph capture, interleaved rounds with
-a barrier before every sample, calibration, the exactness check and one size's rows."""
+"""The timing method: inputs and the reference, CUDA-graph capture, interleaved rounds with a
+barrier before every sample, calibration, the exactness check and one size's rows, for the
+all-reduce, the reduce-scatter and the all-gather."""
 
 import math
 import statistics
 
 from .common import Fatal, describe, format_bytes
+from .rules import ROW_COLLECTIVES, bench_shape, bus_factor, owned_rows
 
 CALIBRATION_ROUNDS = 3
 
@@ -43,6 +45,46 @@ class Timing:
         reference = total.to(torch.bfloat16)
         torch.cuda.synchronize()
         return reference
+
+    @staticmethod
+    def input_seed(size_index, rank):
+        return 0x5EED0000 + 7919 * size_index + 104729 * rank
+
+    def row_reference(self, shape, size_index):
+        """This rank's expected output of a row collective of `shape`, from every rank's input
+        made again here from its seed: the reduce-scatter's rows of the fp32 rank-order sum
+        rounded once, the all-gather's every rank's rows in rank order."""
+        torch = self.torch
+        rows, width = shape
+        if self.args.collective == "reduce_scatter":
+            total = None
+            for rank in range(self.world):
+                part = self.random_input(rows * width, self.input_seed(size_index, rank)).float()
+                total = part if total is None else total.add_(part)
+            mine = owned_rows(rows, self.world, self.rank)
+            reference = total.to(torch.bfloat16)[mine.start * width : mine.stop * width]
+        else:
+            parts = [
+                self.random_input(
+                    len(owned_rows(rows, self.world, rank)) * width,
+                    self.input_seed(size_index, rank),
+                )
+                for rank in range(self.world)
+            ]
+            reference = torch.cat(parts)
+        torch.cuda.synchronize()
+        return reference.contiguous()
+
+    def message(self, nbytes):
+        """(bytes timed, what `bind` takes, this rank's input elements, the row's shape fields)
+        of a size: the all-reduce's elements, a row collective's rows x width
+        (`rules.bench_shape`)."""
+        if self.args.collective not in ROW_COLLECTIVES:
+            return nbytes, nbytes // 2, nbytes // 2, {}
+        rows, width = bench_shape(nbytes, 2, self.world)
+        owned = len(owned_rows(rows, self.world, self.rank))
+        elements = rows * width if self.args.collective == "reduce_scatter" else owned * width
+        return rows * width * 2, (rows, width), elements, {"rows": rows, "width": width}
 
     # -- graphs and timing --------------------------------------------------------------------
 
@@ -113,6 +155,7 @@ class Timing:
 
     def error_row(self, nbytes, contender, error):
         return {
+            **getattr(self, "row_shape", {}),
             "bytes": nbytes,
             "contender": contender.name,
             "median_us": None,
@@ -127,7 +170,7 @@ class Timing:
 
     def bench_size(self, nbytes, contenders, size_index):
         torch = self.torch
-        elements = nbytes // 2
+        nbytes, bound, elements, self.row_shape = self.message(nbytes)
         label = format_bytes(nbytes)
         rows = {}
         exact = {}
@@ -138,12 +181,15 @@ class Timing:
         state = {}
 
         def make_input():
-            seed = 0x5EED0000 + 7919 * size_index + 104729 * self.rank
+            seed = self.input_seed(size_index, self.rank)
             state["pristine"] = self.random_input(elements, seed)
             torch.cuda.synchronize()
 
         def make_reference():
-            state["reference"] = self.reference(state["pristine"])
+            if self.row_shape:
+                state["reference"] = self.row_reference(bound, size_index)
+            else:
+                state["reference"] = self.reference(state["pristine"])
 
         error = self.agreed_error(self.attempt(make_input))
         if error is None:
@@ -155,9 +201,16 @@ class Timing:
                     nbytes, contender, contender.error or f"inputs: {error}"
                 )
             return [rows[c.name] for c in contenders]
-        pristine = state["pristine"]
-        reference = state["reference"]
+        return self.time_contenders(nbytes, bound, contenders, state["pristine"],
+                                    state["reference"], rows)
 
+    def time_contenders(self, nbytes, bound, contenders, pristine, reference, rows=None):
+        """Every contender bound to `bound`, checked against `reference` and timed against
+        the others on `pristine`: one row each, in `contenders` order."""
+        torch = self.torch
+        label = format_bytes(nbytes)
+        rows = {} if rows is None else rows
+        exact = {}
         live = []
         for contender in contenders:
             if contender.error is not None:
@@ -166,7 +219,7 @@ class Timing:
             name = contender.name
 
             def prepare(c=contender):
-                c.bind(elements)
+                c.bind(bound)
                 c.reset(pristine)
                 torch.cuda.synchronize()
 
@@ -278,6 +331,7 @@ class Timing:
                 if all(math.isfinite(value) and value > 0 for value in values):
                     per_round.append(max(values))
             row = {
+                **self.row_shape,
                 "bytes": nbytes,
                 "contender": contender.name,
                 "median_us": None,
@@ -294,7 +348,7 @@ class Timing:
                 row["median_us"] = median
                 row["min_us"] = min(per_round)
                 row["max_us"] = max(per_round)
-                factor = 2.0 * (self.world - 1) / self.world
+                factor = bus_factor(self.args.collective, self.world)
                 row["bus_gbps"] = nbytes * factor / (median * 1e-6) / 1e9
             else:
                 row["error"] = "no round had a valid sample from every rank"

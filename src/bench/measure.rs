@@ -8,13 +8,14 @@
 //! rounds with a barrier before every sample; per round the slowest rank counts, and a
 //! candidate's figure is the median over rounds (`crate::timing`, `crate::tune`).
 
-use super::{bus_gbps, DecodeRow, DecodeShape, ServingRow, SizeRow};
-use crate::collective::{Collectives, Operands};
+use super::{bench_shape, bus_gbps, DecodeRow, DecodeShape, RowsWidth, ServingRow, SizeRow};
+use crate::collective::{Collectives, Operands, RowMessage};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
-use crate::ladder::Ladder;
+use crate::ladder::{Collective, Ladder};
 use crate::package::Outcome;
 use crate::pieces;
 use crate::runtime::{Runtime, RuntimeError};
+use crate::shape::Shape;
 use crate::timing::{Timed, Timer, TimingOptions};
 use crate::tune::choice::Choice;
 use crate::tune::{
@@ -80,6 +81,39 @@ fn slowest_median(samples: &[Vec<Option<f64>>]) -> f64 {
 /// The bucket's plain NCCL candidate ([`Ladder::plain_nccl`]).
 fn nccl_profile(ladder: &Ladder, bucket: usize) -> Option<String> {
     ladder.plain_nccl(bucket).map(|profile| profile.id.clone())
+}
+
+/// Where a serving row's operands lie, as byte ranges of the memory each is in: apart (the
+/// input in one buffer, the output in another) and in place (both in one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ServingSpans {
+    apart: (std::ops::Range<u64>, std::ops::Range<u64>),
+    in_place: (std::ops::Range<u64>, std::ops::Range<u64>),
+}
+
+impl ServingSpans {
+    /// An all-reduce of `bytes` (no `message`) reads and writes them all, in place over
+    /// itself; a reduce-scatter writes its rows and an all-gather reads them, in place as this
+    /// rank's rows of the whole message.
+    fn of(bytes: u64, message: Option<&RowMessage>) -> ServingSpans {
+        let Some(message) = message else {
+            return ServingSpans {
+                apart: (0..bytes, 0..bytes),
+                in_place: (0..bytes, 0..bytes),
+            };
+        };
+        let (whole, own) = (
+            0..message.message_bytes(),
+            message.owned_bytes(message.rank()),
+        );
+        ServingSpans {
+            apart: (0..message.input_bytes(), 0..message.output_bytes()),
+            in_place: match message.collective() {
+                Collective::ReduceScatter => (whole, own),
+                _ => (own, whole),
+            },
+        }
+    }
 }
 
 /// A server's own memory for the serving rows: an input and an output buffer.
@@ -167,15 +201,25 @@ impl<'a> Bench<'a> {
         let Some(bucket) = ladder.bucket_for(bytes) else {
             return self.time_above_ladder(bytes);
         };
-        let elements = bytes.div_ceil(ladder.dtype.size_bytes()) as usize;
-        let live: Vec<(usize, usize)> = collectives
+        let shape = self.shape_at(bytes, bucket);
+        let (elements, bytes) = match shape {
+            Some(shape) => (
+                shape.elements() as usize,
+                shape.elements() * ladder.dtype.size_bytes(),
+            ),
+            None => (bytes.div_ceil(ladder.dtype.size_bytes()) as usize, bytes),
+        };
+        let live: Vec<Timed> = collectives
             .bucket_entries(bucket)
             .filter(|(_, entry)| entry.dropped.is_none())
-            .map(|(id, _)| (id, elements))
+            .map(|(id, _)| Timed {
+                shape,
+                ..Timed::from((id, elements))
+            })
             .collect();
         let group = self
             .timer
-            .time(self.runtime, collectives, &live, self.timing)?;
+            .time_operands(self.runtime, collectives, &live, self.timing)?;
         let mut timed = group.samples.into_iter().zip(group.ops);
         let mut ops_of = Vec::new();
         let candidates: Vec<CandidateSamples> = collectives
@@ -215,14 +259,37 @@ impl<'a> Bench<'a> {
             },
         )?;
         let chosen = self.chosen[bucket].clone();
-        Ok(Some(self.rows(&decision, bytes, &ops_of, |profile| {
-            profile == chosen
-        })))
+        let mut rows = self.rows(&decision, bytes, &ops_of, |profile| profile == chosen);
+        for row in &mut rows {
+            row.shape = shape.map(RowsWidth::from);
+        }
+        Ok(Some(rows))
     }
 
-    /// The bucket after the last: NCCL on the whole message against the pieces.
+    /// The shape a reduce-scatter or all-gather of `bytes` in `bucket` is timed at
+    /// ([`bench_shape`]); `None` for the all-reduce.
+    fn shape_at(&self, bytes: u64, bucket: usize) -> Option<Shape> {
+        let ladder = self.ladder;
+        self.collectives.has_rows().then(|| {
+            bench_shape(
+                bytes,
+                ladder.dtype.size_bytes(),
+                self.runtime.world(),
+                Some((
+                    ladder.bucket_min_bytes(bucket),
+                    ladder.buckets[bucket].max_bytes,
+                )),
+            )
+        })
+    }
+
+    /// The bucket after the last: NCCL on the whole message against the pieces; `None` for a
+    /// reduce-scatter or all-gather, whose pieces are not built (NCCL takes them whole).
     fn time_above_ladder(&mut self, bytes: u64) -> Result<Option<Vec<SizeRow>>, BenchError> {
         let (ladder, collectives) = (self.ladder, self.collectives);
+        if collectives.has_rows() {
+            return Ok(None);
+        }
         let Some(winner) = self.chosen.last() else {
             return Ok(None);
         };
@@ -314,6 +381,7 @@ impl<'a> Bench<'a> {
             let excluded = SizeRow {
                 bytes,
                 bucket,
+                shape: None,
                 profile: candidate.profile.clone(),
                 median_us: None,
                 min_us: None,
@@ -360,11 +428,17 @@ impl<'a> Bench<'a> {
     /// The server's own memory the serving rows run on, as large as the largest of `sizes` a
     /// bucket covers.
     pub fn serving_buffers(&self, sizes: &[u64]) -> Result<ServingBuffers, BenchError> {
+        let element_bytes = self.ladder.dtype.size_bytes();
         let largest = sizes
             .iter()
-            .filter(|&&bytes| self.ladder.bucket_for(bytes).is_some())
+            .filter_map(|&bytes| {
+                let bucket = self.ladder.bucket_for(bytes)?;
+                Some(
+                    self.shape_at(bytes, bucket)
+                        .map_or(bytes, |shape| shape.elements() * element_bytes),
+                )
+            })
             .max()
-            .copied()
             .unwrap_or(0) as usize;
         let device = self.runtime.device();
         let allocate = || {
@@ -392,22 +466,49 @@ impl<'a> Bench<'a> {
         let Some(id) = self.collectives.find(bucket, &self.chosen[bucket]) else {
             return Ok(None);
         };
-        let elements = bytes.div_ceil(ladder.dtype.size_bytes()) as usize;
-        let message = elements as u64 * ladder.dtype.size_bytes();
-        let own = |buffer: &DeviceBuffer| CallerMemory::prefix(buffer, message);
+        let shape = self.shape_at(bytes, bucket);
+        let elements = shape.map_or(bytes.div_ceil(ladder.dtype.size_bytes()), Shape::elements);
+        let message = match shape {
+            Some(shape) => Some(self.collectives.row_message(self.runtime.world(), shape)?),
+            None => None,
+        };
+        let bytes = if message.is_some() {
+            elements * ladder.dtype.size_bytes()
+        } else {
+            bytes
+        };
+        let spans = ServingSpans::of(elements * ladder.dtype.size_bytes(), message.as_ref());
+        let part = |memory: CallerMemory, span: &std::ops::Range<u64>| {
+            CallerMemory::prefix(&memory.offset(span.start), span.end - span.start)
+        };
+        let elements = elements as usize;
         let timed = |input, output| Timed {
             id,
             elements,
             operands: Some(Operands { input, output }),
             chunked: false,
+            shape,
+        };
+        let (input, output) = (
+            CallerMemory::whole(&buffers.input),
+            CallerMemory::whole(&buffers.output),
+        );
+        let in_place = |memory: CallerMemory| {
+            timed(
+                part(memory, &spans.in_place.0),
+                part(memory, &spans.in_place.1),
+            )
         };
         let mut entries = vec![
-            Timed::from((id, elements)),
-            timed(own(&buffers.input), own(&buffers.output)),
-            timed(own(&buffers.output), own(&buffers.output)),
+            Timed {
+                shape,
+                ..Timed::from((id, elements))
+            },
+            timed(part(input, &spans.apart.0), part(output, &spans.apart.1)),
+            in_place(output),
         ];
         if let Some(region) = self.collectives.input_region() {
-            entries.push(timed(region, region));
+            entries.push(in_place(region));
         }
         let group =
             self.timer
@@ -428,7 +529,8 @@ impl<'a> Bench<'a> {
         }))
     }
 
-    /// One batch of the decode emulation: the layers' all-reduces of `batch` rows in one
+    /// One batch of the decode emulation: the layers' operations (all-reduces, or the
+    /// package's reduce-scatters or all-gathers of `batch` x hidden) of `batch` rows in one
     /// graph, with the choice and with NCCL alone; `None` above the last bucket or where the
     /// bucket has no NCCL candidate.
     pub fn time_decode(
@@ -451,9 +553,22 @@ impl<'a> Bench<'a> {
         let tuned = collectives
             .find(bucket, &self.chosen[bucket])
             .unwrap_or(nccl);
-        let mut entries = vec![(tuned, elements)];
+        // A reduce-scatter or all-gather of the batch's rows of the hidden width.
+        let rows = collectives
+            .has_rows()
+            .then(|| Shape::new(batch as u64, shape.hidden as u64))
+            .transpose()
+            .map_err(|source| RuntimeError::Operands {
+                rank: self.runtime.rank(),
+                source: source.into(),
+            })?;
+        let timed = |id| Timed {
+            shape: rows,
+            ..Timed::from((id, elements))
+        };
+        let mut entries = vec![timed(tuned)];
         if tuned != nccl {
-            entries.push((nccl, elements));
+            entries.push(timed(nccl));
         }
         let group =
             self.timer
@@ -474,7 +589,52 @@ impl<'a> Bench<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::slowest_median;
+    use super::{slowest_median, ServingSpans};
+    use crate::collective::RowMessage;
+    use crate::ladder::{Collective, Dtype};
+    use crate::shape::Shape;
+
+    /// The all-reduce reads and writes the whole message, in place over itself; in place, the
+    /// reduce-scatter writes this rank's rows of its input and the all-gather reads this
+    /// rank's rows of its output.
+    #[test]
+    fn the_serving_operands_are_each_collective_s_own() {
+        assert_eq!(
+            ServingSpans::of(4096, None),
+            ServingSpans {
+                apart: (0..4096, 0..4096),
+                in_place: (0..4096, 0..4096),
+            }
+        );
+        // bf16, 10 rows of 8 on 4 ranks: rank 1 owns rows 3..6, bytes 48..96 of 160.
+        let shape = Shape::new(10, 8).unwrap();
+        let message = |collective| RowMessage::new(collective, shape, 4, 1, Dtype::Bf16).unwrap();
+        assert_eq!(
+            ServingSpans::of(160, Some(&message(Collective::ReduceScatter))),
+            ServingSpans {
+                apart: (0..160, 0..48),
+                in_place: (0..160, 48..96),
+            }
+        );
+        assert_eq!(
+            ServingSpans::of(160, Some(&message(Collective::AllGather))),
+            ServingSpans {
+                apart: (0..48, 0..160),
+                in_place: (48..96, 0..160),
+            }
+        );
+        // A rank that owns no rows has an empty output (RS) or input (AG), at its place.
+        let none = RowMessage::new(
+            Collective::AllGather,
+            Shape::new(2, 8).unwrap(),
+            4,
+            3,
+            Dtype::Bf16,
+        )
+        .unwrap();
+        assert_eq!(ServingSpans::of(32, Some(&none)).apart.0, 0..0);
+        assert_eq!(ServingSpans::of(32, Some(&none)).in_place.0, 32..32);
+    }
 
     #[test]
     fn per_round_the_slowest_rank_counts_and_incomplete_rounds_are_left_out() {

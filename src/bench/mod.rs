@@ -4,8 +4,11 @@
 
 mod measure;
 pub mod plot;
+mod shape;
+pub mod text;
 
 pub use measure::{default_sizes, Bench, BenchError, ServingBuffers};
+pub use shape::{bench_shape, RowsWidth, BENCH_WIDTH};
 
 #[cfg(test)]
 mod tests;
@@ -40,6 +43,16 @@ pub fn bus_gbps(collective: Collective, world: u32, bytes: u64, median_us: f64) 
     bytes as f64 * bus_factor(collective, world) / (median_us * 1e3)
 }
 
+/// What several operations of `collective` are called (`all-reduces`).
+pub fn operations(collective: Collective) -> &'static str {
+    match collective {
+        Collective::AllReduce => "all-reduces",
+        Collective::ReduceScatter => "reduce-scatters",
+        Collective::AllGather => "all-gathers",
+        Collective::AllReduceAddRmsNorm => "all-reduces + RMSNorms",
+    }
+}
+
 /// What one operation of `collective` is called in the bench's words (`all-reduce`).
 pub fn operation(collective: Collective) -> &'static str {
     match collective {
@@ -53,10 +66,15 @@ pub fn operation(collective: Collective) -> &'static str {
 /// One contender at one message size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SizeRow {
-    /// Message size, bytes (the full message's).
+    /// Message size, bytes (the full message's; a reduce-scatter's or all-gather's is its
+    /// shape's).
     pub bytes: u64,
     /// The bucket covering it.
     pub bucket: usize,
+    /// The rows x width a reduce-scatter or all-gather was timed at ([`bench_shape`]); none
+    /// for the all-reduce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<RowsWidth>,
     /// The profile timed (`nccl` is NCCL).
     pub profile: String,
     /// Median microseconds per operation (per round the slowest rank counts).
@@ -150,7 +168,8 @@ pub struct DecodeRow {
 pub struct DecodeShape {
     /// Transformer layers.
     pub layers: usize,
-    /// All-reduces per layer (attention and MLP outputs).
+    /// Operations of the package's collective per layer (the attention's and the MLP's
+    /// outputs): all-reduces, or reduce-scatters or all-gathers of batch rows x hidden.
     pub all_reduces_per_layer: usize,
     /// Hidden width, elements.
     pub hidden: usize,

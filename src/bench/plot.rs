@@ -421,8 +421,11 @@ fn decode_svg(report: &BenchReport) -> Result<String, Failure> {
     let x_axis = log_batch_axis(x, &batches);
     let shape = report.decode_shape.map_or(String::new(), |shape| {
         format!(
-            " ({} layers x {} all-reduces, hidden {})",
-            shape.layers, shape.all_reduces_per_layer, shape.hidden
+            " ({} layers x {} {}, hidden {})",
+            shape.layers,
+            shape.all_reduces_per_layer,
+            super::operations(report.collective),
+            shape.hidden
         )
     });
     let title = format!("{}: decode step{shape}, {}", report.ladder, machine(report));

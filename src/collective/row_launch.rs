@@ -4,7 +4,7 @@
 
 use super::rows::{plan_rows, RowMessage};
 use super::{check_entry, moves, Collectives, EntryId, Input, Launch, Operands};
-use crate::gpu::driver::{DeviceMemory as _, Stream};
+use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
 use crate::ladder::Collective;
 use crate::runtime::{OperandError, Runtime, RuntimeError};
 use crate::shape::Shape;
@@ -139,6 +139,27 @@ impl Collectives {
                 Ok(())
             }
         }
+    }
+
+    /// Captures `ops` back-to-back launches of entry `id` for `message` into a graph, on
+    /// `operands`, or without, from the registered buffer into the out-of-place output
+    /// (each holds any message of the package's buckets).
+    pub fn capture_rows(
+        &self,
+        runtime: &Runtime,
+        stream: &mut Stream,
+        id: EntryId,
+        message: &RowMessage,
+        operands: Option<Operands>,
+        ops: u32,
+    ) -> Result<Graph, RuntimeError> {
+        let operands = match operands {
+            Some(operands) => operands,
+            None => self.own_operands()?,
+        };
+        self.capture_with(stream, ops, |stream| {
+            self.enqueue_rows(runtime, stream, id, message, operands)
+        })
     }
 
     /// Enqueues a row collective of any size on NCCL (above the ladder, or a plain NCCL winner

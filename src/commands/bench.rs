@@ -12,10 +12,11 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use prepare::bench::{
-    bus_formula, default_sizes, largest_choice_gap, Bench, BenchError, BenchReport, DecodeRow,
+    default_sizes, largest_choice_gap, text, Bench, BenchError, BenchReport, DecodeRow,
     DecodeShape, ServingRow, SizeRow,
 };
 use prepare::collective::Collectives;
+use prepare::ladder::Collective;
 use prepare::qualify::{qualify, QualifyOptions};
 use prepare::select::SelectOptions;
 use prepare::timing::TimingOptions;
@@ -208,15 +209,13 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         },
     )
     .map_err(bench_failure)?;
-    log(format!(
-        "{} {} on {} ranks ({}); busbw: {}, GB/s",
+    log(text::heading(
         ladder.collective,
         ladder.dtype,
         runtime.world(),
-        ladder.name,
-        bus_formula(ladder.collective)
+        &ladder.name,
     ));
-    let rows = time_sizes(&mut bench, &sizes, &log)?;
+    let rows = time_sizes(&mut bench, ladder.collective, &sizes, &log)?;
     let serving = time_serving(&mut bench, &sizes, &log)?;
     let shape = DecodeShape::default();
     let decode = emulate_decode(&mut bench, ladder, &shape, &args.batches, &log)?;
@@ -266,39 +265,19 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
 /// Every candidate against the others at each size, a line each.
 fn time_sizes(
     bench: &mut Bench,
+    collective: Collective,
     sizes: &[u64],
     log: &dyn Fn(String),
 ) -> Result<Vec<SizeRow>, Failure> {
     let mut rows = Vec::new();
-    log(format!(
-        "{:>10} {:>6}  {:<22} {:>9} {:>9} {:>9} {:>8} {:>8}",
-        "bytes", "bucket", "candidate", "median_us", "min_us", "max_us", "busbw", "vs_nccl"
-    ));
+    log(text::size_columns(collective));
     for &bytes in sizes {
         let Some(timed) = bench.time_size(bytes).map_err(bench_failure)? else {
-            log(format!(
-                "{bytes:>10}: above the last bucket, whose winner is NCCL (or has none that \
-                 runs here): NCCL takes it whole; skipped"
-            ));
+            log(text::above_ladder_line(collective, bytes));
             continue;
         };
         for row in timed {
-            let (bucket, marker) = (row.bucket, if row.chosen { "*" } else { " " });
-            log(match (row.median_us, &row.excluded) {
-                (Some(median), _) => format!(
-                    "{bytes:>10} {bucket:>6} {marker}{:<22} {median:>9.2} {:>9.2} {:>9.2} {:>8.1} {:>7.2}x",
-                    row.profile,
-                    row.min_us.unwrap_or(f64::NAN),
-                    row.max_us.unwrap_or(f64::NAN),
-                    row.bus_gbps.unwrap_or(f64::NAN),
-                    row.speedup_vs_nccl.unwrap_or(f64::NAN),
-                ),
-                (None, reason) => format!(
-                    "{bytes:>10} {bucket:>6} {marker}{:<22} excluded: {}",
-                    row.profile,
-                    reason.as_deref().unwrap_or("")
-                ),
-            });
+            log(text::size_line(collective, &row));
             rows.push(row);
         }
     }
@@ -365,10 +344,7 @@ fn emulate_decode(
     if batches.is_empty() {
         return Ok(decode);
     }
-    log(format!(
-        "decode emulation: {} layers x {} all-reduces of batch x {} {} in one graph",
-        shape.layers, shape.all_reduces_per_layer, shape.hidden, ladder.dtype
-    ));
+    log(text::decode_heading(ladder.collective, ladder.dtype, shape));
     log(format!(
         "{:>6} {:>9}  {:<22} {:>11} {:>11} {:>8}",
         "batch", "elements", "tuned", "tuned_us", "nccl_us", "speedup"

@@ -59,6 +59,7 @@ fn report() -> BenchReport {
                 SizeRow {
                     bytes,
                     bucket: bytes.trailing_zeros() as usize,
+                    shape: None,
                     profile: (*profile).to_owned(),
                     median_us,
                     min_us: median_us.map(|median| median * 0.97),
@@ -284,6 +285,26 @@ fn the_size_plots_name_the_collective() {
     }
 }
 
+/// The decode plot's title names the package's collective.
+#[test]
+fn the_decode_plot_names_the_collective() {
+    for (collective, operations) in [
+        (Collective::AllReduce, "2 all-reduces"),
+        (Collective::ReduceScatter, "2 reduce-scatters"),
+        (Collective::AllGather, "2 all-gathers"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut report = report();
+        report.collective = collective;
+        write_plots(&report, dir.path()).unwrap();
+        let svg = read(&dir.path().join("decode.svg"));
+        let title = format!(
+            "h200_nvlink: decode step (61 layers x {operations}, hidden 7168), 8 x NVIDIA H200"
+        );
+        assert!(texts(&svg).contains(&title.as_str()), "{:?}", texts(&svg));
+    }
+}
+
 #[test]
 fn without_decode_rows_there_is_no_decode_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -348,6 +369,7 @@ fn wide_report(count: usize) -> BenchReport {
             report.sizes.push(SizeRow {
                 bytes,
                 bucket: 0,
+                shape: None,
                 profile,
                 median_us: Some(median),
                 min_us: Some(median),

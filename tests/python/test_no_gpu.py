@@ -222,3 +222,86 @@ def test_a_timeout_out_of_range_is_an_invalid_argument(tmp_path, timeout):
     with pytest.raises(prepare.InvalidArgument, match="timeout") as caught:
         prepare.NativeHandle.open_unique_id([tmp_path], ZERO_ID, 0, 2, 0, timeout=timeout)
     assert "at most 86400" in str(caught.value)
+
+
+RULES = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "collective_rules.json"
+
+
+def test_the_bench_bus_factors_are_the_shared_table_s():
+    import json
+
+    rules = bench_module("rules")
+    cases = json.loads(RULES.read_text())["bus_factor"]
+    assert len(cases) == 20
+    for case in cases:
+        got = rules.bus_factor(case["collective"], case["world"])
+        assert got == pytest.approx(case["factor"], abs=1e-12), case
+    with pytest.raises(ValueError, match="no bus factor"):
+        rules.bus_factor("broadcast", 2)
+
+
+def test_the_bench_shape_of_a_size_is_the_shared_table_s():
+    import json
+
+    rules = bench_module("rules")
+    for case in json.loads(RULES.read_text())["bench_shape"]:
+        bucket = tuple(case["bucket"]) if case["bucket"] else None
+        got = rules.bench_shape(case["bytes"], case["element_bytes"], case["world"], bucket)
+        assert got == (case["rows"], case["width"]), case
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 7, 8, 2047, 2048])
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_the_bench_owned_rows_are_prepare_s(rows, world):
+    rules = bench_module("rules")
+    for rank in range(world):
+        assert rules.owned_rows(rows, world, rank) == prepare.owned_rows(rows, world, rank)
+
+
+def test_bench_arguments_pick_each_collective_s_contenders():
+    cli = bench_module("cli")
+    assert cli.parse_args(["--collective", "all_gather"]).contenders == ["torch_nccl"]
+    both = cli.parse_args(["--collective", "reduce_scatter", "--prepare", "rs"])
+    assert both.contenders == ["torch_nccl", "prepare_zero_copy", "prepare_any_tensor"]
+    assert both.prepare == ["rs"]
+    step = cli.parse_args(["--sequence-parallel", "--tokens", "1,64,1,2048"])
+    assert step.contenders == ["torch_all_reduce", "torch_sequence_parallel"]
+    assert step.tokens == [1, 64, 2048] and step.hidden == 7168
+    served = cli.parse_args(["--sequence-parallel", "--prepare", "ar", "rs", "ag"])
+    assert served.contenders == list(cli.STEP_CONTENDERS)
+    assert served.prepare == ["ar", "rs", "ag"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--collective", "reduce_scatter", "--contenders", "symm_mem_two_shot"],
+         "the reduce_scatter has no contender symm_mem_two_shot"),
+        (["--contenders", "torch_sequence_parallel"], "the all_reduce has no contender"),
+        (["--sequence-parallel", "--contenders", "prepare_all_reduce"], "need --prepare"),
+        (["--sequence-parallel", "--tokens", "0"], "at least 1"),
+        (["--collective", "broadcast"], "invalid choice"),
+    ],
+)
+def test_bench_arguments_refuse_a_contender_the_collective_has_not(capsys, argv, message):
+    cli = bench_module("cli")
+    with pytest.raises(SystemExit) as caught:
+        cli.parse_args(argv)
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_bench_table_gives_each_row_its_shape():
+    report = bench_module("report")
+    row = {"bytes": 1 << 20, "contender": "torch_nccl", "median_us": 9.5, "min_us": 9.0,
+           "max_us": 10.0, "bus_gbps": 55.2, "exact": True, "rows": 128, "width": 4096}
+    line = report.Report.table_line(None, row)
+    assert line.split()[:3] == ["1048576", "128x4096", "torch_nccl"], line
+    step = dict(row, contender="prepare_sequence_parallel", tokens=8, hidden=7168)
+    del step["rows"], step["width"]
+    assert report.Report.table_line(None, step).split()[1] == "8x7168"
+    plain = {key: value for key, value in row.items() if key not in ("rows", "width")}
+    assert report.Report.table_line(None, plain).split()[1] == "torch_nccl"
+    args = bench_module("cli").parse_args(["--collective", "all_gather"])
+    assert report.what_is_timed(args) == "all-gather"
+    assert report.what_is_timed(bench_module("cli").parse_args([])) == "all-reduce"

@@ -1,0 +1,91 @@
+//! The lines `prepare bench` prints, by collective: the run's heading, the table of sizes (with
+//! the rows x width a reduce-scatter or all-gather was timed at), and the decode emulation's
+//! heading.
+
+use super::{bus_formula, operations, DecodeShape, SizeRow};
+use crate::ladder::{Collective, Dtype};
+
+/// Whether the table of sizes has a shape column: the collectives with rows.
+fn has_rows(collective: Collective) -> bool {
+    matches!(
+        collective,
+        Collective::ReduceScatter | Collective::AllGather
+    )
+}
+
+/// The run's first line: what is timed, on how many ranks, and the bus bandwidth's formula.
+pub fn heading(collective: Collective, dtype: Dtype, world: u32, ladder: &str) -> String {
+    format!(
+        "{collective} {dtype} on {world} ranks ({ladder}); busbw: {}, GB/s",
+        bus_formula(collective)
+    )
+}
+
+/// The table of sizes' column names.
+pub fn size_columns(collective: Collective) -> String {
+    let shape = if has_rows(collective) {
+        format!(" {:>12}", "rows x width")
+    } else {
+        String::new()
+    };
+    format!(
+        "{:>10}{shape} {:>6}  {:<22} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "bytes", "bucket", "candidate", "median_us", "min_us", "max_us", "busbw", "vs_nccl"
+    )
+}
+
+/// One contender's line at one size (`*` marks the tuned choice).
+pub fn size_line(collective: Collective, row: &SizeRow) -> String {
+    let (bytes, bucket) = (row.bytes, row.bucket);
+    let marker = if row.chosen { "*" } else { " " };
+    let shape = match (has_rows(collective), row.shape) {
+        (true, Some(shape)) => format!(" {:>12}", shape.to_string()),
+        (true, None) => format!(" {:>12}", "-"),
+        (false, _) => String::new(),
+    };
+    match (row.median_us, &row.excluded) {
+        (Some(median), _) => format!(
+            "{bytes:>10}{shape} {bucket:>6} {marker}{:<22} {median:>9.2} {:>9.2} {:>9.2} {:>8.1} {:>7.2}x",
+            row.profile,
+            row.min_us.unwrap_or(f64::NAN),
+            row.max_us.unwrap_or(f64::NAN),
+            row.bus_gbps.unwrap_or(f64::NAN),
+            row.speedup_vs_nccl.unwrap_or(f64::NAN),
+        ),
+        (None, reason) => format!(
+            "{bytes:>10}{shape} {bucket:>6} {marker}{:<22} excluded: {}",
+            row.profile,
+            reason.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// The line for a size above the last bucket that was not timed.
+pub fn above_ladder_line(collective: Collective, bytes: u64) -> String {
+    if has_rows(collective) {
+        format!(
+            "{bytes:>10}: above the last bucket: NCCL takes a {collective} that large whole \
+             (its pieces are not built); skipped"
+        )
+    } else {
+        format!(
+            "{bytes:>10}: above the last bucket, whose winner is NCCL (or has none that runs \
+             here): NCCL takes it whole; skipped"
+        )
+    }
+}
+
+/// The decode emulation's heading: how many operations of which shape one graph holds.
+pub fn decode_heading(collective: Collective, dtype: Dtype, shape: &DecodeShape) -> String {
+    let what = if has_rows(collective) {
+        format!("batch rows x {}", shape.hidden)
+    } else {
+        format!("batch x {}", shape.hidden)
+    };
+    format!(
+        "decode emulation: {} layers x {} {} of {what} {dtype} in one graph",
+        shape.layers,
+        shape.all_reduces_per_layer,
+        operations(collective)
+    )
+}
