@@ -33,7 +33,9 @@
 //                everywhere (invariance.h); one line per kernel entry, as exactness
 // Exit status 0 when every check passed; failures are printed.
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -79,11 +81,23 @@ u64 per_vector() {
 
 using Entry = void (*)(LaunchParams);
 
+// The largest world whose kernels a build instantiates: every world unless the build names
+// fewer (a harness built for one mode that runs small worlds only compiles in a fraction of
+// the time). A launch at a larger world ends the run.
+#ifndef HARNESS_MAX_WORLD
+#define HARNESS_MAX_WORLD PREPARE_MAX_RANKS
+#endif
+
 // An entry as the kernel's own template at the world of the launch, as a package compiled for
 // that world has it; a world outside 2..8 goes to the world-2 instantiation, which refuses it.
 template <typename Algorithm, typename T, bool Cluster, int N>
 void entry_at(LaunchParams params) {
-    if constexpr (Cluster) {
+    if constexpr (N > HARNESS_MAX_WORLD) {
+        std::printf("FAIL: a launch at world %d, but this harness was built for worlds up to %d\n",
+                    N, HARNESS_MAX_WORLD);
+        std::fflush(stdout);
+        std::_Exit(2);
+    } else if constexpr (Cluster) {
         prepare::cluster_kernel<Algorithm, T, N>(params);
     } else {
         prepare::block_kernel<Algorithm, T, N>(params);
@@ -329,13 +343,79 @@ constexpr int kGuard = 64;
 constexpr int kBufferGuard = 2 * PREPARE_MAX_RANKS * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES * 2;
 constexpr unsigned char kBufferFill = 0xEE;
 
+// An OS thread that runs one emulated CUDA thread at a time. Starting a thread per emulated
+// thread per launch cost most of a run's time (the kernel's thread setup and teardown); a
+// launch's threads are taken from those that finished earlier launches instead, each still
+// on a thread of its own while the launch runs. A task is handed over and its end reported
+// under the worker's mutex, so it happens after what preceded its start and before what
+// follows its join, as with a thread started and joined.
+class Worker {
+  public:
+    // Runs `task` on an idle worker, or on a new one when none is idle.
+    static Worker* start(std::function<void()> task) {
+        Worker* worker = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(idle_mutex());
+            if (!idle().empty()) {
+                worker = idle().back();
+                idle().pop_back();
+            }
+        }
+        if (worker == nullptr) {
+            // Never destroyed: a worker waits for its next task until the process exits.
+            worker = new Worker;
+            std::thread(&Worker::serve, worker).detach();
+        }
+        std::lock_guard<std::mutex> lock(worker->mutex_);
+        worker->task_ = std::move(task);
+        worker->changed_.notify_all();
+        return worker;
+    }
+
+    // Waits until the task has returned; the worker then takes the next one.
+    void join() {
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            changed_.wait(lock, [this] { return !task_; });
+        }
+        std::lock_guard<std::mutex> lock(idle_mutex());
+        idle().push_back(this);
+    }
+
+  private:
+    void serve() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            changed_.wait(lock, [this] { return static_cast<bool>(task_); });
+            lock.unlock();
+            task_();
+            lock.lock();
+            task_ = nullptr;
+            changed_.notify_all();
+        }
+    }
+
+    static std::mutex& idle_mutex() {
+        static std::mutex mutex;
+        return mutex;
+    }
+    static std::vector<Worker*>& idle() {
+        static std::vector<Worker*> workers;
+        return workers;
+    }
+
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::function<void()> task_;
+};
+
 // Runs one launch of one rank: every block's threads, joined (the launch ends).
 void launch_rank(const Launch& launch, const LaunchParams& params) {
     const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
     std::vector<std::unique_ptr<std::barrier<>>> barriers;
     std::vector<std::unique_ptr<EmuBlock>> blocks;
     std::vector<std::unique_ptr<EmuBlock*[]>> clusters;
-    std::vector<std::thread> threads;
+    std::vector<Worker*> threads;
     for (unsigned cluster = 0; cluster < launch.blocks / cluster_size; ++cluster) {
         barriers.emplace_back(new std::barrier<>(cluster_size * launch.threads));
         std::barrier<>* cluster_barrier = barriers.back().get();
@@ -350,7 +430,7 @@ void launch_rank(const Launch& launch, const LaunchParams& params) {
         }
         for (unsigned cta = 0; cta < cluster_size; ++cta) {
             for (unsigned thread = 0; thread < launch.threads; ++thread) {
-                threads.emplace_back(
+                threads.push_back(Worker::start(
                     [&, block = members[cta], index = cluster * cluster_size + cta, thread] {
                         threadIdx = {thread, 0, 0};
                         blockIdx = {index, 0, 0};
@@ -358,12 +438,12 @@ void launch_rank(const Launch& launch, const LaunchParams& params) {
                         gridDim = {launch.blocks, 1, 1};
                         emu_block = block;
                         launch.kernel->entry.of[dtype](params);
-                    });
+                    }));
             }
         }
     }
-    for (std::thread& thread : threads)
-        thread.join();
+    for (Worker* thread : threads)
+        thread->join();
 }
 
 // Chunks of a copy-engine launch here: small, so that even short messages take several and a
