@@ -135,11 +135,12 @@ fn a_rank_names_itself_once_per_line() {
     assert!(reported > 0, "{stderr}");
 }
 
-/// The serve example, built as `cargo build --example serve` builds it (cargo test builds the
-/// examples too, so this only links when run from a whole test run).
+/// The serve example, built with the workspace's features as `cargo test --workspace`
+/// (scripts/test.sh) resolves them, so that the example that run built is reused instead of
+/// the library and the example being built again with the features of this package alone.
 fn serve_example() -> Command {
     let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--example", "serve"])
+        .args(["build", "--quiet", "--workspace", "--example", "serve"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .expect("cargo runs");

@@ -158,26 +158,42 @@ fn write_scratch_layouts(directory: &Path) {
 /// How a harness is compiled.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Build {
-    /// Optimized, with debug information: the modes that check every kernel at length.
+    /// Optimized: the modes that check every kernel at length.
     Checked,
-    /// Checked, under ThreadSanitizer.
+    /// Optimized, with debug information (for the race reports), under ThreadSanitizer.
     Sanitized,
-    /// Unoptimized, for one mode run once whose time goes to starting emulated threads, not to
-    /// the kernels' arithmetic: a mutation's harness, the invariance mode.
+    /// Unoptimized, for modes whose time goes to the emulated threads' waits, not to the
+    /// kernels' arithmetic: the invariance and slices modes, a mutation's harness.
     Quick,
 }
 
+/// A mutation's harness at `max_world`: the kernels instantiated for worlds 2 to `max_world`
+/// only, all its modes run (the exactness mode's kernels run at worlds 2 and 3), at a
+/// fraction of the compile time of every world.
+fn build_mutated(directory: &Path, mutation: Mutation, max_world: u32) -> PathBuf {
+    build_for(directory, Build::Quick, Some(mutation), Some(max_world))
+}
+
 fn build(directory: &Path, kind: Build, mutation: Option<Mutation>) -> PathBuf {
+    build_for(directory, kind, mutation, None)
+}
+
+fn build_for(
+    directory: &Path,
+    kind: Build,
+    mutation: Option<Mutation>,
+    max_world: Option<u32>,
+) -> PathBuf {
     let emulation = root().join("tests/host_emulation");
     write_emulated_sources(directory, mutation);
     write_scratch_layouts(directory);
     let binary = directory.join("harness");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let mut command = Command::new(&compiler);
-    let optimization: &[&str] = if kind == Build::Quick {
-        &["-O0"]
-    } else {
-        &["-O1", "-g"]
+    let optimization: &[&str] = match kind {
+        Build::Quick => &["-O0"],
+        Build::Checked => &["-O1"],
+        Build::Sanitized => &["-O1", "-g"],
     };
     command
         .args(["-std=c++20", "-pthread", "-w"])
@@ -193,6 +209,9 @@ fn build(directory: &Path, kind: Build, mutation: Option<Mutation>) -> PathBuf {
         .arg(&binary);
     if kind == Build::Sanitized {
         command.arg("-fsanitize=thread");
+    }
+    if let Some(world) = max_world {
+        command.arg(format!("-DHARNESS_MAX_WORLD={world}"));
     }
     let output = command.output().unwrap_or_else(|error| {
         panic!("this test needs a C++20 compiler; running `{compiler}` failed: {error} (install g++ or set CXX)")
@@ -406,7 +425,7 @@ fn every_planted_mutation_gives_a_wrong_sum() {
             .map(|mutation| {
                 scope.spawn(move || {
                     let directory = tempfile::tempdir().unwrap();
-                    let binary = build(directory.path(), Build::Quick, Some(mutation));
+                    let binary = build_mutated(directory.path(), mutation, 3);
                     let (verdicts, text) = exactness(&binary);
                     (mutation, verdicts, text)
                 })
@@ -473,12 +492,23 @@ fn every_row_is_the_same_bytes_in_every_message_and_kernel() {
 fn a_sum_order_that_depends_on_the_message_size_breaks_invariance() {
     let mutation = Mutation::SizeDependentOrder;
     let directory = tempfile::tempdir().unwrap();
-    let binary = build(directory.path(), Build::Quick, Some(mutation));
+    let binary = build_mutated(directory.path(), mutation, 4);
     let (verdicts, text) = invariance(&binary, &shipped_boundaries(&[4]));
     assert_eq!(
         failed(&verdicts),
         mutation.kernels(),
         "{mutation}: the kernels the invariance mode found varying are not those it touches:\n{text}"
+    );
+    // Built for worlds up to four, the harness refuses a launch at eight instead of running it
+    // at another world.
+    let output = Command::new(&binary)
+        .args(["invariance", &shipped_boundaries(&[8])[0]])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        !output.status.success() && stdout.contains("built for worlds up to 4"),
+        "a launch at eight ranks in a harness built for four:\n{stdout}"
     );
     let (verdicts, text) = exactness(&binary);
     assert!(
