@@ -3,7 +3,8 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 8] = [
+const SOURCES: [(&str, &str); 10] = [
+    ("all_gather.cu", include_str!("../../kernels/all_gather.cu")),
     (
         "all_reduce_full_phased.cu",
         include_str!("../../kernels/all_reduce_full_phased.cu"),
@@ -35,6 +36,10 @@ const SOURCES: [(&str, &str); 8] = [
     (
         "nccl_rank_order_sum.cu",
         include_str!("../../kernels/nccl_rank_order_sum.cu"),
+    ),
+    (
+        "reduce_scatter.cu",
+        include_str!("../../kernels/reduce_scatter.cu"),
     ),
 ];
 
@@ -109,6 +114,9 @@ mod tests {
             } else if spec.source == "nccl_rank_order_sum.cu" {
                 // Local memory only: no flags, no peers, no state required.
                 "local_kernel"
+            } else if ["reduce_scatter.cu", "all_gather.cu"].contains(&spec.source) {
+                // The row collectives check their shape when they begin.
+                "row_kernel"
             } else {
                 "block_kernel"
             };

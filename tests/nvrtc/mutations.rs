@@ -53,7 +53,10 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             Mutation::NoStartBarrier => &["all_reduce_one_shot.cu"],
             Mutation::NoLineWait | Mutation::NoStepWait => &["prepare_double_buffer.cuh"],
             Mutation::NoCopyStart => &["all_reduce_one_shot_copy_engine.cu"],
-            Mutation::DropTail => &["prepare_layout.cuh"],
+            Mutation::DropTail | Mutation::RowBoundaryOffByOne => &["prepare_layout.cuh"],
+            Mutation::RowOutOfOrder => &["reduce_scatter.cu"],
+            Mutation::SkipRowPeer => &["all_gather.cu"],
+            Mutation::ShortRankRows => &["prepare_phases.cuh"],
             _ => &["prepare_element.cuh"],
         };
         assert_eq!(names, expected, "{mutation}");
@@ -77,7 +80,11 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             "double_count",
             "no_line_wait",
             "no_step_wait",
-            "no_copy_start"
+            "no_copy_start",
+            "row_out_of_order",
+            "skip_row_peer",
+            "short_rank_rows",
+            "row_boundary_off_by_one"
         ]
     );
 }

@@ -38,6 +38,19 @@ pub enum Mutation {
     /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
     /// late.
     NoCopyStart,
+    /// `reduce_scatter_one_shot_pull_<dtype>` sums its rows in rank order rotated by one (from
+    /// rank 1, rank 0 last): out of rank order at more than two ranks (two values add the same
+    /// either way).
+    RowOutOfOrder,
+    /// `all_gather_one_shot_pull_<dtype>` never copies the rows of the peer at the greatest
+    /// distance (rank - 1).
+    SkipRowPeer,
+    /// The row collectives take the ranks that own one row fewer (rows / world, when rows %
+    /// world is not 0) to own as many as the others.
+    ShortRankRows,
+    /// The row collectives place the boundary between the ranks with one row more and the
+    /// others one rank late, so a run past it starts a row late.
+    RowBoundaryOffByOne,
     /// `all_reduce_one_shot_pull_<dtype>` sums the ranks in reverse order in messages of more
     /// than 2048 elements: a row's sum then depends on the size of the message holding it
     /// (at more than two ranks; two values add the same either way). Not in
@@ -151,11 +164,44 @@ const SIZE_DEPENDENT_ORDER: &[Patch] = &[Patch {
     ),
 }];
 
+const ROW_OUT_OF_ORDER: &[Patch] = &[Patch {
+    file: "reduce_scatter.cu",
+    find: "reduce_scatter_pull<T, N>(params, slices(params.rank), grid_workers(), output, output);",
+    replace: concat!(
+        "LaunchParams rotated = params;\n",
+        "        for (int q = 0; q < N; ++q) {\n",
+        "            rotated.buffers[q] = params.buffers[(q + 1) % N];\n",
+        "        }\n",
+        "        reduce_scatter_pull<T, N>(rotated, slices(params.rank), grid_workers(), output,\n",
+        "                                  output);",
+    ),
+}];
+
+const SKIP_ROW_PEER: &[Patch] = &[Patch {
+    file: "all_gather.cu",
+    find: "for (int k = 0; k < N; ++k) {\n            const unsigned int owner",
+    replace: "for (int k = 0; k < N - 1; ++k) {\n            const unsigned int owner",
+}];
+
+/// The slices' row count: ceil(rows / world) for every rank.
+const SHORT_RANK_ROWS: &[Patch] = &[Patch {
+    file: "prepare_phases.cuh",
+    find: "owned_rows<N>(params.rows, slice)",
+    replace: "(params.rows / N + (params.rows % N != 0 ? 1 : 0))",
+}];
+
+/// The first row of rank q: q * (rows / world) + min(q, rows % world + 1).
+const ROW_BOUNDARY_OFF_BY_ONE: &[Patch] = &[Patch {
+    file: "prepare_layout.cuh",
+    find: "return q * (rows / N) + min_u64(q, rows % N);",
+    replace: "return q * (rows / N) + min_u64(q, rows % N + 1);",
+}];
+
 const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::SkipPeer,
         Mutation::Truncate,
         Mutation::DropTail,
@@ -164,6 +210,10 @@ impl Mutation {
         Mutation::NoLineWait,
         Mutation::NoStepWait,
         Mutation::NoCopyStart,
+        Mutation::RowOutOfOrder,
+        Mutation::SkipRowPeer,
+        Mutation::ShortRankRows,
+        Mutation::RowBoundaryOffByOne,
     ];
 
     /// Its name, as tests report it.
@@ -177,6 +227,10 @@ impl Mutation {
             Mutation::NoLineWait => "no_line_wait",
             Mutation::NoStepWait => "no_step_wait",
             Mutation::NoCopyStart => "no_copy_start",
+            Mutation::RowOutOfOrder => "row_out_of_order",
+            Mutation::SkipRowPeer => "skip_row_peer",
+            Mutation::ShortRankRows => "short_rank_rows",
+            Mutation::RowBoundaryOffByOne => "row_boundary_off_by_one",
             Mutation::SizeDependentOrder => "size_dependent_order",
         }
     }
@@ -194,8 +248,13 @@ impl Mutation {
     }
 
     /// The kernels whose code it changes, by entry name, sorted: every kernel for a mutation in
-    /// a shared header (no algorithm named).
+    /// a shared header (no algorithm named), but the all-gathers for one in the sum (they sum
+    /// nothing).
     pub fn kernels(self) -> Vec<String> {
+        let sums = matches!(
+            self,
+            Mutation::SkipPeer | Mutation::Truncate | Mutation::DoubleCount
+        );
         let (algorithms, dtypes): (&[&str], &[Dtype]) = match self {
             Mutation::NoStartBarrier | Mutation::SizeDependentOrder => {
                 (&["all_reduce_one_shot_pull"], &Dtype::ALL)
@@ -209,6 +268,17 @@ impl Mutation {
                 &Dtype::ALL,
             ),
             Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
+            Mutation::RowOutOfOrder => (&["reduce_scatter_one_shot_pull"], &Dtype::ALL),
+            Mutation::SkipRowPeer => (&["all_gather_one_shot_pull"], &Dtype::ALL),
+            Mutation::ShortRankRows | Mutation::RowBoundaryOffByOne => (
+                &[
+                    "all_gather_one_shot_pull",
+                    "all_gather_one_shot_push",
+                    "reduce_scatter_one_shot_pull",
+                    "reduce_scatter_one_shot_push",
+                ],
+                &Dtype::ALL,
+            ),
             Mutation::Truncate => (&[], &[Dtype::Bf16, Dtype::Fp16]),
             Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (&[], &Dtype::ALL),
         };
@@ -216,6 +286,7 @@ impl Mutation {
             .iter()
             .flat_map(|dtype| all_kernels(*dtype, 2))
             .map(|spec| spec.name)
+            .filter(|name| !(sums && name.starts_with("all_gather_")))
             .filter(|name| {
                 algorithms.is_empty()
                     || algorithms.iter().any(|algorithm| {
@@ -238,6 +309,10 @@ impl Mutation {
             Mutation::NoLineWait => NO_LINE_WAIT,
             Mutation::NoStepWait => NO_STEP_WAIT,
             Mutation::NoCopyStart => NO_COPY_START,
+            Mutation::RowOutOfOrder => ROW_OUT_OF_ORDER,
+            Mutation::SkipRowPeer => SKIP_ROW_PEER,
+            Mutation::ShortRankRows => SHORT_RANK_ROWS,
+            Mutation::RowBoundaryOffByOne => ROW_BOUNDARY_OFF_BY_ONE,
             Mutation::SizeDependentOrder => SIZE_DEPENDENT_ORDER,
         }
     }
