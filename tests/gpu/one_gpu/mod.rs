@@ -13,6 +13,7 @@
 
 mod checks;
 pub mod invariance;
+pub mod rows;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
