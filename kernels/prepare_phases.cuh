@@ -7,8 +7,8 @@
 // that return false when a peer timed out (the phase then returns false at once); sums are
 // handed to store callables. Rank s's slice is slices(s), a Range indexed like the message
 // (message_slices: the all-reduce's, prepare_layout.cuh's slice_of; row_slices: the
-// reduce-scatter's and the all-gather's rows). Each phase is written per
-// transfer and protocol the kernels use:
+// reduce-scatter's and the all-gather's rows). Each phase is written per transfer and protocol
+// the kernels use:
 //   pull    peers read each other's registered buffers (barrier kernels)
 //   push    each rank writes into its peers' scratch (barrier kernels)
 //   ring    push, one peer at a time, an exchange after each (the phased cluster kernels)
