@@ -19,11 +19,11 @@ namespace prepare {
 // (prepare_sync.cuh), checks the launch, stamps the block's arrival, begins it as the
 // algorithm's protocol does (`Algorithm::begin<N>`, which its base gives: StartBarrier,
 // LaunchCounter or NoBegin), then runs the algorithm, unless the begin gave up.
-template <typename Algorithm, typename T, int N>
+template <typename Algorithm, typename T, int N, typename Checks = BlockChecks>
 __device__ __forceinline__ void block_kernel(const LaunchParams& params) {
     wait_for_previous_grid();
     allow_next_grid();
-    if (!block_launch_is_valid<T, N>(params)) {
+    if (!block_launch_is_valid<T, N, Checks>(params)) {
         return;
     }
     record_arrival(params);
@@ -31,6 +31,13 @@ __device__ __forceinline__ void block_kernel(const LaunchParams& params) {
     if (Algorithm::template begin<N>(params, flags)) {
         Algorithm::template run<T, N>(params, flags);
     }
+}
+
+// The body of a row collective's entry (reduce_scatter, all_gather): block_kernel with the
+// row checks of the collective the algorithm names (`Algorithm::kRows`).
+template <typename Algorithm, typename T, int N>
+__device__ __forceinline__ void row_kernel(const LaunchParams& params) {
+    block_kernel<Algorithm, T, N, RowChecks<Algorithm::kRows>>(params);
 }
 
 // An algorithm that waits for nothing when it begins.

@@ -17,8 +17,18 @@
 //   rsag pull:                   slot_bytes, this rank's reduced slice from its start
 //   rsag push, rsag phased:      N - 1 peer slots of slot_bytes (a peer's piece of this rank's
 //                                slice), then message_bytes of gathered slices at their positions
+//   reduce_scatter push:         N - 1 peer slots of message_bytes (a rank may own every row)
+//   all_gather push:             message_bytes, every peer's rows at their place in the message
 // A rank keeps no slot for itself (it reads its own message where it is): the peer slots of a
 // rank are ordered by distance, slot d - 1 holding what rank (rank + d) % N wrote (peer_slot).
+//
+// Rows (reduce_scatter, all_gather): a message of rows x width elements; rank q owns rows
+// [first_row(q), first_row(q) + owned_rows(q)): rows / N each, one more for the first rows % N
+// ranks (prepare::shape::owned_rows), so a rank may own none. Its run of elements [a, b) is a
+// Range indexed like the message (run_of): whole vectors [a / P, b / P) and the tail from
+// b / P * P when a starts a vector (a % P == 0, P = T::kPerVector); otherwise no vectors and
+// every element in the tail, begin_vector a / P rounded down. So a run moves as 16-byte vectors
+// only where both sides line up, and as elements where it starts off a 16-byte boundary.
 #pragma once
 
 #include "prepare_abi.cuh"
@@ -73,6 +83,29 @@ __device__ __forceinline__ Range slice_of(unsigned int slice, u64 elements) {
     const u64 begin = min_u64(slice * per_slice, vectors);
     const u64 end = last ? vectors : min_u64((slice + 1) * per_slice, vectors);
     return {begin, end, last ? vectors * T::kPerVector : 0, last ? elements : 0};
+}
+
+// Rows of `rows` that rank q owns, and the first of them (the rule of prepare::shape).
+template <int N>
+__device__ __forceinline__ u64 owned_rows(u64 rows, unsigned int q) {
+    return rows / N + (q < rows % N ? 1 : 0);
+}
+
+template <int N>
+__device__ __forceinline__ u64 first_row(u64 rows, unsigned int q) {
+    return q * (rows / N) + min_u64(q, rows % N);
+}
+
+// The run of elements [first, end) of a message: whole vectors where `first` starts one, every
+// element a tail element otherwise.
+template <typename T>
+__device__ __forceinline__ Range run_of(u64 first, u64 end) {
+    const u64 vector = first / T::kPerVector;
+    if (first % T::kPerVector != 0) {
+        return {vector, vector, first, end};
+    }
+    const u64 end_vector = end / T::kPerVector;
+    return {vector, end_vector, end_vector * T::kPerVector, end};
 }
 
 // The slot that rank `from` writes among the N - 1 peer slots of rank `to` (from != to).
@@ -144,6 +177,26 @@ __device__ __forceinline__ void copy_owned(const unsigned char* source, u64 sour
         [&](u64 e) {
             store_element<T>(destination, e - destination_first * T::kPerVector,
                              load_element<T>(source, e - source_first * T::kPerVector));
+        });
+}
+
+// copy_owned for a row run (run_of): `source` holds the message from element `source_first`
+// and `destination` from `destination_first` (0 for memory indexed like the message, the run's
+// first element for memory that holds the run from its start). A run with whole vectors starts
+// a vector, so both firsts are whole vectors where vectors move.
+template <typename T>
+__device__ __forceinline__ void copy_run(const unsigned char* source, u64 source_first,
+                                         unsigned char* destination, u64 destination_first,
+                                         const Range& range, const Workers& workers) {
+    for_each_owned(
+        range, workers,
+        [&](u64 v) {
+            store_vector(destination, v - destination_first / T::kPerVector,
+                         load_vector(source, v - source_first / T::kPerVector));
+        },
+        [&](u64 e) {
+            store_element<T>(destination, e - destination_first,
+                             load_element<T>(source, e - source_first));
         });
 }
 

@@ -6,8 +6,9 @@
 // set a wait uses and what a sum is stored into are the caller's. Waits come in as callables
 // that return false when a peer timed out (the phase then returns false at once); sums are
 // handed to store callables. Rank s's slice is slices(s), a Range indexed like the message
-// (message_slices: the all-reduce's, prepare_layout.cuh's slice_of). Each phase is written per
-// transfer and protocol the kernels use:
+// (message_slices: the all-reduce's, prepare_layout.cuh's slice_of; row_slices: the
+// reduce-scatter's and the all-gather's rows). Each phase is written per transfer and protocol
+// the kernels use:
 //   pull    peers read each other's registered buffers (barrier kernels)
 //   push    each rank writes into its peers' scratch (barrier kernels)
 //   ring    push, one peer at a time, an exchange after each (the phased cluster kernels)
@@ -34,6 +35,27 @@ struct MessageSlices {
 
 template <typename T, int N>
 __device__ __forceinline__ MessageSlices<T, N> message_slices(const LaunchParams& params) {
+    return {params};
+}
+
+// The row collectives' slices: rank s owns its rows (prepare_layout.cuh's run_of), indexed like
+// the message; first(s) is the first element of them.
+template <typename T, int N>
+struct RowSlices {
+    const LaunchParams& params;
+
+    __device__ __forceinline__ u64 first(unsigned int slice) const {
+        return first_row<N>(params.rows, slice) * params.width;
+    }
+
+    __device__ __forceinline__ Range operator()(unsigned int slice) const {
+        const u64 begin = first(slice);
+        return run_of<T>(begin, begin + owned_rows<N>(params.rows, slice) * params.width);
+    }
+};
+
+template <typename T, int N>
+__device__ __forceinline__ RowSlices<T, N> row_slices(const LaunchParams& params) {
     return {params};
 }
 

@@ -11,6 +11,7 @@
 
 #include "prepare_abi.cuh"
 #include "prepare_element.cuh"
+#include "prepare_layout.cuh"
 
 namespace prepare {
 
@@ -135,10 +136,11 @@ __device__ __forceinline__ bool wait_flag(const u64* flag, u64 epoch, u64 deadli
 // Checks what the kernels rely on; every thread computes the same answer, so a refusal is a
 // uniform return. `blocks` is the grid's block count (each has its own epoch and flags); a
 // block needs a thread per rank to raise and wait for flags. N is the world size the kernel was
-// compiled for, T its element type.
-template <typename T, int N>
-__device__ __forceinline__ bool launch_is_valid(const LaunchParams& params,
-                                                unsigned int blocks) {
+// compiled for, T its element type. `aligned()` gives the or of the local addresses that must
+// be 16-byte aligned besides the buffers, signals, state and scratch offset.
+template <typename T, int N, typename Aligned>
+__device__ __forceinline__ bool launch_is_valid_with(const LaunchParams& params,
+                                                     unsigned int blocks, Aligned aligned) {
     if (params.world != N || params.rank >= params.world) {
         return false;
     }
@@ -155,14 +157,70 @@ __device__ __forceinline__ bool launch_is_valid(const LaunchParams& params,
             return false;
         }
     }
-    u64 addresses = reinterpret_cast<u64>(params.output) | reinterpret_cast<u64>(params.input) |
-                    params.scratch_offset | reinterpret_cast<u64>(params.state);
+    u64 addresses = aligned() | params.scratch_offset | reinterpret_cast<u64>(params.state);
     for (unsigned int q = 0; q < params.world; ++q) {
         addresses |=
             reinterpret_cast<u64>(params.buffers[q]) | reinterpret_cast<u64>(params.signals[q]);
     }
     return (addresses % PREPARE_ALIGNMENT_BYTES) == 0;
 }
+
+// Every kernel's checks: launch_is_valid_with `output` and `input` 16-byte aligned.
+template <typename T, int N>
+__device__ __forceinline__ bool launch_is_valid(const LaunchParams& params,
+                                                unsigned int blocks) {
+    return launch_is_valid_with<T, N>(params, blocks, [&] {
+        return reinterpret_cast<u64>(params.output) | reinterpret_cast<u64>(params.input);
+    });
+}
+
+// The row collectives, by which side holds the whole message: the reduce-scatter's input, the
+// all-gather's output; the other side holds this rank's rows alone.
+enum RowCollective : unsigned int { kReduceScatter, kAllGather };
+
+// A row collective's checks: launch_is_valid_with the whole side 16-byte aligned; a width of at
+// least 1 and rows x width that fits 64 bits; the whole side's count rows x width and this
+// rank's side its owned rows x width; this rank's side 16-byte aligned where its run starts a
+// vector of the message (it moves as vectors), else aligned to its elements.
+template <typename T, int N, RowCollective Rows>
+__device__ __forceinline__ bool row_launch_is_valid(const LaunchParams& params,
+                                                    unsigned int blocks) {
+    const bool scatter = Rows == kReduceScatter;
+    const auto whole_address = [&] {
+        return reinterpret_cast<u64>(scatter ? params.input : params.output);
+    };
+    if (!launch_is_valid_with<T, N>(params, blocks, whole_address) || params.width == 0 ||
+        params.rows > ~0ull / params.width) {
+        return false;
+    }
+    const u64 whole = scatter ? params.input_elements : params.output_elements;
+    const u64 own = scatter ? params.output_elements : params.input_elements;
+    if (whole != params.rows * params.width ||
+        own != owned_rows<N>(params.rows, params.rank) * params.width) {
+        return false;
+    }
+    const u64 own_address = reinterpret_cast<u64>(scatter ? params.output : params.input);
+    const u64 first = first_row<N>(params.rows, params.rank) * params.width;
+    const u64 own_alignment =
+        first % T::kPerVector == 0 ? PREPARE_ALIGNMENT_BYTES : sizeof(typename T::Bits);
+    return own_address % own_alignment == 0;
+}
+
+// What an entry checks before it begins: every kernel's launch_is_valid, or a row collective's.
+struct BlockChecks {
+    template <typename T, int N>
+    __device__ __forceinline__ static bool valid(const LaunchParams& params) {
+        return launch_is_valid<T, N>(params, gridDim.x);
+    }
+};
+
+template <RowCollective Rows>
+struct RowChecks {
+    template <typename T, int N>
+    __device__ __forceinline__ static bool valid(const LaunchParams& params) {
+        return row_launch_is_valid<T, N, Rows>(params, gridDim.x);
+    }
+};
 
 // Per-block flag state, in shared memory.
 struct BlockFlags {
@@ -251,10 +309,10 @@ __device__ __forceinline__ void record_arrival(const LaunchParams& params) {
     }
 }
 
-// Refuses an invalid launch for every block and records why once per block.
-template <typename T, int N>
+// Refuses an invalid launch (by Checks) for every block and records why once per block.
+template <typename T, int N, typename Checks = BlockChecks>
 __device__ __forceinline__ bool block_launch_is_valid(const LaunchParams& params) {
-    if (launch_is_valid<T, N>(params, gridDim.x)) {
+    if (Checks::template valid<T, N>(params)) {
         return true;
     }
     if (threadIdx.x == 0 && params.state != nullptr) {

@@ -80,6 +80,7 @@ pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
     match kernel_named(spec).scratch {
         Scratch::None => 0,
         Scratch::Slice => slice_slot_bytes(elements, dtype, world),
+        Scratch::Message => message_bytes(elements, dtype),
         Scratch::PeerMessageSlots => peers * message_bytes(elements, dtype),
         Scratch::PeerSliceSlotsThenMessage => {
             peers * slice_slot_bytes(elements, dtype, world) + message_bytes(elements, dtype)
@@ -225,6 +226,16 @@ mod tests {
             scratch("all_reduce_rsag_phased_bf16", 4, 16384),
             3 * 257 * 16 + 16384
         );
+        // The row collectives: the reduce-scatter's push a message-sized slot per peer (a rank
+        // may own every row), the all-gather's one message-sized region for every peer's rows.
+        assert_eq!(scratch("reduce_scatter_one_shot_pull_bf16", 4, 16384), 0);
+        assert_eq!(scratch("all_gather_one_shot_pull_bf16", 4, 16384), 0);
+        assert_eq!(
+            scratch("reduce_scatter_one_shot_push_bf16", 4, 16384),
+            3 * 16384
+        );
+        assert_eq!(scratch("all_gather_one_shot_push_bf16", 4, 16384), 16384);
+        assert_eq!(scratch("all_gather_one_shot_push_fp32", 8, 18), 32);
         // 96 bytes at 3 ranks: 48 elements, 6 vectors, 2 per slice; slots of 3 vectors.
         assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 2 * 48 + 96);
         // A message that is not whole vectors still gets whole-vector regions.

@@ -3,11 +3,12 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 11] = [
     (
         "add_rms_norm.cu",
         include_str!("../../kernels/add_rms_norm.cu"),
     ),
+    ("all_gather.cu", include_str!("../../kernels/all_gather.cu")),
     (
         "all_reduce_full_phased.cu",
         include_str!("../../kernels/all_reduce_full_phased.cu"),
@@ -39,6 +40,10 @@ const SOURCES: [(&str, &str); 9] = [
     (
         "nccl_rank_order_sum.cu",
         include_str!("../../kernels/nccl_rank_order_sum.cu"),
+    ),
+    (
+        "reduce_scatter.cu",
+        include_str!("../../kernels/reduce_scatter.cu"),
     ),
 ];
 
@@ -120,6 +125,9 @@ mod tests {
             } else if spec.source == "add_rms_norm.cu" {
                 // The same, with the epilogue's checks.
                 "epilogue_kernel"
+            } else if ["reduce_scatter.cu", "all_gather.cu"].contains(&spec.source) {
+                // The row collectives check their shape when they begin.
+                "row_kernel"
             } else {
                 "block_kernel"
             };

@@ -48,6 +48,9 @@ pub(super) enum Scratch {
     None,
     /// One slice-sized slot (this rank's reduced slice).
     Slice,
+    /// One message-sized region, every peer's part at its place in the message (each rank's
+    /// rows written by their owner alone).
+    Message,
     /// One message-sized slot per peer.
     PeerMessageSlots,
     /// One slice-sized slot per peer, then one message-sized region.
@@ -109,13 +112,33 @@ pub enum InputAccess {
 const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 12] = [
+const KERNELS: [Kernel; 16] = [
     // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
     Kernel {
         name: "add_rms_norm",
         source: "add_rms_norm.cu",
         cluster: false,
         scratch: Scratch::None,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_gather_one_shot_pull",
+        source: "all_gather.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: None,
+        // Peers read this rank's rows from its input region, from byte 0, until the end
+        // barrier, so the output may not be that region.
+        input: InputAccess::Peers {
+            output_may_alias: false,
+        },
+    },
+    Kernel {
+        name: "all_gather_one_shot_push",
+        source: "all_gather.cu",
+        cluster: false,
+        scratch: Scratch::Message,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -217,6 +240,26 @@ const KERNELS: [Kernel; 12] = [
         barriers: None,
         input: InputAccess::Local,
     },
+    // Peers read only their own rows of this rank's input region, and this rank writes each of
+    // its own rows' elements after reading it: the output may be its rows in that region.
+    Kernel {
+        name: "reduce_scatter_one_shot_pull",
+        source: "reduce_scatter.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: None,
+        input: InputAccess::Peers {
+            output_may_alias: true,
+        },
+    },
+    Kernel {
+        name: "reduce_scatter_one_shot_push",
+        source: "reduce_scatter.cu",
+        cluster: false,
+        scratch: Scratch::PeerMessageSlots,
+        barriers: None,
+        input: InputAccess::Local,
+    },
 ];
 
 impl Kernel {
@@ -253,9 +296,16 @@ pub fn kernel_for(
 ) -> Option<KernelSpec> {
     match collective {
         Collective::AllReduce => {}
-        Collective::ReduceScatter | Collective::AllGather | Collective::AllReduceAddRmsNorm => {
-            return None
+        Collective::ReduceScatter | Collective::AllGather => {
+            return row_kernel_for(profile, collective).map(|name| {
+                KERNELS
+                    .iter()
+                    .find(|kernel| kernel.name == name)
+                    .expect("the table has every row kernel")
+                    .spec(dtype, world)
+            });
         }
+        Collective::AllReduceAddRmsNorm => return None,
     }
     let name = match (profile.algorithm, profile.schedule) {
         (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
@@ -290,6 +340,23 @@ pub fn kernel_for(
         .iter()
         .find(|kernel| kernel.name == name)
         .map(|kernel| kernel.spec(dtype, world))
+}
+
+/// The kernel of a reduce-scatter's or all-gather's profile: the one-shot, pulled or pushed,
+/// with barriers; `None` for every other profile (NCCL's, and what validation refuses for these
+/// collectives).
+fn row_kernel_for(profile: &Profile, collective: Collective) -> Option<String> {
+    let transfer = match (profile.algorithm, profile.schedule, profile.protocol) {
+        (Algorithm::OneShot, None, None | Some(Protocol::Barrier)) => {
+            match profile.transfer_or_default() {
+                Transfer::Pull => "pull",
+                Transfer::Push => "push",
+                Transfer::CopyEngine => return None,
+            }
+        }
+        _ => return None,
+    };
+    Some(format!("{}_one_shot_{transfer}", collective.name()))
 }
 
 /// How a kernel reads this rank's message; `None` for a name that is not a kernel of this crate.
@@ -430,7 +497,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn the_table_serves_the_built_collectives_only() {
+    fn the_table_serves_every_collective_but_the_fused_all_reduce() {
         let ladder = ladder(EXAMPLE);
         for collective in Collective::ALL {
             let served = ladder
@@ -438,9 +505,99 @@ pub(super) mod tests {
                 .iter()
                 .filter_map(|profile| kernel_for(profile, collective, Dtype::Bf16, 4))
                 .count();
-            assert_eq!(served > 0, collective.is_built(), "{collective}");
+            assert_eq!(
+                served > 0,
+                collective != Collective::AllReduceAddRmsNorm,
+                "{collective}"
+            );
+            // Validation accepts only collectives the table serves.
+            assert!(!collective.is_built() || served > 0, "{collective}");
         }
-        assert_eq!(Collective::BUILT, [Collective::AllReduce]);
+    }
+
+    #[test]
+    fn row_collectives_take_the_one_shot_with_barriers_only() {
+        // (algorithm, transfer, protocol, schedule) -> the algorithm's kernel, or none.
+        let table = [
+            ("one_shot", None, None, None, Some("one_shot_pull")),
+            ("one_shot", Some("pull"), None, None, Some("one_shot_pull")),
+            ("one_shot", Some("push"), None, None, Some("one_shot_push")),
+            (
+                "one_shot",
+                Some("pull"),
+                Some("barrier"),
+                None,
+                Some("one_shot_pull"),
+            ),
+            (
+                "one_shot",
+                Some("push"),
+                Some("barrier"),
+                None,
+                Some("one_shot_push"),
+            ),
+            ("one_shot", Some("push"), Some("ll"), None, None),
+            ("one_shot", Some("push"), Some("simple"), None, None),
+            ("one_shot", Some("copy_engine"), None, None, None),
+            ("one_shot", None, None, Some("phased"), None),
+            ("rsag", Some("pull"), None, None, None),
+            ("rsag", Some("push"), None, None, None),
+            ("rsag", None, None, Some("phased"), None),
+            ("full", None, None, Some("phased"), None),
+            ("nccl", None, None, None, None),
+        ];
+        for collective in [Collective::ReduceScatter, Collective::AllGather] {
+            for (algorithm, transfer, protocol, schedule, kernel) in table {
+                let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
+                for (key, value) in [
+                    ("transfer", transfer),
+                    ("protocol", protocol),
+                    ("schedule", schedule),
+                ] {
+                    if let Some(value) = value {
+                        profile[key] = value.into();
+                    }
+                }
+                let spec = kernel_for(
+                    &serde_json::from_value(profile).unwrap(),
+                    collective,
+                    Dtype::Fp32,
+                    5,
+                );
+                let expected = kernel.map(|name| format!("{collective}_{name}_fp32"));
+                assert_eq!(
+                    spec.as_ref().map(|spec| spec.name.clone()),
+                    expected,
+                    "{collective} {algorithm} {transfer:?} {protocol:?} {schedule:?}"
+                );
+                if let Some(spec) = spec {
+                    let source = format!("{}.cu", collective.name());
+                    assert_eq!(
+                        (spec.source, spec.world, spec.cluster),
+                        (source.as_str(), 5, false)
+                    );
+                }
+            }
+        }
+        let access = |name: &str| input_access(&spec(name, 2));
+        assert_eq!(
+            access("reduce_scatter_one_shot_pull_bf16"),
+            Some(InputAccess::Peers {
+                output_may_alias: true
+            })
+        );
+        assert_eq!(
+            access("all_gather_one_shot_pull_bf16"),
+            Some(InputAccess::Peers {
+                output_may_alias: false
+            })
+        );
+        for push in [
+            "reduce_scatter_one_shot_push_bf16",
+            "all_gather_one_shot_push_bf16",
+        ] {
+            assert_eq!(access(push), Some(InputAccess::Local), "{push}");
+        }
     }
 
     #[test]

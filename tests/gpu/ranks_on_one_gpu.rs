@@ -4,8 +4,9 @@
 //! retargeted to sm_90; every custom candidate exact on every rank at each bucket's edges,
 //! tails and a middle size, eagerly with one rank late and in graphs replayed with one branch
 //! per rank; the multi-size graph sequence with device memory unchanged; a rank that never
-//! launches; the planted mutations caught at 2, 4 and 8 ranks; and batch invariance
-//! (tests/gpu/one_gpu/invariance.rs). NCCL candidates are out: NCCL refuses two ranks on one
+//! launches; the planted mutations caught at 2, 4 and 8 ranks; batch invariance
+//! (tests/gpu/one_gpu/invariance.rs); and the reduce-scatter and all-gather kernels at 2, 4 and 8
+//! ranks (tests/gpu/one_gpu/rows.rs). NCCL candidates are out: NCCL refuses two ranks on one
 //! device. Each test prints a table for the GPU run's log.
 
 use std::collections::BTreeSet;
@@ -502,6 +503,21 @@ fn record(
                 report.missed.join(", ")
             ));
         }
+    }
+}
+
+/// The reduce-scatter and all-gather kernels at 2, 4 and 8 ranks, in every type, at rows 0, 1,
+/// world - 1, world + 1, 2047 and 2048 of widths 1, 7 and 4096, out of place and in place,
+/// eagerly with a rank late and in graphs (tests/gpu/one_gpu/rows.rs): every rank's output the
+/// reference, nothing written past it, its input kept.
+#[test]
+#[ignore = "needs GPUs"]
+fn row_collectives_are_exact_at_every_world_on_one_gpu() {
+    let _gpu = gpu_lock();
+    let (_driver, [device]) = require_gpus!(1);
+    match super::one_gpu::rows::check_every_row_kernel(&device) {
+        Ok(table) => eprintln!("\nreduce-scatter and all-gather, every rank on one GPU\n{table}"),
+        Err(report) => panic!("{report}"),
     }
 }
 

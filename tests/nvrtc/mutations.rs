@@ -53,7 +53,10 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             Mutation::NoStartBarrier => &["all_reduce_one_shot.cu"],
             Mutation::NoLineWait | Mutation::NoStepWait => &["prepare_double_buffer.cuh"],
             Mutation::NoCopyStart => &["all_reduce_one_shot_copy_engine.cu"],
-            Mutation::DropTail => &["prepare_layout.cuh"],
+            Mutation::DropTail | Mutation::RowBoundaryOffByOne => &["prepare_layout.cuh"],
+            Mutation::RowOutOfOrder => &["reduce_scatter.cu"],
+            Mutation::SkipRowPeer => &["all_gather.cu"],
+            Mutation::ShortRankRows => &["prepare_phases.cuh"],
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
                 &["prepare_norm.cuh"]
             }
@@ -83,7 +86,11 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             "no_copy_start",
             "squares_out_of_order",
             "no_eps",
-            "weight_skipped"
+            "weight_skipped",
+            "row_out_of_order",
+            "skip_row_peer",
+            "short_rank_rows",
+            "row_boundary_off_by_one"
         ]
     );
 }

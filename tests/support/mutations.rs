@@ -45,6 +45,19 @@ pub enum Mutation {
     NoEps,
     /// The epilogue leaves the weight out of each row's last element.
     WeightSkipped,
+    /// `reduce_scatter_one_shot_pull_<dtype>` sums its rows in rank order rotated by one (from
+    /// rank 1, rank 0 last): out of rank order at more than two ranks (two values add the same
+    /// either way).
+    RowOutOfOrder,
+    /// `all_gather_one_shot_pull_<dtype>` never copies the rows of the peer at the greatest
+    /// distance (rank - 1).
+    SkipRowPeer,
+    /// The row collectives take the ranks that own one row fewer (rows / world, when rows %
+    /// world is not 0) to own as many as the others.
+    ShortRankRows,
+    /// The row collectives place the boundary between the ranks with one row more and the
+    /// others one rank late, so a run past it starts a row late.
+    RowBoundaryOffByOne,
     /// `all_reduce_one_shot_pull_<dtype>` sums the ranks in reverse order in messages of more
     /// than 2048 elements: a row's sum then depends on the size of the message holding it
     /// (at more than two ranks; two values add the same either way). Not in
@@ -179,12 +192,44 @@ const WEIGHT_SKIPPED: &[Patch] = &[Patch {
 /// The epilogue's kernels, which sum no ranks and have no tail: the mutations of the rank
 /// loops and of the tail leave them as they are.
 const EPILOGUE: &[&str] = &["add_rms_norm"];
+const ROW_OUT_OF_ORDER: &[Patch] = &[Patch {
+    file: "reduce_scatter.cu",
+    find: "reduce_scatter_pull<T, N>(params, slices(params.rank), grid_workers(), output, output);",
+    replace: concat!(
+        "LaunchParams rotated = params;\n",
+        "        for (int q = 0; q < N; ++q) {\n",
+        "            rotated.buffers[q] = params.buffers[(q + 1) % N];\n",
+        "        }\n",
+        "        reduce_scatter_pull<T, N>(rotated, slices(params.rank), grid_workers(), output,\n",
+        "                                  output);",
+    ),
+}];
+
+const SKIP_ROW_PEER: &[Patch] = &[Patch {
+    file: "all_gather.cu",
+    find: "for (int k = 0; k < N; ++k) {\n            const unsigned int owner",
+    replace: "for (int k = 0; k < N - 1; ++k) {\n            const unsigned int owner",
+}];
+
+/// The slices' row count: ceil(rows / world) for every rank.
+const SHORT_RANK_ROWS: &[Patch] = &[Patch {
+    file: "prepare_phases.cuh",
+    find: "owned_rows<N>(params.rows, slice)",
+    replace: "(params.rows / N + (params.rows % N != 0 ? 1 : 0))",
+}];
+
+/// The first row of rank q: q * (rows / world) + min(q, rows % world + 1).
+const ROW_BOUNDARY_OFF_BY_ONE: &[Patch] = &[Patch {
+    file: "prepare_layout.cuh",
+    find: "return q * (rows / N) + min_u64(q, rows % N);",
+    replace: "return q * (rows / N) + min_u64(q, rows % N + 1);",
+}];
 
 const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::SkipPeer,
         Mutation::Truncate,
         Mutation::DropTail,
@@ -196,6 +241,10 @@ impl Mutation {
         Mutation::SquaresOutOfOrder,
         Mutation::NoEps,
         Mutation::WeightSkipped,
+        Mutation::RowOutOfOrder,
+        Mutation::SkipRowPeer,
+        Mutation::ShortRankRows,
+        Mutation::RowBoundaryOffByOne,
     ];
 
     /// Its name, as tests report it.
@@ -212,6 +261,10 @@ impl Mutation {
             Mutation::SquaresOutOfOrder => "squares_out_of_order",
             Mutation::NoEps => "no_eps",
             Mutation::WeightSkipped => "weight_skipped",
+            Mutation::RowOutOfOrder => "row_out_of_order",
+            Mutation::SkipRowPeer => "skip_row_peer",
+            Mutation::ShortRankRows => "short_rank_rows",
+            Mutation::RowBoundaryOffByOne => "row_boundary_off_by_one",
             Mutation::SizeDependentOrder => "size_dependent_order",
         }
     }
@@ -229,12 +282,17 @@ impl Mutation {
     }
 
     /// The kernels whose code it changes, by entry name, sorted: every kernel that runs the
-    /// changed code for a mutation in a shared header (no algorithm named).
+    /// changed code for a mutation in a shared header (no algorithm named), but the all-gathers
+    /// for one in the sum (they sum nothing).
     pub fn kernels(self) -> Vec<String> {
         let untouched: &[&str] = match self {
             Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => EPILOGUE,
             _ => &[],
         };
+        let sums = matches!(
+            self,
+            Mutation::SkipPeer | Mutation::Truncate | Mutation::DoubleCount
+        );
         let (algorithms, dtypes): (&[&str], &[Dtype]) = match self {
             Mutation::NoStartBarrier | Mutation::SizeDependentOrder => {
                 (&["all_reduce_one_shot_pull"], &Dtype::ALL)
@@ -251,6 +309,17 @@ impl Mutation {
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
                 (EPILOGUE, &Dtype::ALL)
             }
+            Mutation::RowOutOfOrder => (&["reduce_scatter_one_shot_pull"], &Dtype::ALL),
+            Mutation::SkipRowPeer => (&["all_gather_one_shot_pull"], &Dtype::ALL),
+            Mutation::ShortRankRows | Mutation::RowBoundaryOffByOne => (
+                &[
+                    "all_gather_one_shot_pull",
+                    "all_gather_one_shot_push",
+                    "reduce_scatter_one_shot_pull",
+                    "reduce_scatter_one_shot_push",
+                ],
+                &Dtype::ALL,
+            ),
             Mutation::Truncate => (&[], &[Dtype::Bf16, Dtype::Fp16]),
             Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => (&[], &Dtype::ALL),
         };
@@ -258,6 +327,7 @@ impl Mutation {
             .iter()
             .flat_map(|dtype| all_kernels(*dtype, 2))
             .map(|spec| spec.name)
+            .filter(|name| !(sums && name.starts_with("all_gather_")))
             .filter(|name| {
                 let of = |algorithms: &[&str]| {
                     algorithms.iter().any(|algorithm| {
@@ -285,6 +355,10 @@ impl Mutation {
             Mutation::SquaresOutOfOrder => SQUARES_OUT_OF_ORDER,
             Mutation::NoEps => NO_EPS,
             Mutation::WeightSkipped => WEIGHT_SKIPPED,
+            Mutation::RowOutOfOrder => ROW_OUT_OF_ORDER,
+            Mutation::SkipRowPeer => SKIP_ROW_PEER,
+            Mutation::ShortRankRows => SHORT_RANK_ROWS,
+            Mutation::RowBoundaryOffByOne => ROW_BOUNDARY_OFF_BY_ONE,
             Mutation::SizeDependentOrder => SIZE_DEPENDENT_ORDER,
         }
     }

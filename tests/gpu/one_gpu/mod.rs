@@ -14,6 +14,7 @@
 mod checks;
 pub mod invariance;
 mod norm;
+pub mod rows;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

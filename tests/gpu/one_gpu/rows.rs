@@ -1,0 +1,558 @@
+//! The reduce-scatter and all-gather kernels on one GPU, every rank a stream of it, as the
+//! all-reduce's world (mod.rs) but without a ladder: each row kernel of the kernel table,
+//! loaded by its `KernelSpec`, at 2, 4 and 8 ranks and in every type, at rows 0, 1, world - 1,
+//! world + 1, 2047 and 2048 of widths 1, 7 and 4096, out of place and in place, eagerly with one
+//! rank late and in a graph of every rank replayed twice. Every rank's output must be
+//! `prepare::reference::reference_outputs`'s, the bytes after it still poison, and its input
+//! unchanged (but for a reduce-scatter in place, whose output is its rows of its input).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use prepare::abi::PARAMS_BYTES;
+use prepare::compile::SourceOverrides;
+use prepare::gpu::abort::Abort;
+use prepare::gpu::driver::{
+    Device, DeviceBuffer, DeviceMemory, Event, Geometry, Graph, Kernel, LoadedKernel, Module,
+    ModuleImage, Stream,
+};
+use prepare::kernels::{
+    input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams, MAX_BLOCKS,
+    MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS, STATE_WORDS,
+};
+use prepare::ladder::{Arch, Collective, Dtype, Profile};
+use prepare::reference::{random_rank_inputs, reference_outputs};
+use prepare::shape::Shape;
+
+use super::checks::{check_connections, HELPERS};
+use super::{compile, dtype_name, DEADLINE, GUARD_BYTES, POISON, WAIT};
+use crate::gpu::support::{compile_ptx, WORLDS};
+use crate::support::one_gpu::{judge_abort, Verdict};
+
+/// Blocks and threads of every launch: eight ranks' blocks fit one to a multiprocessor.
+const BLOCKS: u32 = 8;
+const THREADS: u32 = 256;
+/// How long the late rank waits before its kernel starts.
+const LATE: Duration = Duration::from_micros(30);
+/// Replays of each graph.
+const REPLAYS: usize = 2;
+/// Written over a local-input kernel's registered input region, which it must not read.
+const REGION_POISON: u8 = 0x5A;
+
+/// The shapes every row kernel is checked at.
+fn shapes(world: usize) -> Vec<Shape> {
+    let world = world as u64;
+    [0, 1, world - 1, world + 1, 2047, 2048]
+        .into_iter()
+        .flat_map(|rows| [1, 7, 4096].map(|width| Shape::new(rows, width).unwrap()))
+        .collect()
+}
+
+/// The row kernels of the table: (collective, kernel), both transfers of each collective.
+fn row_kernels(dtype: Dtype, world: usize) -> Vec<(Collective, KernelSpec)> {
+    let mut kernels = Vec::new();
+    for collective in [Collective::ReduceScatter, Collective::AllGather] {
+        for transfer in ["pull", "push"] {
+            let profile: Profile = serde_json::from_value(serde_json::json!({
+                "id": transfer, "algorithm": "one_shot", "transfer": transfer
+            }))
+            .unwrap();
+            let spec = kernel_for(&profile, collective, dtype, world as u32)
+                .unwrap_or_else(|| panic!("the table has no {collective} {transfer} kernel"));
+            kernels.push((collective, spec));
+        }
+    }
+    kernels
+}
+
+/// One rank's memory and stream.
+struct Rank {
+    stream: Stream,
+    buffer: DeviceBuffer,
+    signals: DeviceBuffer,
+    state: DeviceBuffer,
+    /// Room for the whole message and its guard (the all-gather's output, the local
+    /// reduce-scatter's input).
+    whole: DeviceBuffer,
+    /// Room for this rank's rows and their guard, out of place (the reduce-scatter's output,
+    /// the local all-gather's input).
+    own: DeviceBuffer,
+    /// This shape's input of this rank, the whole message.
+    source: DeviceBuffer,
+}
+
+/// Every rank of one world on one GPU, with the row kernels of one type loaded.
+struct RowWorld<'a> {
+    device: &'a Device,
+    dtype: Dtype,
+    size: usize,
+    ranks: Vec<Rank>,
+    /// The input region of every rank's buffer; the scratch follows it.
+    region_bytes: usize,
+    kernels: HashMap<String, LoadedKernel>,
+    _modules: Vec<Module>,
+    _helpers: Module,
+    sleep: Kernel,
+    fork: Event,
+    joins: Vec<Event>,
+}
+
+/// One launch of a kernel on every rank: what each rank's parameters and memory are.
+struct Run<'s> {
+    collective: Collective,
+    spec: &'s KernelSpec,
+    shape: Shape,
+    in_place: bool,
+}
+
+impl Run<'_> {
+    fn gather(&self) -> bool {
+        self.collective == Collective::AllGather
+    }
+
+    fn local(&self) -> bool {
+        input_access(self.spec) == Some(InputAccess::Local)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} {} x {}{}",
+            self.spec.name,
+            self.shape.rows(),
+            self.shape.width(),
+            if self.in_place { " in place" } else { "" }
+        )
+    }
+}
+
+/// Where a rank's input and output are, as (memory, byte offset) and element counts.
+struct Places<'r> {
+    input: (&'r DeviceBuffer, usize),
+    input_elements: u64,
+    output: (&'r DeviceBuffer, usize),
+    output_elements: u64,
+    /// Where the test writes the caller's input (the input itself, but for a pulled all-gather,
+    /// whose input region gets a copy of it).
+    values: (&'r DeviceBuffer, usize),
+    /// This rank's first element of the message.
+    first: u64,
+}
+
+impl<'a> RowWorld<'a> {
+    fn new(device: &'a Device, dtype: Dtype, world: usize) -> RowWorld<'a> {
+        check_connections(world);
+        let element = dtype.size_bytes() as usize;
+        let largest = shapes(world)
+            .iter()
+            .map(|shape| shape.elements() as usize * element)
+            .max()
+            .unwrap_or(0);
+        let specs: Vec<KernelSpec> = row_kernels(dtype, world)
+            .into_iter()
+            .map(|(_, spec)| spec)
+            .collect();
+        let region_bytes = (largest + GUARD_BYTES).next_multiple_of(256);
+        let scratch = specs
+            .iter()
+            .map(|spec| scratch_bytes(spec, largest as u64) as usize)
+            .max()
+            .unwrap_or(0);
+        let compiled = compile(&specs, world as u32, &SourceOverrides::new(), "embedded")
+            .unwrap_or_else(|error| panic!("the row kernels do not compile: {error}"));
+        let mut modules = Vec::new();
+        let mut kernels = HashMap::new();
+        for kernel in &compiled {
+            let module = device
+                .load_module(ModuleImage::Cubin(&kernel.cubin))
+                .unwrap();
+            let loaded = module.load(&kernel.name, false, PARAMS_BYTES).unwrap();
+            kernels.insert(kernel.name.clone(), loaded);
+            modules.push(module);
+        }
+        let ranks = (0..world)
+            .map(|_| Rank {
+                stream: device.new_stream().unwrap(),
+                buffer: device.allocate(region_bytes + scratch).unwrap(),
+                signals: device.allocate(SIGNAL_BYTES as usize).unwrap(),
+                state: device.allocate(STATE_WORDS * 8).unwrap(),
+                whole: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
+                own: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
+                source: device.allocate(largest.max(16)).unwrap(),
+            })
+            .collect();
+        let helpers = device
+            .load_module(ModuleImage::Ptx(&compile_ptx(HELPERS, Arch::Sm90.name())))
+            .unwrap();
+        let this = RowWorld {
+            device,
+            dtype,
+            size: world,
+            ranks,
+            region_bytes,
+            kernels,
+            _modules: modules,
+            sleep: helpers.kernel("one_gpu_sleep", 8).unwrap(),
+            _helpers: helpers,
+            fork: device.new_event(false).unwrap(),
+            joins: (0..world)
+                .map(|_| device.new_event(false).unwrap())
+                .collect(),
+        };
+        this.reset();
+        this
+    }
+
+    /// Zeroes every rank's signals, state and buffer together (no launch in flight).
+    fn reset(&self) {
+        for rank in &self.ranks {
+            rank.stream.synchronize_within(WAIT).unwrap();
+        }
+        for rank in &self.ranks {
+            for memory in [&rank.signals, &rank.state, &rank.buffer] {
+                rank.stream
+                    .fill_u8(memory, 0..memory.len_bytes(), 0)
+                    .unwrap();
+            }
+            rank.stream.synchronize_within(WAIT).unwrap();
+        }
+    }
+
+    fn places<'r>(&'r self, run: &Run<'_>, rank: usize) -> Places<'r> {
+        let me = &self.ranks[rank];
+        let element = self.dtype.size_bytes();
+        let owned = run
+            .shape
+            .owned_elements(self.size as u32, rank as u32)
+            .unwrap();
+        let (first, own) = (owned.start, owned.end - owned.start);
+        let whole = run.shape.elements();
+        let at = (first * element) as usize;
+        if run.gather() {
+            let values = if run.in_place {
+                (&me.whole, GUARD_BYTES + at)
+            } else {
+                (&me.own, GUARD_BYTES)
+            };
+            Places {
+                input: if run.local() { values } else { (&me.buffer, 0) },
+                input_elements: own,
+                output: (&me.whole, GUARD_BYTES),
+                output_elements: whole,
+                values,
+                first,
+            }
+        } else {
+            let input = if run.local() {
+                (&me.whole, GUARD_BYTES)
+            } else {
+                (&me.buffer, 0)
+            };
+            Places {
+                input,
+                input_elements: whole,
+                output: if run.in_place {
+                    (input.0, input.1 + at)
+                } else {
+                    (&me.own, GUARD_BYTES)
+                },
+                output_elements: own,
+                values: input,
+                first,
+            }
+        }
+    }
+
+    /// Queues `run` on every rank, `late` starting late: the output poisoned (and the bytes
+    /// before and after it), the input copied from the rank's source, then the kernel.
+    fn enqueue(&self, run: &Run<'_>, late: Option<usize>) {
+        let element = self.dtype.size_bytes() as usize;
+        let kernel = &self.kernels[&run.spec.name];
+        let mut buffers = [0_u64; MAX_RANKS];
+        let mut signals = [0_u64; MAX_RANKS];
+        for (peer, memory) in self.ranks.iter().enumerate() {
+            buffers[peer] = memory.buffer.address();
+            signals[peer] = memory.signals.address();
+        }
+        for (rank, memory) in self.ranks.iter().enumerate() {
+            let places = self.places(run, rank);
+            let stream = &memory.stream;
+            for target in [&memory.whole, &memory.own] {
+                stream
+                    .fill_u8(target, 0..target.len_bytes(), POISON)
+                    .unwrap();
+            }
+            let region = if run.local() { REGION_POISON } else { POISON };
+            stream
+                .fill_u8(&memory.buffer, 0..self.region_bytes, region)
+                .unwrap();
+            if late == Some(rank) {
+                let wait = (LATE.as_nanos() as u64).to_ne_bytes();
+                stream
+                    .launch(&self.sleep, Geometry::new(1, 32).unwrap(), &wait)
+                    .unwrap();
+            }
+            // A rank's input: the whole message of its source, or its own rows of it.
+            let (from, bytes) = if run.gather() {
+                (
+                    places.first as usize * element,
+                    places.input_elements as usize * element,
+                )
+            } else {
+                (0, places.input_elements as usize * element)
+            };
+            let (values, offset) = places.values;
+            if bytes > 0 {
+                stream
+                    .copy_device(values, offset, &memory.source, from, bytes)
+                    .unwrap();
+                // A pulled all-gather's peers read this rank's rows from its input region.
+                if run.gather() && !run.local() {
+                    stream
+                        .copy_device(&memory.buffer, 0, &memory.source, from, bytes)
+                        .unwrap();
+                }
+            }
+            let params = LaunchParams {
+                buffers,
+                signals,
+                state: memory.state.address(),
+                output: places.output.0.address() + places.output.1 as u64,
+                input: places.input.0.address() + places.input.1 as u64,
+                input_elements: places.input_elements,
+                output_elements: places.output_elements,
+                rows: run.shape.rows(),
+                width: run.shape.width(),
+                scratch_offset: self.region_bytes as u64,
+                timeout_ns: DEADLINE.as_nanos() as u64,
+                rank: rank as u32,
+                world: self.size as u32,
+                ..LaunchParams::all_reduce(0)
+            };
+            let geometry = Geometry::new(BLOCKS, THREADS).unwrap();
+            stream
+                .launch_loaded(kernel, geometry, &params.to_bytes())
+                .unwrap();
+        }
+    }
+
+    fn arrivals(&self) -> Vec<Vec<u64>> {
+        self.ranks
+            .iter()
+            .map(|rank| {
+                let mut words = vec![0_u64; MAX_BLOCKS];
+                rank.stream
+                    .read(&rank.state, STATE_ARRIVAL_WORDS * 8, &mut words)
+                    .unwrap();
+                words
+            })
+            .collect()
+    }
+
+    /// Judges a finished run: the abort words, then every rank's output, the bytes around it
+    /// and its input, against `expected` (each rank's output) and `inputs` (each rank's).
+    fn judge(
+        &self,
+        run: &Run<'_>,
+        before: &[Vec<u64>],
+        expected: &[Vec<u8>],
+        inputs: &[Vec<u8>],
+    ) -> Result<(), String> {
+        for rank in &self.ranks {
+            rank.stream
+                .synchronize_within(WAIT)
+                .map_err(|error| error.to_string())?;
+        }
+        let element = self.dtype.size_bytes() as usize;
+        for (rank, memory) in self.ranks.iter().enumerate() {
+            let mut word = [0_u64];
+            memory.stream.read(&memory.state, 0, &mut word).unwrap();
+            if let Some(abort) = Abort::decode(word[0]) {
+                let everyone = vec![true; self.size];
+                let verdict = judge_abort(
+                    before,
+                    &self.arrivals(),
+                    BLOCKS as usize,
+                    &everyone,
+                    DEADLINE.as_nanos() as u64,
+                );
+                self.reset();
+                return Err(match verdict {
+                    Verdict::KernelAborted => format!("rank {rank} aborted: {abort}"),
+                    Verdict::NotCoScheduled { never, late } => format!(
+                        "not co-scheduled: {} block(s) never began, {} late",
+                        never.len(),
+                        late.len()
+                    ),
+                });
+            }
+        }
+        for (rank, memory) in self.ranks.iter().enumerate() {
+            let places = self.places(run, rank);
+            let (output, offset) = places.output;
+            let bytes = places.output_elements as usize * element;
+            let mut found = vec![0_u8; bytes + GUARD_BYTES];
+            memory.stream.read(output, offset, &mut found).unwrap();
+            if let Some(index) = (0..bytes / element.max(1)).find(|&e| {
+                found[e * element..][..element] != expected[rank][e * element..][..element]
+            }) {
+                return Err(format!("rank {rank}: output element {index} differs"));
+            }
+            // In place, a reduce-scatter's output is followed by the next rank's rows of its
+            // input, which the input's check covers.
+            let in_place_scatter = run.in_place && !run.gather();
+            if !in_place_scatter && found[bytes..].iter().any(|&byte| byte != POISON) {
+                return Err(format!("rank {rank}: wrote past its output"));
+            }
+            let input_bytes = places.input_elements as usize * element;
+            if input_bytes > 0 && (!run.in_place || in_place_scatter) {
+                let (input, offset) = places.input;
+                let bytes = input_bytes;
+                let mut kept = vec![0_u8; bytes];
+                memory.stream.read(input, offset, &mut kept).unwrap();
+                let own = if in_place_scatter {
+                    places.first as usize * element
+                        ..(places.first + places.output_elements) as usize * element
+                } else {
+                    0..0
+                };
+                let changed = (0..bytes).find(|&b| !own.contains(&b) && kept[b] != inputs[rank][b]);
+                if let Some(byte) = changed {
+                    return Err(format!("rank {rank}: input byte {byte} changed"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `run` eagerly with rank `late` late, then captured in one graph of every rank and
+    /// replayed [`REPLAYS`] times, each judged.
+    fn check(
+        &self,
+        run: &Run<'_>,
+        late: usize,
+        expected: &[Vec<u8>],
+        inputs: &[Vec<u8>],
+    ) -> Result<(), String> {
+        let before = self.arrivals();
+        self.enqueue(run, Some(late));
+        self.judge(run, &before, expected, inputs)
+            .map_err(|why| format!("eager: {why}"))?;
+        let graph = self.capture(run, Some(late));
+        for replay in 0..REPLAYS {
+            let before = self.arrivals();
+            graph.1.launch().unwrap();
+            graph
+                .0
+                .synchronize_within(WAIT)
+                .map_err(|error| error.to_string())?;
+            self.judge(run, &before, expected, inputs)
+                .map_err(|why| format!("graph replay {replay}: {why}"))?;
+        }
+        Ok(())
+    }
+
+    /// `run` on every rank captured into one graph, each rank's stream a branch of it.
+    fn capture(&self, run: &Run<'_>, late: Option<usize>) -> (Stream, Graph) {
+        let mut stream = self.device.new_stream().unwrap();
+        let graph = stream
+            .capture(|capturing| {
+                capturing.record(&self.fork)?;
+                for rank in &self.ranks {
+                    rank.stream.wait_for(&self.fork)?;
+                }
+                self.enqueue(run, late);
+                for (rank, join) in self.ranks.iter().zip(&self.joins) {
+                    rank.stream.record(join)?;
+                    capturing.wait_for(join)?;
+                }
+                Ok::<(), prepare::gpu::driver::DriverError>(())
+            })
+            .unwrap();
+        (stream, graph)
+    }
+}
+
+/// Every row kernel at 2, 4 and 8 ranks, in every type and shape, in place and not, eager and
+/// in graphs: the table of what passed, and every failure.
+pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
+    let mut table = String::from(
+        "| world | dtype | kernel | runs exact | time |\n| --- | --- | --- | --- | --- |\n",
+    );
+    let mut failures = Vec::new();
+    for world in WORLDS {
+        for dtype in Dtype::ALL {
+            let row_world = RowWorld::new(device, dtype, world);
+            let mut exact: HashMap<String, (usize, usize, f64)> = HashMap::new();
+            for (index, shape) in shapes(world).into_iter().enumerate() {
+                let elements = shape.elements() as usize;
+                let inputs = random_rank_inputs(dtype, 1000 + index as u64, world, elements);
+                for (rank, input) in inputs.iter().enumerate().filter(|_| elements > 0) {
+                    let stream = &row_world.ranks[rank].stream;
+                    stream
+                        .write(&row_world.ranks[rank].source, 0, input)
+                        .unwrap();
+                    stream.synchronize_within(WAIT).unwrap();
+                }
+                let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                let element = dtype.size_bytes() as usize;
+                let own_rows: Vec<Vec<u8>> = inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, input)| {
+                        let owned = shape.owned_elements(world as u32, rank as u32).unwrap();
+                        input[owned.start as usize * element..owned.end as usize * element].to_vec()
+                    })
+                    .collect();
+                let own_views: Vec<&[u8]> = own_rows.iter().map(Vec::as_slice).collect();
+                for (collective, spec) in row_kernels(dtype, world) {
+                    let (rank_inputs, views) = match collective {
+                        Collective::AllGather => (&own_rows, &own_views),
+                        _ => (&inputs, &views),
+                    };
+                    let expected = reference_outputs(collective, dtype, shape, views).unwrap();
+                    for in_place in [false, true] {
+                        let run = Run {
+                            collective,
+                            spec: &spec,
+                            shape,
+                            in_place,
+                        };
+                        let started = Instant::now();
+                        let outcome = row_world.check(&run, index % world, &expected, rank_inputs);
+                        let entry = exact.entry(spec.name.clone()).or_default();
+                        entry.1 += 1;
+                        entry.2 += started.elapsed().as_secs_f64();
+                        match outcome {
+                            Ok(()) => entry.0 += 1,
+                            Err(why) => {
+                                let line = format!("{world} ranks: {}: {why}", run.describe());
+                                eprintln!("{line}");
+                                failures.push(line);
+                            }
+                        }
+                    }
+                }
+            }
+            let mut names: Vec<&String> = exact.keys().collect();
+            names.sort();
+            for name in names {
+                let (passed, runs, seconds) = exact[name];
+                let _ = writeln!(
+                    table,
+                    "| {world} | {} | {name} | {passed} of {runs} | {seconds:.1} s |",
+                    dtype_name(dtype)
+                );
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(table)
+    } else {
+        Err(format!(
+            "{table}\n{} failure(s):\n{}",
+            failures.len(),
+            failures.join("\n")
+        ))
+    }
+}
