@@ -2,7 +2,9 @@
 # The ranks-on-one-GPU checks (tests/gpu/ranks_on_one_gpu.rs) on a machine with one GPU or more:
 # every rank of a world as a stream of GPU 0, for every shipped sm_90 ladder at its own world
 # size (2, 4 and 8), the GB202 ladders retargeted to sm_90, the planted mutations at 2, 4 and
-# 8 ranks, and batch invariance (tests/gpu/one_gpu/invariance.rs). Each test prints a table per
+# 8 ranks, batch invariance (tests/gpu/one_gpu/invariance.rs), the reduce-scatter and all-gather
+# kernels at 2, 4 and 8 ranks, the epilogue's add + RMSNorm kernel, and the rank-order sum (of
+# slices and of owned runs of rows). Each test prints a table per
 # ladder: candidates run, exact, geometry (own or reduced), the multi-size sequence, the rank
 # that never launches, the time taken; per mutation and world what was caught; and per ladder
 # the messages whose rows were the same bytes. Run from the repository root after
@@ -34,7 +36,11 @@ for test in \
     gpu::ranks_on_one_gpu::gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu \
     gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu \
     gpu::ranks_on_one_gpu::rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu \
-    gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu; do
+    gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu \
+    gpu::ranks_on_one_gpu::row_collectives_are_exact_at_every_world_on_one_gpu \
+    gpu::one_gpu::norm::the_epilogue_kernel_gives_the_reference_on_one_gpu \
+    gpu::rows::the_rank_order_sum_kernel_sums_an_owned_run_given_as_the_last_slice \
+    gpu::rank_order::the_rank_order_sum_kernel_gives_the_reference_sum_on_one_gpu; do
     echo "== $test" | tee -a "$log"
     start=$(date +%s)
     if timeout --kill-after=10 "${PREPARE_TEST_SECONDS:-600}" "$carry/tests/integration" --exact "$test" \

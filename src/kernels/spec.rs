@@ -601,7 +601,8 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_package_holds_the_rank_order_sum_beyond_two_ranks_for_every_reduce_scatter_or_where_a_profile_names_it() {
+    fn a_package_holds_the_rank_order_sum_beyond_two_ranks_for_every_reduce_scatter_or_where_a_profile_names_it(
+    ) {
         let rank_order = |json: serde_json::Value| {
             let ladder: Ladder = serde_json::from_value(json).unwrap();
             kernels_for_ladder(&ladder)

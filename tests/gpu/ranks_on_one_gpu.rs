@@ -317,6 +317,10 @@ fn gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu() {
     let ladders = shipped_ladders()
         .into_iter()
         .filter_map(|(name, bytes)| {
+            // The GB10 catalogs are NCCL only: nothing of theirs runs on one GPU.
+            if !name.starts_with("gb202_") {
+                return None;
+            }
             let mut value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
             let targets = value["targets"].as_array().unwrap();
             if targets.iter().any(|target| target == "sm_90") {
