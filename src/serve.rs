@@ -434,12 +434,39 @@ impl Handle {
         operands: Operands,
         elements: usize,
     ) -> Result<(), ServeError> {
-        let rank = self.rank();
-        let capturing = stream.is_capturing().map_err(RuntimeError::driver(rank))?;
-        // The abort words as last copied: a handle whose kernels gave up is not used again.
+        self.watched(stream, || {
+            self.enqueue_routed(served, stream, operands, elements)
+        })
+    }
+
+    /// Runs `enqueue` between the checks of every serving call: before, the abort words as
+    /// last copied (a handle whose kernels gave up is not used again); after, their copies
+    /// refreshed. Neither while `stream` is being captured.
+    pub(crate) fn watched(
+        &self,
+        stream: &Stream,
+        enqueue: impl FnOnce() -> Result<(), ServeError>,
+    ) -> Result<(), ServeError> {
+        let capturing = stream
+            .is_capturing()
+            .map_err(RuntimeError::driver(self.rank()))?;
         if !capturing {
             self.check_seen()?;
         }
+        enqueue()?;
+        if !capturing {
+            self.refresh_abort_words()?;
+        }
+        Ok(())
+    }
+
+    fn enqueue_routed(
+        &self,
+        served: &Served,
+        stream: &Stream,
+        operands: Operands,
+        elements: usize,
+    ) -> Result<(), ServeError> {
         let bytes = elements as u64 * served.dtype.size_bytes();
         match served.route(bytes) {
             Some(id) if !served.rank_ordered.contains(&id) => {
@@ -479,9 +506,6 @@ impl Handle {
                 operands,
                 served.selection.choice.policy.exact_only,
             )?,
-        }
-        if !capturing {
-            self.refresh_abort_words()?;
         }
         Ok(())
     }

@@ -228,29 +228,21 @@ impl Handle {
         message: &RowMessage,
         operands: Operands,
     ) -> Result<(), ServeError> {
-        let rank = self.rank();
-        let capturing = stream.is_capturing().map_err(RuntimeError::driver(rank))?;
-        if !capturing {
-            self.check_seen()?;
-        }
         let sums = message.collective() == Collective::ReduceScatter;
-        match served.route(message.message_bytes()) {
-            Some(id) if !(sums && served.rank_ordered.contains(&id)) => {
-                served
+        self.watched(stream, || {
+            match served.route(message.message_bytes()) {
+                Some(id) if !(sums && served.rank_ordered.contains(&id)) => served
                     .collectives
-                    .enqueue_rows(&self.runtime, stream, id, message, operands)?;
+                    .enqueue_rows(&self.runtime, stream, id, message, operands)?,
+                _ => served.collectives.enqueue_nccl_rows_whole(
+                    &self.runtime,
+                    stream,
+                    message,
+                    operands,
+                    served.selection.choice.policy.exact_only,
+                )?,
             }
-            _ => served.collectives.enqueue_nccl_rows_whole(
-                &self.runtime,
-                stream,
-                message,
-                operands,
-                served.selection.choice.policy.exact_only,
-            )?,
-        }
-        if !capturing {
-            self.refresh_abort_words()?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
