@@ -167,6 +167,84 @@ __device__ __forceinline__ bool receive_lines(const LaunchParams& params, BlockF
     return true;
 }
 
+// Sends this thread's part of `range` (vectors and tail elements of a message of `elements`)
+// to every peer as lines, then waits for every peer's same lines and writes the rank-ordered sum
+// to `output` (indexed like the message), each element by the thread that read it, after
+// reading it. Lines 2v and 2v + 1 carry vector v; tail element e follows at 2 * vectors + e -
+// P * vectors, vectors those of a message of max(elements, 1) (an empty one sends an empty tail
+// line). A peer that times out ends the receiving (abort recorded, flags.timed_out set).
+template <typename T, int N>
+__device__ __forceinline__ void push_sum_lines(const LaunchParams& params, BlockFlags& flags,
+                                               const Range& range, u64 elements,
+                                               unsigned char* output) {
+    const unsigned int rank = params.rank;
+    const u64 parity = flags.epoch & 1;
+    const unsigned int flag = line_flag(flags.epoch);
+    const u64 vectors = whole_vectors<T>(elements == 0 ? 1 : elements);
+    const u64 tail_line = 2 * vectors - T::kPerVector * vectors;
+    const Workers workers = {threadIdx.x, blockDim.x};
+    const unsigned char* input = params.input;
+    send_owned<N>(
+        params, params.scratch_offset, range, workers,
+        [&](u64 v) { return load_vector(input, v); },
+        [&](u64 e) { return e < elements ? load_element<T>(input, e) : 0u; },
+        [&](const PeerSlot& peer, u64 v, const Vec16& x) {
+            send_vector_lines<N>(peer.region, v, parity, peer.slot, x, flag);
+        },
+        [&](const PeerSlot& peer, u64 e, unsigned int value) {
+            send_word_line<N>(peer.region, tail_line + e, parity, peer.slot, value, flag);
+        });
+    bool received = true;
+    for_each_owned(
+        range, workers,
+        [&](u64 v) {
+            // Every rank's part received before the sum up to four ranks; beyond, each rank's
+            // part is summed as it arrives, which keeps the registers to one vector.
+            const auto part = [&](int q) {
+                Vec16 x = {};
+                if (static_cast<unsigned int>(q) == rank) {
+                    x = load_vector(input, v);
+                } else {
+                    received = received && receive_lines<N, 2>(params, flags, 2 * v, parity,
+                                                               q, flag, x.word);
+                }
+                return x;
+            };
+            Vec16 sum;
+            if constexpr (N <= 4) {
+                Vec16 x[N];
+#pragma unroll
+                for (int q = 0; q < N; ++q) {
+                    x[q] = part(q);
+                }
+                sum = sum_vectors<T, N>(x);
+            } else {
+                sum = sum_vectors_from<T, N>(part);
+            }
+            if (received) {
+                store_vector(output, v, sum);
+            }
+        },
+        [&](u64 e) {
+            // Every rank's element received (each line exactly once) before the sum.
+            typename T::Bits x[N];
+#pragma unroll
+            for (int q = 0; q < N; ++q) {
+                unsigned int data[2] = {0, 0};
+                if (static_cast<unsigned int>(q) == rank) {
+                    data[0] = e < elements ? load_element<T>(input, e) : 0u;
+                } else {
+                    received = received && receive_lines<N, 1>(params, flags, tail_line + e,
+                                                               parity, q, flag, data);
+                }
+                x[q] = static_cast<typename T::Bits>(data[0]);
+            }
+            if (received && e < elements) {
+                store_element<T>(output, e, sum_elements<T, N>(x));
+            }
+        });
+}
+
 // The simple protocol: data, then one flag per step. After each step one thread per peer
 // raises that peer's step flag for (this rank, this block); the peer's same-numbered block
 // waits until the flag reaches the step's value.
@@ -191,18 +269,25 @@ struct SimpleShare {
 
 // Block b's share of `vectors` vectors (the whole message, or the longest slice), with the
 // tail of a message of `elements`.
+// A block's share of vectors [begin, end) with no tail, in steps of the block's width.
+__device__ __forceinline__ SimpleShare simple_share_between(u64 begin, u64 end) {
+    SimpleShare share;
+    share.begin = begin;
+    share.end = end;
+    share.step_vectors = static_cast<u64>(blockDim.x) * kSimpleStepVectors;
+    share.steps = end > begin ? (end - begin + share.step_vectors - 1) / share.step_vectors : 1;
+    share.tail_block = false;
+    share.tail = {0, 0, 0, 0};
+    return share;
+}
+
 template <typename T>
 __device__ __forceinline__ SimpleShare simple_share_of(u64 vectors, u64 elements) {
-    SimpleShare share;
     const u64 threads = blockDim.x;
     const u64 equal = (vectors + gridDim.x - 1) / gridDim.x;
     const u64 per_block = (equal + threads - 1) / threads * threads;
-    share.begin = min_u64(blockIdx.x * per_block, vectors);
-    share.end = min_u64(share.begin + per_block, vectors);
-    share.step_vectors = threads * kSimpleStepVectors;
-    share.steps = share.end > share.begin
-                      ? (share.end - share.begin + share.step_vectors - 1) / share.step_vectors
-                      : 1;
+    const u64 begin = min_u64(blockIdx.x * per_block, vectors);
+    SimpleShare share = simple_share_between(begin, min_u64(begin + per_block, vectors));
     share.tail_block = blockIdx.x == gridDim.x - 1;
     const u64 whole = whole_vectors<T>(elements);
     share.tail = {whole, whole, whole * T::kPerVector, elements};
@@ -292,6 +377,100 @@ __device__ __forceinline__ bool wait_step_flags(const LaunchParams& params, Bloc
     // The acquiring loads happen before every thread's later reads of the slots.
     __syncthreads();
     return !flags.timed_out;
+}
+
+// Sends step `step` of this block's share: this rank's vectors into its peer slot of every peer
+// (slot_at_distance), and the tail with the last block's last step; then raises the step's
+// flags.
+template <typename T, int N>
+__device__ __forceinline__ void send_step(const LaunchParams& params, const SimpleShare& share,
+                                          u64 parity, u64 step, u64 flag) {
+    const unsigned char* input = params.input;
+    const u64 first = share.begin + step * share.step_vectors;
+    Vec16 x[kSimpleStepVectors];
+#pragma unroll
+    for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
+        const u64 v = first + u * blockDim.x + threadIdx.x;
+        if (v < share.end) {
+            x[u] = load_vector(input, v);
+        }
+    }
+#pragma unroll
+    for (int k = 1; k < N; ++k) {
+        const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
+#pragma unroll
+        for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
+            const u64 v = first + u * blockDim.x + threadIdx.x;
+            if (v < share.end) {
+                store_vector(slot_byte<N>(peer.region, v * 16, parity, peer.slot), 0, x[u]);
+            }
+        }
+    }
+    if (share.tail_block && step + 1 == share.steps) {
+        for_each_owned(
+            share.tail, Workers{threadIdx.x, blockDim.x}, [](u64) {},
+            [&](u64 e) {
+                const typename T::Bits value = load_element<T>(input, e);
+#pragma unroll
+                for (int k = 1; k < N; ++k) {
+                    const PeerSlot peer = peer_at_distance<N>(params, k, params.scratch_offset);
+                    store_element<T>(
+                        slot_byte<N>(peer.region, e * sizeof(typename T::Bits), parity, peer.slot),
+                        0, value);
+                }
+            });
+    }
+    raise_step_flags<N>(params, kSetStep, flag);
+}
+
+// Sums step `step` of this block's share (its flags were awaited) into `output` (indexed like
+// the message).
+template <typename T, int N>
+__device__ __forceinline__ void sum_step(const LaunchParams& params, const SimpleShare& share,
+                                         u64 parity, u64 step, unsigned char* output) {
+    const u64 first = share.begin + step * share.step_vectors;
+#pragma unroll 1
+    for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
+        const u64 v = first + u * blockDim.x + threadIdx.x;
+        if (v < share.end) {
+            store_vector(output, v, sum_received_vector<T, N>(params, parity, v, v * 16));
+        }
+    }
+    if (share.tail_block && step + 1 == share.steps) {
+        for_each_owned(
+            share.tail, Workers{threadIdx.x, blockDim.x}, [](u64) {},
+            [&](u64 e) {
+                store_element<T>(output, e,
+                                 sum_received_element<T, N>(params, parity, e,
+                                                            e * sizeof(typename T::Bits)));
+            });
+    }
+}
+
+// Moves this block's share of the message to every peer in steps and writes the rank-ordered sum
+// of each step into `output` (indexed like the message), each element by the thread that read
+// it, after reading it. A peer that times out ends it (abort recorded, flags.timed_out set).
+template <typename T, int N>
+__device__ __forceinline__ void push_sum_steps(const LaunchParams& params, BlockFlags& flags,
+                                               const SimpleShare& share, unsigned char* output) {
+    const u64 parity = flags.epoch & 1;
+    // Steps fit the low 24 bits: a bucket holds at most 4 GiB, 2^28 vectors, and a step at
+    // least 32 threads x 4 vectors, so a block never has more than 2^21 steps.
+    const u64 flag_base = flags.epoch << 24;
+    // Step s is sent, then step s - 1 summed, so the local sum of one step overlaps the
+    // transfer of the next.
+#pragma unroll 1
+    for (u64 step = 0; step <= share.steps; ++step) {
+        if (step < share.steps) {
+            send_step<T, N>(params, share, parity, step, flag_base | (step + 1));
+        }
+        if (step > 0) {
+            if (!wait_step_flags<N>(params, flags, kSetStep, flag_base | step)) {
+                break;
+            }
+            sum_step<T, N>(params, share, parity, step - 1, output);
+        }
+    }
 }
 
 }  // namespace prepare

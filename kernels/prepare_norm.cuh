@@ -30,6 +30,7 @@
 
 #include "prepare_abi.cuh"
 #include "prepare_element.cuh"
+#include "prepare_entry.cuh"
 
 // The largest hidden size: every size up to it is an exact f32, so `ss / (float)hidden` is the
 // reference's division.
@@ -246,22 +247,64 @@ __device__ __forceinline__ bool norm_launch_is_valid(const LaunchParams& params)
     return blockDim.x % kWarpThreads == 0 && blockDim.x != 0;
 }
 
+// The epilogue of row `row` of the message, from `sum` (rows x width, the all-reduce's rounded
+// sum) and the launch's residual, weight, normed and eps. Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ void add_rms_norm_of_row(const LaunchParams& params,
+                                                    const unsigned char* sum, u64 row,
+                                                    NormShared& shared) {
+    const u64 offset = row * params.width * sizeof(typename T::Bits);
+    unsigned char* residual = static_cast<unsigned char*>(params.residual);
+    add_rms_norm_row<T>(sum + offset, residual != nullptr ? residual + offset : nullptr,
+                        static_cast<const unsigned char*>(params.weight),
+                        static_cast<unsigned char*>(params.normed) + offset, params.width,
+                        params.eps, shared);
+}
+
 // The epilogue of every row of the message, a block per row at a time (block b takes rows b,
-// b + blocks, ...), from `sum` (rows x width, the all-reduce's rounded sum) and the launch's
-// residual, weight, normed and eps.
+// b + blocks, ...), from `sum`.
 template <typename T>
 __device__ __forceinline__ void add_rms_norm_rows(const LaunchParams& params,
                                                   const unsigned char* sum, NormShared& shared) {
-    const u64 row_bytes = params.width * sizeof(typename T::Bits);
-    unsigned char* residual = static_cast<unsigned char*>(params.residual);
-    unsigned char* normed = static_cast<unsigned char*>(params.normed);
 #pragma unroll 1
     for (u64 row = blockIdx.x; row < params.rows; row += gridDim.x) {
-        const u64 offset = row * row_bytes;
-        add_rms_norm_row<T>(sum + offset, residual != nullptr ? residual + offset : nullptr,
-                            static_cast<const unsigned char*>(params.weight), normed + offset,
-                            params.width, params.eps, shared);
+        add_rms_norm_of_row<T>(params, sum, row, shared);
     }
+}
+
+// The rows block b of the grid owns in a fused kernel: a contiguous run, rows / blocks each and
+// one more for the first rows % blocks blocks, so a block may own none.
+struct BlockRows {
+    u64 first;
+    u64 end;
+};
+
+__device__ __forceinline__ BlockRows block_rows(u64 rows) {
+    const u64 each = rows / gridDim.x;
+    const u64 more = rows % gridDim.x;
+    const u64 block = blockIdx.x;
+    const u64 first = block * each + (block < more ? block : more);
+    return {first, first + each + (block < more ? 1 : 0)};
+}
+
+// A fused kernel's checks (all_reduce_add_rms_norm): every kernel's (launch_is_valid), the
+// epilogue's (norm_launch_is_valid), the message rows x width elements on both sides, and the
+// sum's place the launch's `normed` (`output` is `normed`).
+struct EpilogueChecks {
+    template <typename T, int N>
+    __device__ __forceinline__ static bool valid(const LaunchParams& params) {
+        // The epilogue's checks first: they bound rows x width.
+        return norm_launch_is_valid<T>(params) && launch_is_valid<T, N>(params, gridDim.x) &&
+               params.input_elements == params.rows * params.width &&
+               params.output_elements == params.input_elements &&
+               params.output == params.normed;
+    }
+};
+
+// The body of a fused kernel's entry: block_kernel with the epilogue's checks.
+template <typename Algorithm, typename T, int N>
+__device__ __forceinline__ void fused_kernel(const LaunchParams& params) {
+    block_kernel<Algorithm, T, N, EpilogueChecks>(params);
 }
 
 }  // namespace prepare

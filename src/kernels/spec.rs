@@ -112,7 +112,7 @@ pub enum InputAccess {
 const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 16] = [
+const KERNELS: [Kernel; 18] = [
     // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
     Kernel {
         name: "add_rms_norm",
@@ -139,6 +139,24 @@ const KERNELS: [Kernel; 16] = [
         source: "all_gather.cu",
         cluster: false,
         scratch: Scratch::Message,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    // The fused one-shot all-reduce + residual add + RMSNorm: pushed into a region of its own,
+    // so peers never read this rank's x, residual or normed.
+    Kernel {
+        name: "all_reduce_add_rms_norm_one_shot_push_ll",
+        source: "all_reduce_add_rms_norm_one_shot.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedLines,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    Kernel {
+        name: "all_reduce_add_rms_norm_one_shot_push_simple",
+        source: "all_reduce_add_rms_norm_one_shot.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedMessageSlots,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -305,7 +323,7 @@ pub fn kernel_for(
                     .spec(dtype, world)
             });
         }
-        Collective::AllReduceAddRmsNorm => return None,
+        Collective::AllReduceAddRmsNorm => return epilogue_kernel_for(profile, dtype, world),
     }
     let name = match (profile.algorithm, profile.schedule) {
         (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
@@ -335,6 +353,23 @@ pub fn kernel_for(
         (Algorithm::Rsag, Some(Schedule::Phased)) => "all_reduce_rsag_phased",
         (Algorithm::Full, Some(Schedule::Phased)) => "all_reduce_full_phased",
         (Algorithm::OneShot | Algorithm::Full | Algorithm::Nccl, _) => return None,
+    };
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == name)
+        .map(|kernel| kernel.spec(dtype, world))
+}
+
+/// The fused kernel of an `all_reduce_add_rms_norm` profile, looked up by name in the table;
+/// `None` for a profile that has none.
+fn epilogue_kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelSpec> {
+    let name = match (profile.algorithm, profile.schedule, profile.protocol) {
+        (Algorithm::OneShot, None, Some(protocol @ (Protocol::Ll | Protocol::Simple)))
+            if profile.transfer_or_default() == Transfer::Push =>
+        {
+            format!("all_reduce_add_rms_norm_one_shot_push_{}", protocol.name())
+        }
+        _ => return None,
     };
     KERNELS
         .iter()
@@ -688,6 +723,35 @@ pub(super) mod tests {
                 kernel,
                 "{algorithm} {transfer} {protocol}"
             );
+        }
+    }
+
+    #[test]
+    fn the_fused_one_shot_profiles_map_to_their_kernels_by_name() {
+        let fused = |json: serde_json::Value| {
+            let profile = serde_json::from_value(json).unwrap();
+            kernel_for(&profile, Collective::AllReduceAddRmsNorm, Dtype::Bf16, 8)
+        };
+        for protocol in ["ll", "simple"] {
+            let spec = fused(serde_json::json!({
+                "id": "p", "algorithm": "one_shot", "transfer": "push", "protocol": protocol
+            }))
+            .unwrap();
+            let name = format!("all_reduce_add_rms_norm_one_shot_push_{protocol}_bf16");
+            assert_eq!((spec.name.as_str(), spec.world), (name.as_str(), 8));
+            assert_eq!(spec.source, "all_reduce_add_rms_norm_one_shot.cu");
+            assert_eq!(input_access(&spec), Some(InputAccess::Local));
+            assert!(kernel_named(&spec).scratch.is_double_buffered());
+        }
+        for (transfer, protocol) in [
+            ("push", "barrier"),
+            ("pull", "ll"),
+            ("copy_engine", "simple"),
+        ] {
+            let profile = serde_json::json!({
+                "id": "p", "algorithm": "one_shot", "transfer": transfer, "protocol": protocol
+            });
+            assert_eq!(fused(profile), None, "{transfer} {protocol}");
         }
     }
 

@@ -8,7 +8,8 @@
 //
 // Every mode runs each kernel in every element type (bf16, fp16, fp32), instantiated at the
 // launch's world size as a package compiles it, unless it says otherwise. Modes:
-//   (the reduce-scatter's and all-gather's checks in quick, full and exactness are rows.h's)
+//   (the reduce-scatter's and all-gather's checks in quick, full and exactness are rows.h's,
+//   the fused all-reduce + add + RMSNorm kernels' fused.h's, in invariance too)
 //   quick        every kernel, worlds 2, 3 and 8 (bf16) or 2 and 3 (fp16, fp32), sizes around
 //                every vector and slice edge and one of several simple steps a slice,
 //                one launch at a time with exact scratch (guards catch overruns); a rank
@@ -32,6 +33,7 @@
 //   invariance W:B...  rows in messages of several sizes, around a bucket boundary of B bytes
 //                at W ranks, alone and in pieces, every kernel: each row the same bytes
 //                everywhere (invariance.h); one line per kernel entry, as exactness
+//   fused        the fused one-shot all-reduce + add + RMSNorm kernels, as quick runs them (fused.h)
 //   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
 //                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
@@ -45,6 +47,7 @@
 
 #include "add_rms_norm.cu"
 #include "all_gather.cu"
+#include "all_reduce_add_rms_norm_one_shot.cu"
 #include "all_reduce_full_phased.cu"
 #include "all_reduce_one_shot.cu"
 #include "all_reduce_one_shot_copy_engine.cu"
@@ -697,6 +700,8 @@ void operands(const std::vector<unsigned>& worlds) {
 #include "norm.h"
 // The reduce-scatter's and all-gather's checks (rows_mode, rows_exactness).
 #include "rows.h"
+// The fused kernels' checks (fused_mode, fused_exactness, fused_invariance).
+#include "fused.h"
 
 }  // namespace
 
@@ -726,6 +731,7 @@ int main(int argc, char** argv) {
         timeouts();
         invalid_launches();
         rows_mode(false);
+        fused_mode(false);
     } else if (mode == "full") {
         for_each_dtype([] {
             single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
@@ -735,6 +741,7 @@ int main(int argc, char** argv) {
         timeouts();
         invalid_launches();
         rows_mode(true);
+        fused_mode(true);
     } else if (mode == "streams") {
         const unsigned rounds = argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1;
         // Every type at two and three ranks, bf16 also at four and eight.
@@ -748,12 +755,19 @@ int main(int argc, char** argv) {
             rank_order_exactness();
             norm_exactness();
             rows_exactness();
+            fused_exactness();
         });
     } else if (mode == "invariance") {
         const std::vector<Boundary> boundaries = parse_boundaries(argc - 2, argv + 2);
         if (boundaries.empty())
             return 2;
-        for_each_dtype([&] { invariance(boundaries); norm_invariance(); });
+        for_each_dtype([&] {
+            invariance(boundaries);
+            norm_invariance();
+            fused_invariance();
+        });
+    } else if (mode == "fused") {
+        fused_mode(false);
     } else if (mode == "norm") {
         for_each_dtype([] { norm_checks(); });
     } else if (mode == "rank_order") {

@@ -16,10 +16,10 @@ __device__ __forceinline__ float sqrt_round_nearest(float a) {
 // Through the block's exchange, one block barrier a call: every thread of the block calls it
 // together (add_rms_norm_row does), where the GPU needs only the warp. Calls alternate between
 // two halves, so a thread writes a half again only after every thread has passed the barrier
-// of the call between, after reading it.
+// of the call between, after reading it. The count is the block's (every thread of a block
+// makes the same calls), not the OS thread's, which ran other blocks before with other counts.
 __device__ __forceinline__ float shuffle_xor(float value, unsigned int mask) {
-    static thread_local unsigned int calls = 0;
-    float* half = emu_block->exchange[calls++ % 2];
+    float* half = emu_block->exchange[emu_block->shuffles[threadIdx.x]++ % 2];
     half[threadIdx.x] = value;
     __syncthreads();
     return half[threadIdx.x ^ mask];

@@ -26,8 +26,10 @@ struct EmuBlock {
     unsigned cta, ctas, cluster;
     EmuBlock** cluster_blocks;
     alignas(16) unsigned char shared[2][64];
-    // One value a thread for an emulated warp shuffle, in two halves (host_norm_prims.h).
+    // One value a thread for an emulated warp shuffle, in two halves, and each thread's calls
+    // so far in this block (host_norm_prims.h): zero when the block starts.
     float exchange[2][1024];
+    unsigned shuffles[1024];
 };
 inline thread_local EmuBlock* emu_block;
 

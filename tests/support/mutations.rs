@@ -27,12 +27,13 @@ pub enum Mutation {
     NoStartBarrier,
     /// Rank 0's contribution is added twice.
     DoubleCount,
-    /// `all_reduce_one_shot_push_ll_<dtype>` takes each line as it finds it, without waiting for
-    /// the launch's flag: a race that shows only when a peer is late.
+    /// `all_reduce_one_shot_push_ll_<dtype>` and the fused kernel of that protocol take each line
+    /// as they find it, without waiting for the launch's flag: a race that shows only when a peer
+    /// is late.
     NoLineWait,
-    /// `all_reduce_one_shot_push_simple_<dtype>` and `all_reduce_rsag_push_simple_<dtype>` take a
-    /// step without waiting for the peers' step flags: a race that shows only when a peer is
-    /// late.
+    /// `all_reduce_one_shot_push_simple_<dtype>`, `all_reduce_rsag_push_simple_<dtype>` and the
+    /// fused kernel of that protocol take a step without waiting for the peers' step flags: a
+    /// race that shows only when a peer is late.
     NoStepWait,
     /// `all_reduce_one_shot_copy_engine_start_<dtype>` does not wait for the peers, so the copies
     /// may read a peer's input before the peer wrote it: a race that shows only when a peer is
@@ -192,6 +193,13 @@ const WEIGHT_SKIPPED: &[Patch] = &[Patch {
 /// The epilogue's kernels, which sum no ranks and have no tail: the mutations of the rank
 /// loops and of the tail leave them as they are.
 const EPILOGUE: &[&str] = &["add_rms_norm"];
+/// Every kernel that runs the epilogue: the unfused one and the fused all-reduce + add +
+/// RMSNorm kernels, which move whole rows, so no tail.
+const NORMS: &[&str] = &[
+    "add_rms_norm",
+    "all_reduce_add_rms_norm_one_shot_push_ll",
+    "all_reduce_add_rms_norm_one_shot_push_simple",
+];
 const ROW_OUT_OF_ORDER: &[Patch] = &[Patch {
     file: "reduce_scatter.cu",
     find: "reduce_scatter_pull<T, N>(params, slices(params.rank), grid_workers(), output, output);",
@@ -286,7 +294,8 @@ impl Mutation {
     /// for one in the sum (they sum nothing).
     pub fn kernels(self) -> Vec<String> {
         let untouched: &[&str] = match self {
-            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => EPILOGUE,
+            Mutation::SkipPeer | Mutation::DoubleCount => EPILOGUE,
+            Mutation::DropTail => NORMS,
             _ => &[],
         };
         let sums = matches!(
@@ -297,9 +306,16 @@ impl Mutation {
             Mutation::NoStartBarrier | Mutation::SizeDependentOrder => {
                 (&["all_reduce_one_shot_pull"], &Dtype::ALL)
             }
-            Mutation::NoLineWait => (&["all_reduce_one_shot_push_ll"], &Dtype::ALL),
+            Mutation::NoLineWait => (
+                &[
+                    "all_reduce_add_rms_norm_one_shot_push_ll",
+                    "all_reduce_one_shot_push_ll",
+                ],
+                &Dtype::ALL,
+            ),
             Mutation::NoStepWait => (
                 &[
+                    "all_reduce_add_rms_norm_one_shot_push_simple",
                     "all_reduce_one_shot_push_simple",
                     "all_reduce_rsag_push_simple",
                 ],
@@ -307,7 +323,7 @@ impl Mutation {
             ),
             Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
-                (EPILOGUE, &Dtype::ALL)
+                (NORMS, &Dtype::ALL)
             }
             Mutation::RowOutOfOrder => (&["reduce_scatter_one_shot_pull"], &Dtype::ALL),
             Mutation::SkipRowPeer => (&["all_gather_one_shot_pull"], &Dtype::ALL),
