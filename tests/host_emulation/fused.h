@@ -92,8 +92,11 @@ const Kernel& all_reduce_kernel(const char* name) {
     std::exit(2);
 }
 
-// Rank `rank`'s x at column `column` of row `row`.
+// Rank `rank`'s x at column `column` of row `row`. A row whose squares overflow in the pinned
+// order alone (norm.h) is rank 0's, every other rank's +0, so that its sum is that row.
 unsigned fused_x(u64 seed, u64 row, unsigned rank, u64 column) {
+    if (row % kNormKinds == kOverflowTie && dtype != kFp16 && rank != 0)
+        return 0;
     return norm_value(seed ^ (u64(rank + 1) << 44), row, 0, column);
 }
 
@@ -506,7 +509,7 @@ void fused_mode(bool full) {
 }
 
 // The exactness mode's lines for the fused kernels, in the current type: at worlds 2 and 3
-// every kind of row at hidden 8 (with a residual, over x), 3 rows of 2056 without, an empty
+// every kind of row at hidden 8 (with a residual, over x) and at 2056 (without), an empty
 // message, more blocks than rows; ordinary rows of 16384, where another order of the squares
 // moves some row's inverse by an ulp; then one launch whose last rank starts late.
 void fused_exactness() {
@@ -515,7 +518,7 @@ void fused_exactness() {
         for (unsigned world : {2u, 3u}) {
             const std::vector<FusedLaunch> sequence = {
                 {&kernel, fused_rows(0, 18), 8, true, true, false, 4, 32, 1e-5f},
-                {&kernel, fused_rows(40, 3), 2056, false, false, false, 2, 64, 1e-6f},
+                {&kernel, fused_rows(36, 9), 2056, false, false, false, 2, 64, 1e-5f},
                 {&kernel, {}, 8, true, false, false, 2, 32, 1e-5f},
                 {&kernel, fused_rows(7, 2), 24, true, false, false, 3, 32, 0.0f},
             };
