@@ -578,14 +578,14 @@ fn above_ladder(
         Err(reason) => return Ok(pieces::nccl_untimed(&reason)),
     };
     let bytes = 2 * bucket.max_bytes;
-    let buffers = pieces::PieceBuffers::new(runtime, bytes)?;
+    let buffers = pieces::PieceBuffers::new(runtime, collectives, bytes)?;
     let mut timer = Timer::new(runtime)?;
     let group = pieces::time_contenders(
         runtime,
         collectives,
         &mut timer,
         &contenders,
-        buffers.operands(bytes),
+        (buffers.operands(bytes), buffers.staging()),
         options.timing,
         options.margin,
     )?;
