@@ -139,7 +139,8 @@ pub struct Selection {
     /// memory (cuMemGetInfo) before loading minus after selection, once what checking and
     /// timing needed only while they ran (the full-size out-of-place output, the timing's
     /// buffers and graphs) is freed: the peer buffer, the private output buffer and the
-    /// kernels. Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
+    /// kernels (and a reduce-scatter's or all-gather's staging buffer of one piece, when it
+    /// goes in pieces above the ladder). Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
     /// 0 when the caller loaded the candidates itself.
     pub load_memory_bytes: u64,
 }
