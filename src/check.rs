@@ -8,10 +8,14 @@ use crate::collective::{Collectives, Operands};
 use crate::device::DropReason;
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
 use crate::gpu::nccl::Communicator;
+use crate::ladder::Collective;
 use crate::package::{Outcome, Package};
 use crate::qualify::{mismatch, qualify, shared_seed, QualifyOptions, SequenceReport, POISON};
-use crate::reference::{random_inputs, random_rank_inputs, reference_sum, reference_sum_bf16};
+use crate::reference::{
+    random_inputs, random_rank_inputs, reference_outputs, reference_sum, reference_sum_bf16,
+};
 use crate::runtime::{Runtime, RuntimeError};
+use crate::shape::Shape;
 
 /// Elements of the NCCL check: 512 KiB and an odd tail.
 const NCCL_CHECK_ELEMENTS: usize = 262_147;
@@ -204,6 +208,9 @@ fn check_pieces(
     if live.is_empty() {
         return Ok(());
     }
+    if collectives.has_rows() {
+        return check_row_pieces(runtime, collectives, &live, seed, log);
+    }
     let dtype = ladder.dtype;
     let elements = 2 * collectives.piece_elements() + 3;
     let bytes = elements * dtype.size_bytes() as usize;
@@ -245,6 +252,111 @@ fn check_pieces(
         log(format!(
             "{} in pieces, {elements} elements out of place and in place: equals the reference sum",
             entry.profile
+        ));
+    }
+    Ok(())
+}
+
+/// A reduce-scatter or all-gather above the ladder in pieces
+/// ([`Collectives::enqueue_rows_in_pieces`]) through each of `live`, out of place and in place,
+/// each rank's output compared with the reference on fresh random data: rows of the width
+/// start-up times pieces at (`crate::pieces::timing_shape`), two pieces' worth and three rows
+/// more, so the rows do not divide among the ranks and the last piece is short.
+fn check_row_pieces(
+    runtime: &Runtime,
+    collectives: &Collectives,
+    live: &[crate::collective::EntryId],
+    seed: u64,
+    log: &dyn Fn(String),
+) -> Result<(), CheckError> {
+    let (rank, world) = (runtime.rank(), runtime.world());
+    let driver = move |source| CheckError::Runtime(RuntimeError::Driver { rank, source });
+    let dtype = collectives.dtype();
+    let piece = collectives.piece_elements() as u64;
+    let width = crate::pieces::timing_shape(piece, piece, world).width();
+    let shape = Shape::new(2 * (piece / width) + 3, width).map_err(|source| {
+        CheckError::Runtime(RuntimeError::Operands {
+            rank,
+            source: source.into(),
+        })
+    })?;
+    let message = collectives.row_message(world, shape)?;
+    let elements = shape.elements() as usize;
+    let whole = random_rank_inputs(dtype, seed, world as usize, elements);
+    let own = message.owned_bytes(rank);
+    let own = own.start as usize..own.end as usize;
+    let inputs: Vec<Vec<u8>> = match message.collective() {
+        Collective::ReduceScatter => whole,
+        _ => (0..world)
+            .map(|peer| {
+                let bytes = message.owned_bytes(peer);
+                whole[peer as usize][bytes.start as usize..bytes.end as usize].to_vec()
+            })
+            .collect(),
+    };
+    let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let expected =
+        reference_outputs(message.collective(), dtype, shape, &views).map_err(|error| {
+            CheckError::NotExact {
+                rank,
+                what: "the reference of a message in pieces".to_owned(),
+                message: error.to_string(),
+            }
+        })?;
+    let bytes = message.message_bytes() as usize;
+    let device = runtime.device();
+    let whole_buffer = device.allocate(bytes.max(16)).map_err(driver)?;
+    let own_buffer = device.allocate(own.len().max(16)).map_err(driver)?;
+    let staging = device
+        .allocate((piece * dtype.size_bytes()) as usize)
+        .map_err(driver)?;
+    let stream = runtime.stream();
+    let scatter = message.collective() == Collective::ReduceScatter;
+    let mut result = vec![0_u8; message.output_bytes() as usize];
+    for &id in live {
+        let profile = &collectives.entries()[id].profile;
+        for in_place in [false, true] {
+            let whole_memory = CallerMemory::whole(&whole_buffer);
+            let own_memory = if in_place {
+                CallerMemory::prefix(&whole_memory.offset(own.start as u64), own.len() as u64)
+            } else {
+                CallerMemory::prefix(&own_buffer, own.len() as u64)
+            };
+            let (input, output) = if scatter {
+                (whole_memory, own_memory)
+            } else {
+                (own_memory, whole_memory)
+            };
+            stream
+                .write(&input, 0, &inputs[rank as usize])
+                .map_err(driver)?;
+            let step = format!("{profile} in pieces");
+            collectives.run_bounded(runtime, stream, id, &step, || {
+                collectives.enqueue_rows_in_pieces(
+                    runtime,
+                    stream,
+                    &message,
+                    Operands { input, output },
+                    CallerMemory::whole(&staging),
+                    |_| id,
+                )
+            })?;
+            stream.read(&output, 0, &mut result).map_err(driver)?;
+            if let Some(found) = mismatch(rank, dtype, &result, &expected[rank as usize]) {
+                return Err(CheckError::NotExact {
+                    rank,
+                    what: format!(
+                        "{profile} in pieces ({})",
+                        if in_place { "in place" } else { "out of place" }
+                    ),
+                    message: found,
+                });
+            }
+        }
+        log(format!(
+            "{profile} in pieces, {} x {width} {} out of place and in place: equals the reference",
+            shape.rows(),
+            message.collective()
         ));
     }
     Ok(())

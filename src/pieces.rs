@@ -1,22 +1,25 @@
 //! Messages above the largest bucket: NCCL on the whole message, or the message in pieces of
-//! the largest bucket's largest message, each all-reduced by its bucket's winner
-//! ([`Collectives::enqueue_chunked`], cut by the collective's plan, [`crate::shape::pieces`]).
+//! the largest bucket's largest message, each by its bucket's winner
+//! ([`Collectives::enqueue_chunked`]; a reduce-scatter's or all-gather's through a staging
+//! buffer of one piece, [`Collectives::enqueue_rows_in_pieces`]; cut by the collective's plan,
+//! [`crate::shape::pieces`]).
 //! Start-up selection times both at twice the largest
 //! bucket's message and decides as it does for a bucket, NCCL being the baseline to beat by the
 //! margin; `prepare bench` times both at every size above the ladder.
 
 use crate::collective::{rank_order_applies, Collectives, EntryId, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory};
-use crate::ladder::Ladder;
+use crate::ladder::{Collective, Ladder};
 use crate::package::Outcome;
 use crate::runtime::{Runtime, RuntimeError};
+use crate::shape::Shape;
 use crate::timing::{GroupSamples, Timed, Timer, TimingOptions};
 use crate::tune::choice::{AboveLadder, AboveLadderRoute};
 use crate::tune::early_stop::keep_timing;
 use crate::tune::{decide_bucket, BucketDecision, BucketSamples, CandidateSamples, DecisionError};
 use crate::tune::{CandidateOutcome, Policy};
 
-/// The ways to all-reduce a message above the ladder, as entries of the largest bucket.
+/// The ways to run a message above the ladder, as entries of the largest bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contenders {
     /// The largest bucket's plain NCCL entry, run on the whole message.
@@ -48,7 +51,7 @@ impl Contenders {
         winner: &str,
         exact_only: bool,
     ) -> Result<Contenders, String> {
-        if ladder.collective != crate::ladder::Collective::AllReduce {
+        if ladder.collective == Collective::AllReduceAddRmsNorm {
             return Err(format!(
                 "pieces of {} are not built, so NCCL takes the whole message",
                 ladder.collective
@@ -96,23 +99,35 @@ impl Contenders {
 }
 
 /// Input and output buffers for timing messages above the ladder, allocated for the timing and
-/// freed with it; the input is zeroed.
+/// freed with it; the input is zeroed. A reduce-scatter's or all-gather's also has the staging
+/// buffer of one piece that its pieces go through.
 #[derive(Debug)]
 pub struct PieceBuffers {
     input: DeviceBuffer,
     output: DeviceBuffer,
+    staging: Option<DeviceBuffer>,
 }
 
 impl PieceBuffers {
-    /// Buffers for messages up to `bytes`.
-    pub fn new(runtime: &Runtime, bytes: u64) -> Result<PieceBuffers, RuntimeError> {
+    /// Buffers for messages of `collectives` up to `bytes`.
+    pub fn new(
+        runtime: &Runtime,
+        collectives: &Collectives,
+        bytes: u64,
+    ) -> Result<PieceBuffers, RuntimeError> {
         let rank = runtime.rank();
         let bytes = usize::try_from(bytes.max(16)).expect("a message fits the address space");
         let device = runtime.device();
-        let allocate = || device.allocate(bytes).map_err(RuntimeError::driver(rank));
+        let allocate = |bytes: usize| device.allocate(bytes).map_err(RuntimeError::driver(rank));
+        let piece = collectives.piece_elements() * collectives.dtype().size_bytes() as usize;
         let buffers = PieceBuffers {
-            input: allocate()?,
-            output: allocate()?,
+            input: allocate(bytes)?,
+            output: allocate(bytes)?,
+            staging: if collectives.has_rows() {
+                Some(allocate(piece.max(16))?)
+            } else {
+                None
+            },
         };
         let stream = runtime.stream();
         stream
@@ -129,10 +144,28 @@ impl PieceBuffers {
             output: CallerMemory::prefix(&self.output, bytes),
         }
     }
+
+    /// The staging buffer of a reduce-scatter's or all-gather's pieces.
+    pub fn staging(&self) -> Option<CallerMemory> {
+        self.staging.as_ref().map(CallerMemory::whole)
+    }
 }
 
-/// Times NCCL on the whole message against every candidate in pieces on `operands` (a message
-/// of their size, [`PieceBuffers::operands`]), in one
+/// The shape a reduce-scatter or all-gather of up to `elements` is timed at above the ladder,
+/// on `world` ranks in pieces of `piece` elements: rows of 4,096 elements (the width the bench
+/// takes), narrower by halves until every piece takes at least two rows of every rank's run,
+/// as many rows as `elements` holds.
+pub fn timing_shape(elements: u64, piece: u64, world: u32) -> Shape {
+    let mut width: u64 = 4096;
+    while width > 1 && 2 * width * u64::from(world) > piece {
+        width /= 2;
+    }
+    Shape::new(elements / width, width).expect("a width of at least one")
+}
+
+/// Times NCCL on the whole message against every candidate in pieces on `buffers` (the operands
+/// of a message of their size, [`PieceBuffers::operands`], and the staging buffer of a
+/// reduce-scatter's or all-gather's pieces; those time rows of [`timing_shape`]), in one
 /// interleaved group (NCCL first), a candidate that another beats far beyond the margin leaving
 /// early (`tune::early_stop`). Collective.
 pub fn time_contenders(
@@ -140,11 +173,20 @@ pub fn time_contenders(
     collectives: &Collectives,
     timer: &mut Timer,
     contenders: &Contenders,
-    operands: Operands,
+    buffers: (Operands, Option<CallerMemory>),
     timing: TimingOptions,
     margin: f64,
 ) -> Result<GroupSamples, RuntimeError> {
+    let (operands, staging) = buffers;
     let elements = operands.input.len_bytes() / collectives.dtype().size_bytes() as usize;
+    let shape = collectives.has_rows().then(|| {
+        timing_shape(
+            elements as u64,
+            collectives.piece_elements() as u64,
+            runtime.world(),
+        )
+    });
+    let elements = shape.map_or(elements, |shape| shape.elements() as usize);
     let operands = Some(operands);
     let entries: Vec<Timed> = contenders
         .all()
@@ -153,7 +195,8 @@ pub fn time_contenders(
             elements,
             operands,
             chunked: id != contenders.nccl,
-            shape: None,
+            shape,
+            staging,
         })
         .collect();
     // One size: `[entry][rank][round]` is each candidate's only size.
@@ -275,6 +318,25 @@ mod tests {
             bit_exact: true,
             candidates: vec![candidate("nccl"), candidate("one_shot_simple_256")],
         }
+    }
+
+    #[test]
+    fn rows_are_timed_4096_wide_unless_a_piece_would_take_fewer_than_two_of_every_run() {
+        // Twice the 64 MiB bucket of bf16 at eight ranks, in pieces of 32 Mi elements.
+        let shape = timing_shape(64 << 20, 32 << 20, 8);
+        assert_eq!((shape.rows(), shape.width()), (16384, 4096));
+        // A 16 KiB bucket at eight ranks: pieces of 8192 elements take two rows of 512 of
+        // every run.
+        let shape = timing_shape(16384, 8192, 8);
+        assert_eq!((shape.rows(), shape.width()), (32, 512));
+        let piece = crate::shape::piece_plan(Collective::AllGather, shape, 8, 8192);
+        let Ok(crate::shape::PiecePlan::Rows(plan)) = piece else {
+            panic!("a plan in rows: {piece:?}");
+        };
+        assert_eq!(plan.rows_per_run(), 2);
+        // Rows that do not fill the elements: as many as fit.
+        assert_eq!(timing_shape(10_000, 1 << 20, 2).elements(), 8192);
+        assert_eq!(timing_shape(5, 1, 4).width(), 1);
     }
 
     #[test]

@@ -139,7 +139,8 @@ pub struct Selection {
     /// memory (cuMemGetInfo) before loading minus after selection, once what checking and
     /// timing needed only while they ran (the full-size out-of-place output, the timing's
     /// buffers and graphs) is freed: the peer buffer, the private output buffer and the
-    /// kernels. Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
+    /// kernels (and a reduce-scatter's or all-gather's staging buffer of one piece, when it
+    /// goes in pieces above the ladder). Measured by whoever loads ([`Handle::select`](crate::serve::Handle::select));
     /// 0 when the caller loaded the candidates itself.
     pub load_memory_bytes: u64,
 }
@@ -578,14 +579,14 @@ fn above_ladder(
         Err(reason) => return Ok(pieces::nccl_untimed(&reason)),
     };
     let bytes = 2 * bucket.max_bytes;
-    let buffers = pieces::PieceBuffers::new(runtime, bytes)?;
+    let buffers = pieces::PieceBuffers::new(runtime, collectives, bytes)?;
     let mut timer = Timer::new(runtime)?;
     let group = pieces::time_contenders(
         runtime,
         collectives,
         &mut timer,
         &contenders,
-        buffers.operands(bytes),
+        (buffers.operands(bytes), buffers.staging()),
         options.timing,
         options.margin,
     )?;

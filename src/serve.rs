@@ -20,7 +20,7 @@ use std::fmt;
 
 use crate::collective::{Collectives, EntryId, Operands};
 use crate::gpu::abort::Abort;
-use crate::gpu::driver::{CallerMemory, HostWords, Stream};
+use crate::gpu::driver::{CallerMemory, DeviceBuffer, HostWords, Stream};
 use crate::gpu::nccl::Communicator;
 use crate::ladder::{Collective, Dtype};
 use crate::package::Package;
@@ -79,6 +79,8 @@ struct Served {
     // The entry that takes every whole piece of a message above the largest bucket; `None`:
     // NCCL takes such messages whole.
     pieces: Option<EntryId>,
+    // One piece's staging buffer, for a reduce-scatter or all-gather served in pieces.
+    staging: Option<DeviceBuffer>,
     // Plain NCCL entries served by the rank-order path instead (`rank_ordered_entries`).
     rank_ordered: Vec<EntryId>,
     selection: Selection,
@@ -195,6 +197,22 @@ impl Handle {
             // writes only the caller's memory, so the package keeps what it serves with.
             collectives.release_output();
             selection.times.load = load;
+            let pieces = pieces_entry(&collectives, &selection.choice);
+            // A reduce-scatter's or all-gather's piece is not one run of the caller's memory on
+            // one side: it goes through a buffer of one piece (`enqueue_rows_in_pieces`).
+            let staging = match pieces {
+                Some(_) if collectives.has_rows() => {
+                    let bytes =
+                        collectives.piece_elements() * package.ladder().dtype.size_bytes() as usize;
+                    Some(
+                        runtime
+                            .device()
+                            .allocate(bytes.max(16))
+                            .map_err(RuntimeError::driver(rank))?,
+                    )
+                }
+                _ => None,
+            };
             selection.load_memory_bytes = free_before.saturating_sub(free_memory()?);
             let routes = selection
                 .choice
@@ -207,7 +225,6 @@ impl Handle {
                     (bucket.max_bytes, id)
                 })
                 .collect();
-            let pieces = pieces_entry(&collectives, &selection.choice);
             let rank_ordered = collectives.rank_ordered_entries(
                 package.ladder(),
                 runtime.world(),
@@ -220,6 +237,7 @@ impl Handle {
                 collectives,
                 routes,
                 pieces,
+                staging,
                 rank_ordered,
                 selection,
             });

@@ -6,7 +6,7 @@
 //! gathered, so every rank returns the same matrix.
 
 use crate::collective::{Collectives, EntryId, Operands};
-use crate::gpu::driver::{DeviceBuffer, Event, Graph, Stream};
+use crate::gpu::driver::{CallerMemory, DeviceBuffer, Event, Graph, Stream};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::shape::Shape;
 
@@ -363,6 +363,9 @@ pub struct Timed {
     /// all-reduce, and for the shape start-up times these collectives at
     /// ([`crate::collective::startup_shape`]).
     pub shape: Option<Shape>,
+    /// The staging buffer of a reduce-scatter's or all-gather's pieces (`chunked` with a
+    /// `shape`, [`Collectives::enqueue_rows_in_pieces`]).
+    pub staging: Option<CallerMemory>,
 }
 
 impl From<(EntryId, usize)> for Timed {
@@ -373,6 +376,7 @@ impl From<(EntryId, usize)> for Timed {
             operands: None,
             chunked: false,
             shape: None,
+            staging: None,
         }
     }
 }
@@ -387,6 +391,20 @@ impl Timed {
     ) -> Result<Graph, RuntimeError> {
         if let Some(shape) = self.shape {
             let message = collectives.row_message(runtime.world(), shape)?;
+            if let (true, Some(operands), Some(staging)) =
+                (self.chunked, self.operands, self.staging)
+            {
+                return collectives.capture_with(stream, ops, |stream| {
+                    collectives.enqueue_rows_in_pieces(
+                        runtime,
+                        stream,
+                        &message,
+                        operands,
+                        staging,
+                        |_| self.id,
+                    )
+                });
+            }
             return collectives.capture_rows(
                 runtime,
                 stream,

@@ -284,7 +284,7 @@ impl<'a> Bench<'a> {
     }
 
     /// The bucket after the last: NCCL on the whole message against the pieces; `None` for a
-    /// reduce-scatter or all-gather, whose pieces are not built (NCCL takes them whole).
+    /// reduce-scatter or all-gather, which the bench does not time in pieces.
     fn time_above_ladder(&mut self, bytes: u64) -> Result<Option<Vec<SizeRow>>, BenchError> {
         let (ladder, collectives) = (self.ladder, self.collectives);
         if collectives.has_rows() {
@@ -305,7 +305,10 @@ impl<'a> Bench<'a> {
         {
             // The previous buffers go first, so that only one pair is ever held.
             self.piece_buffers = None;
-            self.piece_buffers = Some((bytes, pieces::PieceBuffers::new(self.runtime, bytes)?));
+            self.piece_buffers = Some((
+                bytes,
+                pieces::PieceBuffers::new(self.runtime, collectives, bytes)?,
+            ));
         }
         let (_, buffers) = self.piece_buffers.as_ref().expect("allocated above");
         let policy = Policy::default();
@@ -314,7 +317,7 @@ impl<'a> Bench<'a> {
             collectives,
             &mut self.timer,
             &contenders,
-            buffers.operands(bytes),
+            (buffers.operands(bytes), buffers.staging()),
             self.timing,
             policy.margin,
         )?;
@@ -488,6 +491,7 @@ impl<'a> Bench<'a> {
             operands: Some(Operands { input, output }),
             chunked: false,
             shape,
+            staging: None,
         };
         let (input, output) = (
             CallerMemory::whole(&buffers.input),

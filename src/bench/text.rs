@@ -64,8 +64,8 @@ pub fn size_line(collective: Collective, row: &SizeRow) -> String {
 pub fn above_ladder_line(collective: Collective, bytes: u64) -> String {
     if has_rows(collective) {
         format!(
-            "{bytes:>10}: above the last bucket: NCCL takes a {collective} that large whole \
-             (its pieces are not built); skipped"
+            "{bytes:>10}: above the last bucket: the bench does not time a {collective} in \
+             pieces; skipped"
         )
     } else {
         format!(

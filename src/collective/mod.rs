@@ -16,6 +16,7 @@ mod operands;
 mod order;
 mod rank_order;
 mod row_launch;
+mod row_pieces;
 mod rows;
 mod symmetric;
 
@@ -35,6 +36,7 @@ pub use operands::{
 };
 pub use order::rank_order_applies;
 pub use row_launch::startup_shape;
+pub use row_pieces::{row_piece_steps, PieceCopy, RowPieceStep};
 pub use rows::{plan_rows, RowLayout, RowMessage, RowPlan};
 
 use crate::device::DropReason;

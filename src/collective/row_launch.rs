@@ -2,9 +2,10 @@
 //! the shape, then the entry's NCCL path ([`super::nccl_rows`]) or its custom kernel with the
 //! copies [`plan_rows`] asks for around it.
 
+use super::row_pieces::row_piece_steps;
 use super::rows::{plan_rows, RowMessage};
 use super::{check_entry, moves, Collectives, EntryId, Input, Launch, Operands};
-use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
+use crate::gpu::driver::{CallerMemory, DeviceMemory, Graph, Stream};
 use crate::ladder::Collective;
 use crate::runtime::{OperandError, Runtime, RuntimeError};
 use crate::shape::Shape;
@@ -177,6 +178,98 @@ impl Collectives {
             .layout(operands.input.address(), operands.output.address())
             .map_err(self.operand_error())?;
         self.enqueue_nccl_rows_fallback(runtime, stream, message, layout, operands, exact_only)
+    }
+}
+
+impl Collectives {
+    /// Enqueues `message`, of any size, in pieces of the largest bucket's message
+    /// ([`super::row_piece_steps`]), each through the entry `entry_for` gives for its full
+    /// bytes, in order on `stream`: a reduce-scatter's piece gathered from `operands.input`
+    /// into `staging` and written to its rows of `operands.output`, an all-gather's read from
+    /// its rows of `operands.input`, written to `staging` and scattered into `operands.output`.
+    /// `staging` holds one piece and lies apart from both operands. In place is taken as
+    /// whole: a piece writes only rows that no later piece reads. Everything is checked before
+    /// the first piece is enqueued (a refusal after some would leave the peers waiting).
+    pub fn enqueue_rows_in_pieces(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        message: &RowMessage,
+        operands: Operands,
+        staging: CallerMemory,
+        entry_for: impl Fn(u64) -> EntryId,
+    ) -> Result<(), RuntimeError> {
+        let piece = self.piece_elements() as u64;
+        let steps = row_piece_steps(message, piece, self.dtype)
+            .map_err(|source| (self.operand_error())(OperandError::Shape(source)))?;
+        check_holds(message, &operands).map_err(self.operand_error())?;
+        message
+            .layout(operands.input.address(), operands.output.address())
+            .map_err(self.operand_error())?;
+        let staged = piece * self.element_bytes;
+        let apart = [&operands.input, &operands.output]
+            .into_iter()
+            .all(|memory| {
+                !super::operands::overlaps(
+                    &super::operands::span(staging.address(), staged),
+                    &super::operands::span(memory.address(), memory.len_bytes() as u64),
+                )
+            });
+        if (staging.len_bytes() as u64) < staged || !apart {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "the staging buffer of a {} in pieces must hold {staged} bytes apart from                      the operands",
+                    message.collective()
+                ),
+            });
+        }
+        let scatter = message.collective() == Collective::ReduceScatter;
+        let rank = self.rank;
+        let copy = |to: &dyn DeviceMemory, from: &dyn DeviceMemory, each: &super::PieceCopy| {
+            stream
+                .copy_device(
+                    to,
+                    each.to as usize,
+                    from,
+                    each.from as usize,
+                    each.bytes as usize,
+                )
+                .map_err(RuntimeError::driver(rank))
+        };
+        for step in steps {
+            let own = CallerMemory::prefix(
+                &if scatter {
+                    operands.output
+                } else {
+                    operands.input
+                }
+                .offset(step.own_offset),
+                step.message.own_bytes(),
+            );
+            let piece_operands = if scatter {
+                for each in &step.copies {
+                    copy(&staging, &operands.input, each)?;
+                }
+                Operands {
+                    input: CallerMemory::prefix(&staging, step.message.input_bytes()),
+                    output: own,
+                }
+            } else {
+                Operands {
+                    input: own,
+                    output: CallerMemory::prefix(&staging, step.message.output_bytes()),
+                }
+            };
+            let id = entry_for(step.message.message_bytes());
+            self.enqueue_rows(runtime, stream, id, &step.message, piece_operands)?;
+            if !scatter {
+                for each in &step.copies {
+                    copy(&operands.output, &staging, each)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

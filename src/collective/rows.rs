@@ -39,7 +39,8 @@ pub enum RowLayout {
 
 impl RowMessage {
     /// Rank `rank` of `world`'s part of a `collective` of `shape` in `dtype`; refused for a
-    /// collective without rows or a rank outside the world.
+    /// collective without rows, a rank outside the world, or more bytes than a u64 counts
+    /// (every byte count of the message is then exact).
     pub fn new(
         collective: Collective,
         shape: Shape,
@@ -54,12 +55,14 @@ impl RowMessage {
             return Err(ShapeError::NotBuilt { collective });
         }
         shape.owned_rows(world, rank)?;
+        let element_bytes = dtype.size_bytes();
+        shape.bytes(element_bytes)?;
         Ok(RowMessage {
             collective,
             shape,
             world,
             rank,
-            element_bytes: dtype.size_bytes(),
+            element_bytes,
         })
     }
 
@@ -381,6 +384,35 @@ mod tests {
             RowMessage::new(Collective::AllGather, shape, 2, 2, Dtype::Fp32),
             Err(ShapeError::RankOutsideWorld { rank: 2, world: 2 })
         );
+    }
+
+    #[test]
+    fn a_message_of_more_bytes_than_a_u64_counts_is_refused_naming_its_shape() {
+        // 2^63 elements fit a u64; their bytes do not, in any type.
+        let shape = Shape::new(1 << 32, 1 << 31).unwrap();
+        for (dtype, element_bytes) in [(Dtype::Bf16, 2), (Dtype::Fp32, 4)] {
+            for collective in [Collective::ReduceScatter, Collective::AllGather] {
+                assert_eq!(
+                    RowMessage::new(collective, shape, 2, 1, dtype),
+                    Err(ShapeError::TooManyBytes {
+                        rows: 1 << 32,
+                        width: 1 << 31,
+                        element_bytes
+                    })
+                );
+            }
+        }
+        let refused = RowMessage::new(Collective::AllGather, shape, 2, 0, Dtype::Fp32).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "a message of 4294967296 rows of width 2147483648 in 4-byte elements holds more than \
+             2^64 - 1 bytes"
+        );
+        // The largest that fits is taken, and its byte counts are exact.
+        let large = Shape::new(1 << 31, 1 << 30).unwrap();
+        let message = RowMessage::new(Collective::ReduceScatter, large, 2, 1, Dtype::Fp32).unwrap();
+        assert_eq!(message.message_bytes(), 1 << 63);
+        assert_eq!(message.output_bytes(), 1 << 62);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! all-reduces are.
 
 use super::{Handle, ServeError, Served};
-use crate::collective::{Operands, RowMessage};
+use crate::collective::{EntryId, Operands, RowMessage};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Stream};
 use crate::ladder::{Collective, Dtype};
 use crate::runtime::{OperandError, RuntimeError};
@@ -218,9 +218,7 @@ impl Handle {
         self.enqueue_rows(served, stream, &message, operands)
     }
 
-    /// Routes `message` by its full bytes: the bucket's winner, or NCCL on the whole message
-    /// above the ladder (pieces of these collectives are not built) and where a plain NCCL
-    /// winner of a reduce-scatter must sum in rank order.
+    /// Routes `message` by its full bytes ([`row_route`]).
     fn enqueue_rows(
         &self,
         served: &Served,
@@ -228,12 +226,33 @@ impl Handle {
         message: &RowMessage,
         operands: Operands,
     ) -> Result<(), ServeError> {
-        let sums = message.collective() == Collective::ReduceScatter;
+        let route = row_route(
+            message.collective(),
+            served.route(message.message_bytes()),
+            served.pieces.filter(|_| served.staging.is_some()),
+            &served.rank_ordered,
+        );
         self.watched(stream, || {
-            match served.route(message.message_bytes()) {
-                Some(id) if !(sums && served.rank_ordered.contains(&id)) => served
-                    .collectives
-                    .enqueue_rows(&self.runtime, stream, id, message, operands)?,
+            match (route, &served.staging) {
+                (RowRoute::Bucket(id), _) => {
+                    served.collectives.enqueue_rows(
+                        &self.runtime,
+                        stream,
+                        id,
+                        message,
+                        operands,
+                    )?;
+                }
+                (RowRoute::Pieces(whole), Some(staging)) => {
+                    served.collectives.enqueue_rows_in_pieces(
+                        &self.runtime,
+                        stream,
+                        message,
+                        operands,
+                        CallerMemory::whole(staging),
+                        |bytes| piece_entry(bytes, &served.routes, whole),
+                    )?;
+                }
                 _ => served.collectives.enqueue_nccl_rows_whole(
                     &self.runtime,
                     stream,
@@ -244,5 +263,93 @@ impl Handle {
             }
             Ok(())
         })
+    }
+}
+
+/// Where a reduce-scatter or all-gather goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowRoute {
+    /// Its bucket's winner.
+    Bucket(EntryId),
+    /// Above the ladder, in pieces, each taking the same rows of every rank's run, those in
+    /// the largest bucket through this entry ([`piece_entry`]).
+    Pieces(EntryId),
+    /// NCCL on the whole message (the exact one where the policy asks).
+    Nccl,
+}
+
+/// The route of a `collective` whose bucket's winner is `bucket` (`None`: above the ladder),
+/// where start-up chose `pieces` above the ladder (`None`: NCCL) and `rank_ordered` are the
+/// plain NCCL entries that must sum in rank order here. A reduce-scatter goes whole to NCCL
+/// instead of such an entry, and above the ladder whenever there is one (a piece could go to
+/// it); an all-gather sums nothing, so those entries do not move it.
+fn row_route(
+    collective: Collective,
+    bucket: Option<EntryId>,
+    pieces: Option<EntryId>,
+    rank_ordered: &[EntryId],
+) -> RowRoute {
+    let sums = collective == Collective::ReduceScatter;
+    match (bucket, pieces) {
+        (Some(id), _) if !(sums && rank_ordered.contains(&id)) => RowRoute::Bucket(id),
+        (None, Some(whole)) if !sums || rank_ordered.is_empty() => RowRoute::Pieces(whole),
+        _ => RowRoute::Nccl,
+    }
+}
+
+/// The entry of a piece of `bytes` (full message) among `routes` (each bucket's largest
+/// message and winner, ascending): `whole`, the candidate start-up timed in pieces, for a
+/// piece in the largest bucket; a shorter last piece's bucket's winner otherwise.
+fn piece_entry(bytes: u64, routes: &[(u64, EntryId)], whole: EntryId) -> EntryId {
+    let largest_from = routes.iter().rev().nth(1).map_or(0, |route| route.0);
+    if bytes > largest_from {
+        return whole;
+    }
+    routes
+        .iter()
+        .find(|(max_bytes, _)| bytes <= *max_bytes)
+        .map(|(_, id)| *id)
+        .expect("a piece is at most the largest bucket's message")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn above_the_ladder_a_row_collective_goes_in_pieces_when_start_up_chose_them() {
+        for collective in [Collective::ReduceScatter, Collective::AllGather] {
+            assert_eq!(
+                row_route(collective, Some(3), Some(7), &[]),
+                RowRoute::Bucket(3)
+            );
+            assert_eq!(
+                row_route(collective, None, Some(7), &[]),
+                RowRoute::Pieces(7)
+            );
+            assert_eq!(row_route(collective, None, None, &[]), RowRoute::Nccl);
+        }
+    }
+
+    #[test]
+    fn a_reduce_scatter_that_could_meet_a_plain_nccl_winner_summing_in_rank_order_goes_whole() {
+        let scatter = Collective::ReduceScatter;
+        assert_eq!(row_route(scatter, Some(3), None, &[3]), RowRoute::Nccl);
+        assert_eq!(row_route(scatter, Some(3), None, &[4]), RowRoute::Bucket(3));
+        assert_eq!(row_route(scatter, None, Some(7), &[4]), RowRoute::Nccl);
+        // An all-gather sums nothing.
+        let gather = Collective::AllGather;
+        assert_eq!(row_route(gather, Some(3), None, &[3]), RowRoute::Bucket(3));
+        assert_eq!(row_route(gather, None, Some(7), &[4]), RowRoute::Pieces(7));
+    }
+
+    #[test]
+    fn a_piece_in_the_largest_bucket_takes_the_pieces_winner_and_a_shorter_one_its_bucket_s() {
+        let routes = [(1024, 0), (4096, 1), (65536, 2)];
+        assert_eq!(piece_entry(65536, &routes, 9), 9);
+        assert_eq!(piece_entry(4097, &routes, 9), 9);
+        assert_eq!(piece_entry(4096, &routes, 9), 1);
+        assert_eq!(piece_entry(16, &routes, 9), 0);
+        assert_eq!(piece_entry(16, &[(65536, 2)], 9), 9);
     }
 }

@@ -33,6 +33,19 @@ pub enum ShapeError {
         /// The width asked for.
         width: u64,
     },
+    /// More bytes than a 64-bit count holds, in elements of `element_bytes`.
+    #[error(
+        "a message of {rows} rows of width {width} in {element_bytes}-byte elements holds more \
+         than 2^64 - 1 bytes"
+    )]
+    TooManyBytes {
+        /// The rows asked for.
+        rows: u64,
+        /// The width asked for.
+        width: u64,
+        /// Bytes of one element.
+        element_bytes: u64,
+    },
     /// A rank outside the world (every rank of a world of 0 is).
     #[error("rank {rank} is not below the world size {world}")]
     RankOutsideWorld {
@@ -105,6 +118,18 @@ impl Shape {
     /// Elements of the full message.
     pub fn elements(self) -> u64 {
         self.rows * self.width
+    }
+
+    /// Bytes of the full message in elements of `element_bytes`; refused when a u64 does not
+    /// count them.
+    pub fn bytes(self, element_bytes: u64) -> Result<u64, ShapeError> {
+        self.elements()
+            .checked_mul(element_bytes)
+            .ok_or(ShapeError::TooManyBytes {
+                rows: self.rows,
+                width: self.width,
+                element_bytes,
+            })
     }
 
     /// The rows rank `rank` of `world` owns ([`owned_rows`]).

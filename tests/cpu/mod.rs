@@ -28,6 +28,7 @@ mod robustness;
 mod schemas;
 mod select;
 mod shipped_ladders;
+mod shipped_row_ladders;
 mod validate_fixtures;
 mod validate_memory;
 mod validate_proptest;

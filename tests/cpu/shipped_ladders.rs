@@ -1,7 +1,8 @@
 //! The shipped catalogs are shaped as documented, and the device rules judge them on the
 //! described devices: RTX PRO 6000 runs every GB202 catalog, GB10 only the ordinary one (the
 //! refusal names it), H200 runs the H200 catalogs and no GB202 one; the GB10 reduce-scatter
-//! catalogs are NCCL only, exact by default, and run on GB10 alone.
+//! catalogs are NCCL only, exact by default, and run on GB10 alone; the H200 and GB202
+//! reduce-scatter and all-gather catalogs are one-shot kernels beside NCCL, exact by default.
 
 use prepare::device::{
     check_candidate_residency, check_export_target, check_package_fits, required_residency,
@@ -12,10 +13,10 @@ use prepare::tune::{decide_static, BucketSamples, CandidateSamples, Policy};
 
 use crate::support::repository::{json_files, root};
 
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
+pub(super) const KIB: u64 = 1024;
+pub(super) const MIB: u64 = 1024 * KIB;
 /// One decode row of a 7168-wide bf16 hidden state.
-const SMALLEST_SERVING_MESSAGE: u64 = 7168 * 2;
+pub(super) const SMALLEST_SERVING_MESSAGE: u64 = 7168 * 2;
 /// Blocks of 512 threads that every supported kernel can keep resident per SM.
 const BLOCKS_PER_SM: u32 = 2;
 
@@ -46,15 +47,32 @@ const GB10_REDUCE_SCATTER: [&str; 2] = [
     "gb10_roce_tp2_reduce_scatter_fp32",
     "gb10_roce_tp3_reduce_scatter_fp32",
 ];
+/// Reduce-scatter and all-gather catalogs with custom kernels: H200 at 2, 4 and 8 ranks in bf16
+/// and fp32, and the GB202 all-gather (Ignition's gathers).
+pub(super) const ROWS: [&str; 13] = [
+    "gb202_pcie_tp4_all_gather",
+    "h200_nvlink_tp2_all_gather",
+    "h200_nvlink_tp2_all_gather_fp32",
+    "h200_nvlink_tp2_reduce_scatter",
+    "h200_nvlink_tp2_reduce_scatter_fp32",
+    "h200_nvlink_tp4_all_gather",
+    "h200_nvlink_tp4_all_gather_fp32",
+    "h200_nvlink_tp4_reduce_scatter",
+    "h200_nvlink_tp4_reduce_scatter_fp32",
+    "h200_nvlink_tp8_all_gather",
+    "h200_nvlink_tp8_all_gather_fp32",
+    "h200_nvlink_tp8_reduce_scatter",
+    "h200_nvlink_tp8_reduce_scatter_fp32",
+];
 /// TensorFold's reduce-scatter: 2,048 x 4,096 fp32.
 const TENSORFOLD_MESSAGE: u64 = 2048 * 4096 * 4;
 
-fn ladder(name: &str) -> Ladder {
+pub(super) fn ladder(name: &str) -> Ladder {
     let path = root().join("ladders").join(format!("{name}.json"));
     validate_ladder_file(&path).unwrap_or_else(|error| panic!("{error}"))
 }
 
-/// Every shipped catalog, by name.
+/// Every shipped all-reduce catalog but the twins, by name.
 fn catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
     GB202
         .into_iter()
@@ -62,8 +80,39 @@ fn catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
         .map(|name| (name, ladder(name)))
 }
 
+/// The reduce-scatter and all-gather catalogs with custom kernels, by name.
+pub(super) fn row_catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
+    ROWS.into_iter().map(|name| (name, ladder(name)))
+}
+
+/// Every catalog with custom kernels, of every collective, by name.
+fn kernel_catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
+    catalogs().chain(row_catalogs())
+}
+
+/// The collective, dtype and world a row catalog's name says: `<machine>_tp<world>_<collective>`
+/// and `_fp32` for fp32.
+pub(super) fn named_shape(name: &str) -> (Collective, Dtype, u32) {
+    let collective = if name.contains("_reduce_scatter") {
+        Collective::ReduceScatter
+    } else {
+        Collective::AllGather
+    };
+    let dtype = if name.ends_with("_fp32") {
+        Dtype::Fp32
+    } else {
+        Dtype::Bf16
+    };
+    let world = name
+        .split('_')
+        .find_map(|part| part.strip_prefix("tp"))
+        .and_then(|world| world.parse().ok())
+        .expect("a world in the name");
+    (collective, dtype, world)
+}
+
 /// The largest message a ladder covers, bytes.
-fn largest_message(ladder: &Ladder) -> u64 {
+pub(super) fn largest_message(ladder: &Ladder) -> u64 {
     ladder
         .buckets
         .iter()
@@ -73,7 +122,7 @@ fn largest_message(ladder: &Ladder) -> u64 {
 }
 
 /// NVIDIA RTX PRO 6000 Blackwell (GB202): sm_120, 188 SMs.
-fn rtx_pro_6000() -> DeviceDescription {
+pub(super) fn rtx_pro_6000() -> DeviceDescription {
     DeviceDescription {
         name: "NVIDIA RTX PRO 6000 Blackwell".to_owned(),
         arch: Arch::Sm120,
@@ -83,7 +132,7 @@ fn rtx_pro_6000() -> DeviceDescription {
 }
 
 /// NVIDIA GB10 (DGX Spark): sm_121, 48 SMs.
-fn gb10() -> DeviceDescription {
+pub(super) fn gb10() -> DeviceDescription {
     DeviceDescription {
         name: "NVIDIA GB10".to_owned(),
         arch: Arch::Sm121,
@@ -93,7 +142,7 @@ fn gb10() -> DeviceDescription {
 }
 
 /// NVIDIA H200: sm_90, 132 SMs.
-fn h200() -> DeviceDescription {
+pub(super) fn h200() -> DeviceDescription {
     DeviceDescription {
         name: "NVIDIA H200".to_owned(),
         arch: Arch::Sm90,
@@ -224,6 +273,14 @@ fn targets_are_the_architecture_rule() {
     for name in H200 {
         assert_eq!(ladder(name).targets, vec![Arch::Sm90], "{name}");
     }
+    for (name, ladder) in row_catalogs() {
+        let expected = if name.starts_with("gb202_") {
+            vec![Arch::Sm120, Arch::Sm121]
+        } else {
+            vec![Arch::Sm90]
+        };
+        assert_eq!(ladder.targets, expected, "{name}");
+    }
     let error = check_export_target(&ladder("gb202_pcie_tp4"), Arch::Sm90).unwrap_err();
     assert_eq!(
         error.to_string(),
@@ -243,7 +300,7 @@ fn targets_are_the_architecture_rule() {
 #[test]
 fn rtx_pro_6000_runs_every_gb202_catalog() {
     let device = rtx_pro_6000();
-    for name in GB202 {
+    for name in GB202.into_iter().chain(["gb202_pcie_tp4_all_gather"]) {
         assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
     }
 }
@@ -251,10 +308,9 @@ fn rtx_pro_6000_runs_every_gb202_catalog() {
 #[test]
 fn gb10_is_told_to_use_the_ordinary_catalog() {
     let device = gb10();
-    assert_eq!(
-        check_package_fits(&ladder("gb202_pcie_tp4"), &device),
-        Ok(())
-    );
+    for name in ["gb202_pcie_tp4", "gb202_pcie_tp4_all_gather"] {
+        assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
+    }
     for name in ["gb202_pcie_tp4_clustered", "gb202_pcie_tp4_clustered_full"] {
         let error = check_package_fits(&ladder(name), &device).unwrap_err();
         assert!(
@@ -275,10 +331,11 @@ fn gb10_is_told_to_use_the_ordinary_catalog() {
 #[test]
 fn h200_runs_the_h200_catalogs_and_no_gb202_one() {
     let device = h200();
-    for name in H200 {
+    let h200_rows = ROWS.into_iter().filter(|name| name.starts_with("h200_"));
+    for name in H200.into_iter().chain(h200_rows) {
         assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
     }
-    for name in GB202 {
+    for name in GB202.into_iter().chain(["gb202_pcie_tp4_all_gather"]) {
         let error = check_package_fits(&ladder(name), &device).unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -314,7 +371,7 @@ fn a_device_without_cluster_launch_is_refused_clustered_catalogs() {
 /// 8 SMs), so no candidate is dropped for residency on the machines the catalogs are for.
 #[test]
 fn every_launch_is_resident_on_the_devices_it_fits() {
-    for (name, ladder) in catalogs() {
+    for (name, ladder) in kernel_catalogs() {
         for device in devices()
             .iter()
             .filter(|device| check_package_fits(&ladder, device).is_ok())
@@ -342,10 +399,19 @@ fn every_launch_is_resident_on_the_devices_it_fits() {
 }
 
 /// Peer memory per GPU: the registered buffer of every shipped catalog is at most four times its
-/// largest message (`prepare show` reports the same figure).
+/// largest message (`prepare show` reports the same figure). The reduce-scatter's push keeps
+/// world - 1 message-sized slots, so beyond two ranks it stops at 16 MiB: at eight ranks the
+/// buffer is the 64 MiB input region and seven 16 MiB slots.
 #[test]
 fn every_catalog_needs_at_most_four_times_its_largest_message_of_peer_memory() {
-    for (name, ladder) in catalogs() {
+    let buffer = |name: &str| prepare::kernels::peer_buffer_bytes(&ladder(name)) / MIB;
+    assert_eq!(buffer("h200_nvlink_tp8_reduce_scatter"), 64 + 7 * 16);
+    assert_eq!(buffer("h200_nvlink_tp4_reduce_scatter_fp32"), 64 + 3 * 16);
+    assert_eq!(buffer("h200_nvlink_tp2_reduce_scatter"), 64 + 64);
+    // The all-gather's push keeps one message-sized region for every peer's rows.
+    assert_eq!(buffer("h200_nvlink_tp8_all_gather"), 64 + 64);
+    assert_eq!(buffer("gb202_pcie_tp4_all_gather"), 64 + 64);
+    for (name, ladder) in kernel_catalogs() {
         let largest = largest_message(&ladder);
         let peer = prepare::kernels::peer_buffer_bytes(&ladder);
         assert!(
@@ -359,11 +425,11 @@ fn every_catalog_needs_at_most_four_times_its_largest_message_of_peer_memory() {
 
 /// What a served package keeps on each GPU besides its kernels, the peer buffer and its signal
 /// flags and the private output buffer, is at most four times the largest message for every
-/// shipped catalog; for the H200 TP2 catalogs the private buffer is one move chunk (one-shot
-/// pull, whose sum cannot go to the input region, stops at 1 MiB).
+/// shipped catalog; for the H200 TP2 all-reduce catalogs the private buffer is one move chunk
+/// (one-shot pull, whose sum cannot go to the input region, stops at 1 MiB).
 #[test]
 fn every_served_catalog_keeps_at_most_four_times_its_largest_message() {
-    for (name, ladder) in catalogs() {
+    for (name, ladder) in kernel_catalogs() {
         let largest = largest_message(&ladder);
         let private = prepare::collective::private_output_bytes(&ladder);
         let kept =
@@ -375,7 +441,7 @@ fn every_served_catalog_keeps_at_most_four_times_its_largest_message() {
             kept / MIB,
             largest / MIB
         );
-        if name.starts_with("h200_nvlink_tp2") {
+        if name.starts_with("h200_nvlink_tp2") && ladder.collective == Collective::AllReduce {
             assert_eq!(private, prepare::collective::MOVE_CHUNK_BYTES, "{name}");
         }
     }
@@ -394,11 +460,23 @@ fn every_shipped_ladder_is_named_here() {
         .chain(H200)
         .chain(TWINS)
         .chain(GB10_REDUCE_SCATTER)
+        .chain(ROWS)
         .collect();
     named.sort_unstable();
     assert_eq!(shipped, named);
     for (name, ladder) in catalogs() {
         assert_eq!(ladder.collective, Collective::AllReduce, "{name}");
+    }
+    for name in TWINS {
+        assert_eq!(ladder(name).collective, Collective::AllReduce, "{name}");
+    }
+    for (name, ladder) in row_catalogs() {
+        let (collective, dtype, world) = named_shape(name);
+        assert_eq!(
+            (ladder.collective, ladder.dtype, ladder.world_size),
+            (collective, dtype, world),
+            "{name}"
+        );
     }
 }
 
@@ -454,6 +532,31 @@ fn the_gb10_reduce_scatter_catalogs_are_nccl_only_with_the_exact_one_the_default
     }
 }
 
+/// Bucket `index` of `ladder` as static tuning sees it: nothing timed, each candidate exact by
+/// the exactness policy.
+pub(super) fn static_samples(ladder: &Ladder, index: usize) -> BucketSamples {
+    let bucket = &ladder.buckets[index];
+    BucketSamples {
+        index,
+        default: bucket.default.clone(),
+        sizes: Vec::new(),
+        candidates: bucket
+            .candidates
+            .iter()
+            .map(|id| CandidateSamples {
+                profile: id.clone(),
+                dropped: None,
+                exact: is_exact(
+                    ladder.collective,
+                    ladder.profile(id).expect("validated"),
+                    ladder.world_size,
+                ),
+                samples: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
 /// Static tuning takes the exact NCCL reduce-scatter in every bucket, exact under either
 /// policy; plain ncclReduceScatter counts as exact at two ranks only.
 #[test]
@@ -465,26 +568,8 @@ fn static_tuning_of_the_gb10_catalogs_is_exact() {
                 exact_only,
                 ..Policy::default()
             };
-            for (index, bucket) in ladder.buckets.iter().enumerate() {
-                let samples = BucketSamples {
-                    index,
-                    default: bucket.default.clone(),
-                    sizes: Vec::new(),
-                    candidates: bucket
-                        .candidates
-                        .iter()
-                        .map(|id| CandidateSamples {
-                            profile: id.clone(),
-                            dropped: None,
-                            exact: is_exact(
-                                ladder.collective,
-                                ladder.profile(id).expect("validated"),
-                                ladder.world_size,
-                            ),
-                            samples: Vec::new(),
-                        })
-                        .collect(),
-                };
+            for index in 0..ladder.buckets.len() {
+                let samples = static_samples(&ladder, index);
                 let plain = samples
                     .candidates
                     .iter()

@@ -6,7 +6,8 @@
 //! per rank; the multi-size graph sequence with device memory unchanged; a rank that never
 //! launches; the planted mutations caught at 2, 4 and 8 ranks; batch invariance
 //! (tests/gpu/one_gpu/invariance.rs); and the reduce-scatter and all-gather kernels at 2, 4 and 8
-//! ranks (tests/gpu/one_gpu/rows.rs). NCCL candidates are out: NCCL refuses two ranks on one
+//! ranks (tests/gpu/one_gpu/rows.rs), which also runs the shipped reduce-scatter and all-gather
+//! ladders' candidates at their buckets' geometry. NCCL candidates are out: NCCL refuses two ranks on one
 //! device. Each test prints a table for the GPU run's log.
 
 use std::collections::BTreeSet;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use prepare::compile::SourceOverrides;
 use prepare::kernels::kernels_for_ladder;
-use prepare::ladder::{validate_ladder_bytes, Arch, Ladder};
+use prepare::ladder::{validate_ladder_bytes, Arch, Collective, Ladder};
 
 use super::mutations::cut_ladder;
 use super::one_gpu::{bucket_sizes, compile, dtype_name, gpu_lock, Outcome, World};
@@ -213,6 +214,32 @@ fn run_ladder(
     report
 }
 
+/// A reduce-scatter or all-gather ladder's custom candidates at every bucket's geometry and
+/// sizes, through the row kernels' harness (tests/gpu/one_gpu/rows.rs); its rows of the table
+/// count (bucket, candidate) pairs.
+fn run_row_ladder(
+    device: &prepare::gpu::driver::Device,
+    name: &str,
+    ladder: &Ladder,
+    seed: u64,
+) -> Report {
+    let started = Instant::now();
+    let checked = super::one_gpu::rows::check_row_ladder(device, ladder, seed);
+    Report {
+        name: name.to_owned(),
+        world: ladder.world_size as usize,
+        dtype: dtype_name(ladder.dtype),
+        candidates: checked.candidates,
+        exact: checked.exact,
+        sequence: "-".to_owned(),
+        missing_rank: "-".to_owned(),
+        failures: checked.failures,
+        reduced: checked.reduced.into_iter().collect(),
+        seconds: started.elapsed().as_secs_f64(),
+        ..Report::default()
+    }
+}
+
 /// The variable that restricts the ladder tests to the ladders whose names contain one of its
 /// comma-separated words (all when unset), to take the checks in several commands.
 const LADDERS_VARIABLE: &str = "PREPARE_ONE_GPU_LADDERS";
@@ -237,6 +264,9 @@ fn run_and_report(title: &str, ladders: Vec<(String, Result<Ladder, String>)>) {
     let mut problems = String::new();
     for (seed, (name, ladder)) in ladders.into_iter().enumerate() {
         let report = match ladder {
+            Ok(ladder) if ladder.collective != Collective::AllReduce => {
+                run_row_ladder(&device, &name, &ladder, 1000 * seed as u64 + 1)
+            }
             Ok(ladder) => run_ladder(&device, &name, ladder, 1000 * seed as u64 + 1),
             Err(why) => Report {
                 name: name.clone(),

@@ -146,6 +146,43 @@ fn the_exact_nccl_reduce_scatter_is_exact_in_every_bucket_at_the_test_world() {
     }
 }
 
+/// `prepare check` on a reduce-scatter and an all-gather package with custom kernels: above the
+/// ladder, every custom candidate of the largest bucket in pieces (two pieces and three rows,
+/// uneven over the ranks, out of place and in place) equals the reference on every rank.
+#[test]
+#[ignore = "needs GPUs"]
+fn row_collectives_above_the_ladder_are_exact_in_pieces_on_every_rank() {
+    let world = require_world!();
+    for collective in ["reduce_scatter", "all_gather"] {
+        let value = rows_ladder(collective, world, true);
+        let (_ladder_dir, written) = written_ladder(
+            &format!("{collective}.json"),
+            serde_json::to_vec_pretty(&value).unwrap(),
+        );
+        let (_package_dir, package) = export_file(&written);
+        let output = check_on_gpus(world, &package, 60, &[]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        eprintln!("{}", printed(&output));
+        assert!(
+            output.status.success(),
+            "prepare check of {collective} failed"
+        );
+        for rank in 0..world {
+            for profile in ["one_shot_pull", "one_shot_push"] {
+                let prefix = format!("[rank {rank}] {profile} in pieces, ");
+                let suffix =
+                    format!(" {collective} out of place and in place: equals the reference");
+                assert!(
+                    stdout
+                        .lines()
+                        .any(|line| line.starts_with(&prefix) && line.ends_with(&suffix)),
+                    "rank {rank}, {collective} {profile}: {stdout}"
+                );
+            }
+        }
+    }
+}
+
 /// Set, to the two packages' directories joined by a newline, in the rank processes of
 /// [`the_handle_reduce_scatters_and_all_gathers_every_shape_and_layout_at_two_ranks`].
 const ROWS_PACKAGES: &str = "PREPARE_TEST_ROWS_PACKAGES";

@@ -24,8 +24,9 @@ enum RowCollective {
 /// The dtype and the shape of a call, checked (InvalidArgument).
 fn shape_and_dtype(rows: usize, width: usize, code: i32) -> Result<(Shape, Dtype), Failure> {
     let dtype = dtype(code)?;
-    let shape =
-        Shape::new(rows as u64, width as u64).map_err(|error| Failure::invalid(chain(&error)))?;
+    let shape = Shape::new(rows as u64, width as u64)
+        .and_then(|shape| shape.bytes(dtype.size_bytes()).map(|_| shape))
+        .map_err(|error| Failure::invalid(chain(&error)))?;
     Ok((shape, dtype))
 }
 
@@ -266,6 +267,15 @@ mod tests {
             let status = unsafe { call(std::ptr::null(), null, null, usize::MAX, 2, 0, null) };
             assert_eq!(status, PrepareStatus::InvalidArgument);
             assert!(last_error().contains("more than 2^64 - 1 elements"));
+            // 2^63 elements fit a u64, their bytes do not.
+            // SAFETY: as above.
+            let status = unsafe { call(std::ptr::null(), null, null, 1 << 32, 1 << 31, 0, null) };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert_eq!(
+                last_error(),
+                "a message of 4294967296 rows of width 2147483648 in 2-byte elements holds more \
+                 than 2^64 - 1 bytes"
+            );
             // SAFETY: as above.
             let status = unsafe { call(std::ptr::null(), null, null, 0, 1, 2, null) };
             assert_eq!(status, PrepareStatus::InvalidArgument);

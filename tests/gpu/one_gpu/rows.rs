@@ -5,32 +5,37 @@
 //! rank late and in a graph of every rank replayed twice. Every rank's output must be
 //! `prepare::reference::reference_outputs`'s, the bytes after it still poison, and its input
 //! unchanged (but for a reduce-scatter in place, whose output is its rows of its input).
+//! A shipped reduce-scatter or all-gather ladder's custom candidates run the same way at their
+//! buckets' geometry and sizes ([`check_row_ladder`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use prepare::abi::PARAMS_BYTES;
+use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::SourceOverrides;
+use prepare::device::required_residency;
 use prepare::gpu::abort::Abort;
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Event, Geometry, Graph, Kernel, LoadedKernel, Module,
-    ModuleImage, Stream,
+    Device, DeviceBuffer, DeviceMemory, Driver, Event, Geometry, Graph, Kernel, LoadedKernel,
+    Module, ModuleImage, Stream,
 };
 use prepare::kernels::{
     input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams, MAX_BLOCKS,
     MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS, STATE_WORDS,
 };
-use prepare::ladder::{Arch, Collective, Dtype, Profile};
+use prepare::ladder::{Arch, Collective, Dtype, Ladder, Profile};
 use prepare::reference::{random_rank_inputs, reference_outputs};
 use prepare::shape::Shape;
 
 use super::checks::{check_connections, HELPERS};
 use super::{compile, dtype_name, DEADLINE, GUARD_BYTES, POISON, WAIT};
 use crate::gpu::support::{compile_ptx, WORLDS};
-use crate::support::one_gpu::{judge_abort, Verdict};
+use crate::support::one_gpu::{judge_abort, plan_launch, LaunchPlan, Verdict};
 
-/// Blocks and threads of every launch: eight ranks' blocks fit one to a multiprocessor.
+/// Blocks and threads of every launch of the kernel table's check: eight ranks' blocks fit one
+/// to a multiprocessor.
 const BLOCKS: u32 = 8;
 const THREADS: u32 = 256;
 /// How long the late rank waits before its kernel starts.
@@ -104,6 +109,8 @@ struct Run<'s> {
     spec: &'s KernelSpec,
     shape: Shape,
     in_place: bool,
+    blocks: u32,
+    threads: u32,
 }
 
 impl Run<'_> {
@@ -117,11 +124,13 @@ impl Run<'_> {
 
     fn describe(&self) -> String {
         format!(
-            "{} {} x {}{}",
+            "{} {} x {}{} on {} x {}",
             self.spec.name,
             self.shape.rows(),
             self.shape.width(),
-            if self.in_place { " in place" } else { "" }
+            if self.in_place { " in place" } else { "" },
+            self.blocks,
+            self.threads
         )
     }
 }
@@ -140,25 +149,22 @@ struct Places<'r> {
 }
 
 impl<'a> RowWorld<'a> {
-    fn new(device: &'a Device, dtype: Dtype, world: usize) -> RowWorld<'a> {
+    /// Every rank of `world` with `specs` loaded, for messages up to `largest` bytes.
+    fn new(
+        device: &'a Device,
+        dtype: Dtype,
+        world: usize,
+        specs: &[KernelSpec],
+        largest: usize,
+    ) -> RowWorld<'a> {
         check_connections(world);
-        let element = dtype.size_bytes() as usize;
-        let largest = shapes(world)
-            .iter()
-            .map(|shape| shape.elements() as usize * element)
-            .max()
-            .unwrap_or(0);
-        let specs: Vec<KernelSpec> = row_kernels(dtype, world)
-            .into_iter()
-            .map(|(_, spec)| spec)
-            .collect();
         let region_bytes = (largest + GUARD_BYTES).next_multiple_of(256);
         let scratch = specs
             .iter()
             .map(|spec| scratch_bytes(spec, largest as u64) as usize)
             .max()
             .unwrap_or(0);
-        let compiled = compile(&specs, world as u32, &SourceOverrides::new(), "embedded")
+        let compiled = compile(specs, world as u32, &SourceOverrides::new(), "embedded")
             .unwrap_or_else(|error| panic!("the row kernels do not compile: {error}"));
         let mut modules = Vec::new();
         let mut kernels = HashMap::new();
@@ -329,7 +335,7 @@ impl<'a> RowWorld<'a> {
                 world: self.size as u32,
                 ..LaunchParams::all_reduce(0)
             };
-            let geometry = Geometry::new(BLOCKS, THREADS).unwrap();
+            let geometry = Geometry::new(run.blocks, run.threads).unwrap();
             stream
                 .launch_loaded(kernel, geometry, &params.to_bytes())
                 .unwrap();
@@ -372,7 +378,7 @@ impl<'a> RowWorld<'a> {
                 let verdict = judge_abort(
                     before,
                     &self.arrivals(),
-                    BLOCKS as usize,
+                    run.blocks as usize,
                     &everyone,
                     DEADLINE.as_nanos() as u64,
                 );
@@ -473,6 +479,48 @@ impl<'a> RowWorld<'a> {
     }
 }
 
+/// One shape's data: every rank's whole message (in its source buffer too) and its own rows.
+struct ShapeData {
+    inputs: Vec<Vec<u8>>,
+    own_rows: Vec<Vec<u8>>,
+}
+
+impl ShapeData {
+    /// Every rank's input of `collective` and the reference outputs.
+    fn of(&self, collective: Collective, dtype: Dtype, shape: Shape) -> (&[Vec<u8>], Vec<Vec<u8>>) {
+        let inputs = match collective {
+            Collective::AllGather => &self.own_rows,
+            _ => &self.inputs,
+        };
+        let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        let expected = reference_outputs(collective, dtype, shape, &views).unwrap();
+        (inputs, expected)
+    }
+}
+
+impl RowWorld<'_> {
+    /// Draws `shape`'s inputs from `seed` and writes each rank's to its source buffer.
+    fn load(&self, shape: Shape, seed: u64) -> ShapeData {
+        let (world, element) = (self.size, self.dtype.size_bytes() as usize);
+        let elements = shape.elements() as usize;
+        let inputs = random_rank_inputs(self.dtype, seed, world, elements);
+        for (rank, input) in inputs.iter().enumerate().filter(|_| elements > 0) {
+            let stream = &self.ranks[rank].stream;
+            stream.write(&self.ranks[rank].source, 0, input).unwrap();
+            stream.synchronize_within(WAIT).unwrap();
+        }
+        let own_rows = inputs
+            .iter()
+            .enumerate()
+            .map(|(rank, input)| {
+                let owned = shape.owned_elements(world as u32, rank as u32).unwrap();
+                input[owned.start as usize * element..owned.end as usize * element].to_vec()
+            })
+            .collect();
+        ShapeData { inputs, own_rows }
+    }
+}
+
 /// Every row kernel at 2, 4 and 8 ranks, in every type and shape, in place and not, eager and
 /// in graphs: the table of what passed, and every failure.
 pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
@@ -482,41 +530,29 @@ pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
     let mut failures = Vec::new();
     for world in WORLDS {
         for dtype in Dtype::ALL {
-            let row_world = RowWorld::new(device, dtype, world);
+            let largest = shapes(world)
+                .iter()
+                .map(|shape| (shape.elements() * dtype.size_bytes()) as usize)
+                .max()
+                .unwrap_or(0);
+            let specs: Vec<KernelSpec> = row_kernels(dtype, world)
+                .into_iter()
+                .map(|(_, spec)| spec)
+                .collect();
+            let row_world = RowWorld::new(device, dtype, world, &specs, largest);
             let mut exact: HashMap<String, (usize, usize, f64)> = HashMap::new();
             for (index, shape) in shapes(world).into_iter().enumerate() {
-                let elements = shape.elements() as usize;
-                let inputs = random_rank_inputs(dtype, 1000 + index as u64, world, elements);
-                for (rank, input) in inputs.iter().enumerate().filter(|_| elements > 0) {
-                    let stream = &row_world.ranks[rank].stream;
-                    stream
-                        .write(&row_world.ranks[rank].source, 0, input)
-                        .unwrap();
-                    stream.synchronize_within(WAIT).unwrap();
-                }
-                let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-                let element = dtype.size_bytes() as usize;
-                let own_rows: Vec<Vec<u8>> = inputs
-                    .iter()
-                    .enumerate()
-                    .map(|(rank, input)| {
-                        let owned = shape.owned_elements(world as u32, rank as u32).unwrap();
-                        input[owned.start as usize * element..owned.end as usize * element].to_vec()
-                    })
-                    .collect();
-                let own_views: Vec<&[u8]> = own_rows.iter().map(Vec::as_slice).collect();
+                let data = row_world.load(shape, 1000 + index as u64);
                 for (collective, spec) in row_kernels(dtype, world) {
-                    let (rank_inputs, views) = match collective {
-                        Collective::AllGather => (&own_rows, &own_views),
-                        _ => (&inputs, &views),
-                    };
-                    let expected = reference_outputs(collective, dtype, shape, views).unwrap();
+                    let (rank_inputs, expected) = data.of(collective, dtype, shape);
                     for in_place in [false, true] {
                         let run = Run {
                             collective,
                             spec: &spec,
                             shape,
                             in_place,
+                            blocks: BLOCKS,
+                            threads: THREADS,
                         };
                         let started = Instant::now();
                         let outcome = row_world.check(&run, index % world, &expected, rank_inputs);
@@ -555,4 +591,110 @@ pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
             failures.join("\n")
         ))
     }
+}
+
+/// What a shipped reduce-scatter or all-gather ladder came to on one GPU.
+#[derive(Debug, Default)]
+pub struct RowLadderReport {
+    /// (bucket, profile) pairs run.
+    pub candidates: usize,
+    /// Of those, the ones exact in every run.
+    pub exact: usize,
+    /// Every failed run, named.
+    pub failures: Vec<String>,
+    /// The candidates run on fewer blocks than their own, so that every rank's fit at once.
+    pub reduced: Vec<String>,
+}
+
+/// The shapes a bucket of a row ladder is checked at: its smallest message of width 1, a
+/// middle one of width 7 and its largest of width 4,096 rows (each where it lands inside the
+/// bucket), so that the full message's bytes pick the bucket and rows do not divide evenly.
+fn bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
+    let element = ladder.dtype.size_bytes();
+    let smallest = (ladder.bucket_min_bytes(bucket) / element).max(1);
+    let largest = ladder.buckets[bucket].max_bytes / element;
+    let middle = smallest + (largest - smallest) / 2;
+    [(smallest, 1), (middle, 7), (largest, 4096)]
+        .into_iter()
+        .map(|(elements, width)| Shape::new(elements / width, width).unwrap())
+        .filter(|shape| (smallest..=largest).contains(&shape.elements()))
+        .collect()
+}
+
+/// Every custom candidate of a reduce-scatter or all-gather `ladder` at its bucket's geometry
+/// (its own blocks where it has them; fewer where every rank's do not fit the GPU at once) and
+/// at [`bucket_shapes`], alternately in place, eagerly
+/// with a rank late and in a graph replayed: every rank's output the reference, nothing
+/// written past it, its input kept.
+pub fn check_row_ladder(device: &Device, ladder: &Ladder, seed: u64) -> RowLadderReport {
+    let (world, dtype) = (ladder.world_size, ladder.dtype);
+    let mut report = RowLadderReport::default();
+    let mut specs: Vec<KernelSpec> = Vec::new();
+    let mut candidates = Vec::new();
+    for (index, bucket) in ladder.buckets.iter().enumerate() {
+        for id in &bucket.candidates {
+            let profile = ladder.profile(id).expect("a validated ladder");
+            let Some(spec) = kernel_for(profile, ladder.collective, dtype, world) else {
+                continue; // NCCL: not on one GPU.
+            };
+            if !specs.iter().any(|known| known.name == spec.name) {
+                specs.push(spec.clone());
+            }
+            candidates.push((index, bucket, profile, spec));
+        }
+    }
+    let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes) as usize;
+    let row_world = RowWorld::new(device, dtype, world as usize, &specs, largest);
+    let sms = Driver::open()
+        .and_then(|driver| driver.describe(device.ordinal()))
+        .unwrap()
+        .sm_count;
+    let mut loaded: Option<(Shape, ShapeData)> = None;
+    for (index, bucket, profile, spec) in candidates {
+        let id = &profile.id;
+        report.candidates += 1;
+        // Every rank's blocks resident at once on the one GPU, as the all-reduce's world runs
+        // them (`plan_launch`): the bucket's geometry, or fewer blocks where it does not fit.
+        let own = geometry_for(bucket, profile).unwrap();
+        let capacity = resident_capacity(&row_world.kernels[&spec.name], own).unwrap();
+        let needed = required_residency(bucket, Some(profile));
+        let plan = plan_launch(needed, capacity, world, None, sms);
+        let Some(blocks) = plan.blocks(own.blocks()) else {
+            let line = format!("bucket {index} {id}: not one block per rank fits ({capacity})");
+            report.failures.push(line);
+            continue;
+        };
+        if plan != LaunchPlan::Own {
+            report
+                .reduced
+                .push(format!("bucket {index} {id}: {blocks} blocks"));
+        }
+        let threads = own.threads();
+        let mut exact = true;
+        for (turn, shape) in bucket_shapes(ladder, index).into_iter().enumerate() {
+            if loaded.as_ref().is_none_or(|(held, _)| *held != shape) {
+                let data = row_world.load(shape, seed + 31 * index as u64 + turn as u64);
+                loaded = Some((shape, data));
+            }
+            let data = &loaded.as_ref().expect("loaded").1;
+            let (rank_inputs, expected) = data.of(ladder.collective, dtype, shape);
+            let run = Run {
+                collective: ladder.collective,
+                spec: &spec,
+                shape,
+                in_place: turn % 2 == 1,
+                blocks,
+                threads,
+            };
+            let late = (index + turn) % world as usize;
+            if let Err(why) = row_world.check(&run, late, &expected, rank_inputs) {
+                let line = format!("bucket {index} {id}: {}: {why}", run.describe());
+                eprintln!("{}: {line}", ladder.name);
+                report.failures.push(line);
+                exact = false;
+            }
+        }
+        report.exact += usize::from(exact);
+    }
+    report
 }

@@ -252,6 +252,10 @@ int main(int argc, char **argv) {
         snprintf(what, sizeof what, "%s(SIZE_MAX x 2 elements)", row_calls[index].name);
         expect(what, call(NULL, text, text, SIZE_MAX, 2, PREPARE_DTYPE_FP32, NULL),
                PREPARE_STATUS_INVALID_ARGUMENT, "more than 2^64 - 1 elements");
+        snprintf(what, sizeof what, "%s(2^63 elements of 4 bytes)", row_calls[index].name);
+        expect(what, call(NULL, text, text, (size_t)1 << 32, (size_t)1 << 31, PREPARE_DTYPE_FP32,
+                          NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "more than 2^64 - 1 bytes");
         snprintf(what, sizeof what, "%s(no rows, NULL operands, NULL handle)",
                  row_calls[index].name);
         expect(what, call(NULL, NULL, NULL, 0, 1, PREPARE_DTYPE_FP16, NULL),
