@@ -22,8 +22,17 @@ export PREPARE_REQUIRE_NVRTC=1
 export CUDA_CACHE_DISABLE=1
 
 cargo fmt --check
-cargo clippy --all-targets --workspace --locked -- -D warnings
-cargo test --workspace --locked
+# The lints run inside the tests' build, as `cargo clippy --all-targets --workspace -- -D warnings`
+# runs them (cargo-clippy sets these two variables for `cargo check`): clippy-driver compiles the
+# workspace's crates, so every dependency is built once, not checked and then built again, and a
+# lint fails the build before any test runs. The tests' targets are clippy's `--all-targets`.
+clippy_driver="$(rustc --print sysroot)/bin/clippy-driver"
+if [ ! -x "$clippy_driver" ]; then
+    echo "clippy is not installed for this toolchain ($clippy_driver): rustup component add clippy" >&2
+    exit 1
+fi
+RUSTC_WORKSPACE_WRAPPER="$clippy_driver" CLIPPY_ARGS="-Dwarnings__CLIPPY_HACKERY__" \
+    cargo test --workspace --locked
 
 # The Python package, built as a user would (one pip command), in debug: it reuses the
 # workspace's target directory that the tests just filled, and only its error paths run here.
