@@ -1,7 +1,9 @@
 //! The kernel table: which kernel runs each profile, its source and entry symbol, how it lays
 //! out its scratch and how it reads this rank's message.
 
-use crate::ladder::{Algorithm, Collective, Dtype, Ladder, Profile, Protocol, Schedule, Transfer};
+use crate::ladder::{
+    Algorithm, Collective, Dtype, EpilogueForm, Ladder, Profile, Protocol, Schedule, Transfer,
+};
 
 /// A custom kernel as a package compiles it: one entry symbol in one source file, instantiated
 /// for one element type and world size.
@@ -369,6 +371,22 @@ pub fn add_rms_norm(dtype: Dtype, world: u32) -> KernelSpec {
         .find(|kernel| kernel.name == ADD_RMS_NORM)
         .expect("the table has the add + RMSNorm kernel")
         .spec(dtype, world)
+}
+
+/// The kernel that runs after a candidate's all-reduce: `add_rms_norm` for the NCCL and
+/// separate candidates of `all_reduce_add_rms_norm`, `None` for a fused one and for every
+/// other collective.
+pub fn epilogue_after(
+    profile: &Profile,
+    collective: Collective,
+    dtype: Dtype,
+    world: u32,
+) -> Option<KernelSpec> {
+    matches!(
+        profile.epilogue_form(collective),
+        Some(EpilogueForm::SeparateKernel | EpilogueForm::SeparateNccl)
+    )
+    .then(|| add_rms_norm(dtype, world))
 }
 
 /// The kernel of a reduce-scatter's or all-gather's profile: the one-shot, pulled or pushed,

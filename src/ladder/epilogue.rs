@@ -2,7 +2,7 @@
 //! residual add and the RMSNorm) or separate (an all-reduce, then prepare's `add_rms_norm`
 //! kernel). NCCL profiles are always separate and never say so.
 
-use super::{Algorithm, Collective, Epilogue, Profile, Protocol, Transfer};
+use super::{Algorithm, Collective, Epilogue, Ladder, Profile, Protocol, Transfer};
 
 /// A fused kernel of `all_reduce_add_rms_norm`: the profile shapes that name one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -56,6 +56,41 @@ pub enum EpilogueForm {
     SeparateKernel,
     /// NCCL's all-reduce (plain or rank-order) into `normed`, then `add_rms_norm`.
     SeparateNccl,
+}
+
+impl EpilogueForm {
+    /// What runs, in words (`prepare show`, `prepare export`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            EpilogueForm::Fused(_) => "fused",
+            EpilogueForm::SeparateKernel => "the all-reduce kernel, then add_rms_norm",
+            EpilogueForm::SeparateNccl => "NCCL's all-reduce, then add_rms_norm",
+        }
+    }
+}
+
+/// Each form the ladder's profiles take, with the ids of its profiles in the ladder's order:
+/// fused first, then separate kernels, then NCCL; empty for every collective but
+/// `all_reduce_add_rms_norm`.
+pub fn epilogue_forms(ladder: &Ladder) -> Vec<(EpilogueForm, Vec<&str>)> {
+    let mut forms: Vec<(EpilogueForm, Vec<&str>)> = Vec::new();
+    for profile in &ladder.profiles {
+        let Some(form) = profile.epilogue_form(ladder.collective) else {
+            continue;
+        };
+        // The fused kernels are one form in the listing.
+        let key = |form: EpilogueForm| match form {
+            EpilogueForm::Fused(_) => 0,
+            EpilogueForm::SeparateKernel => 1,
+            EpilogueForm::SeparateNccl => 2,
+        };
+        match forms.iter_mut().find(|(known, _)| key(*known) == key(form)) {
+            Some((_, ids)) => ids.push(&profile.id),
+            None => forms.push((form, vec![&profile.id])),
+        }
+        forms.sort_by_key(|(form, _)| key(*form));
+    }
+    forms
 }
 
 impl Profile {
@@ -170,6 +205,49 @@ mod tests {
                 "all_reduce_add_rms_norm_two_shot"
             ]
         );
+    }
+
+    #[test]
+    fn a_ladder_lists_its_profiles_by_form_fused_first() {
+        let ladder: Ladder = serde_json::from_str(include_str!(
+            "../../tests/fixtures/ladders/valid/all_reduce_add_rms_norm.json"
+        ))
+        .expect("the fixture parses");
+        let forms: Vec<(&str, Vec<&str>)> = epilogue_forms(&ladder)
+            .into_iter()
+            .map(|(form, ids)| (form.describe(), ids))
+            .collect();
+        assert_eq!(
+            forms,
+            [
+                (
+                    "fused",
+                    vec![
+                        "fused_ll",
+                        "fused_simple",
+                        "fused_two_shot",
+                        "fused_two_shot_pull"
+                    ]
+                ),
+                (
+                    "the all-reduce kernel, then add_rms_norm",
+                    vec![
+                        "one_shot_pull",
+                        "one_shot_ll",
+                        "rsag_push",
+                        "rsag_phased",
+                        "copy_engine"
+                    ]
+                ),
+                (
+                    "NCCL's all-reduce, then add_rms_norm",
+                    vec!["nccl", "nccl_4cta", "nccl_rank_order"]
+                ),
+            ]
+        );
+        let mut all_reduce = ladder.clone();
+        all_reduce.collective = Collective::AllReduce;
+        assert!(epilogue_forms(&all_reduce).is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use epilogue::{EpilogueForm, FusedForm};
+pub use epilogue::{epilogue_forms, EpilogueForm, FusedForm};
 pub use exactness::{is_exact, plain_nccl_is_exact};
 pub use validate::{
     validate_ladder, validate_ladder_bytes, validate_ladder_file, validate_ladder_text, Diagnostic,
