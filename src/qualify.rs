@@ -258,6 +258,15 @@ impl Checker<'_> {
         // its rows of one message every rank shares (the reference sum's, or rank 0's input)
         // and writes it whole.
         let collective = collectives.collective();
+        // Its outputs are normed and the residual, not a sum: refused rather than misjudged.
+        if collective == Collective::AllReduceAddRmsNorm {
+            return Err(RuntimeError::Setup {
+                rank,
+                message: "checking all_reduce_add_rms_norm against its reference \
+                          (reference_epilogue) is not built yet"
+                    .to_owned(),
+            });
+        }
         let owned = if collectives.has_rows() {
             let message = collectives.startup_message(world, elements)?;
             let own = message.owned_bytes(rank);
