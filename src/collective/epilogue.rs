@@ -117,6 +117,26 @@ impl Collectives {
         self.finish(stream, peer, &operands, bytes, &plan)
     }
 
+    /// NCCL's all-reduce of `message` (in rank order where `exact_only` asks for it, as
+    /// [`Collectives::enqueue_nccl`]) into `normed`, then `add_rms_norm`: the path of a message
+    /// above the ladder, after checking every operand.
+    pub fn enqueue_nccl_epilogue(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        message: &EpilogueMessage,
+        exact_only: bool,
+    ) -> Result<(), RuntimeError> {
+        check_epilogue(self.dtype, message).map_err(self.operand_error())?;
+        let operands = Operands {
+            input: message.x,
+            output: message.normed,
+        };
+        let elements = message.shape.elements() as usize;
+        self.enqueue_nccl(runtime, stream, elements, operands, exact_only)?;
+        self.enqueue_add_rms_norm(runtime, stream, message)
+    }
+
     /// `add_rms_norm` over the sum in `message.normed`, into the residual and `normed`.
     fn enqueue_add_rms_norm(
         &self,
