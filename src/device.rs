@@ -350,6 +350,7 @@ mod tests {
             min_ctas: None,
             window: None,
             order: None,
+            epilogue: None,
         }
     }
 

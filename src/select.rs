@@ -777,7 +777,7 @@ mod tests {
             (4, false, "nccl"),
             (8, true, "nccl_rank_order"),
         ] {
-            for &collective in Collective::BUILT {
+            for collective in Collective::ALL {
                 let ladder = ladder(collective, world);
                 let expected = match collective {
                     Collective::AllGather => "nccl",

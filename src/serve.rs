@@ -12,6 +12,7 @@
 //! The C ABI and the Python package are thin layers over this module; a Rust server started
 //! like torchrun starts it through [`Server`].
 
+mod epilogue;
 mod error;
 mod rows;
 mod server;

@@ -182,6 +182,7 @@ impl Collectives {
         }
         // Between hosts too: it touches no peer memory.
         let rank_order = RankOrder::load(runtime, package, capacity)?;
+        let epilogue = super::epilogue_message::EpilogueParts::load(runtime, package, capacity)?;
         let mut windows = symmetric::allocate_windows(runtime, ladder, peer_reason.as_deref());
         let mut entries = Vec::new();
         for (bucket_index, bucket) in ladder.buckets.iter().enumerate() {
@@ -195,6 +196,7 @@ impl Collectives {
                     nccl: profile.is_nccl(),
                     dropped: None,
                     launch: None,
+                    epilogue: profile.epilogue_form(ladder.collective),
                 };
                 // A kernel the package's qualification found wrong stays out wherever it runs.
                 let found_wrong = qualified_wrong(package, bucket_index, &profile.id);
@@ -304,6 +306,7 @@ impl Collectives {
             out_of_place: Some(out_of_place),
             copy_engine,
             rank_order,
+            epilogue,
             capacity,
             collective: ladder.collective,
             input_region,

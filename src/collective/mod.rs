@@ -9,6 +9,8 @@
 
 mod copy_engine;
 mod drops;
+mod epilogue;
+mod epilogue_message;
 mod geometry;
 mod load;
 mod nccl_rows;
@@ -25,6 +27,10 @@ use std::time::Duration;
 pub use copy_engine::{copy_engine_chunks, COPY_ENGINE_CHUNK_BYTES};
 use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
+pub use epilogue_message::{
+    check_epilogue, epilogue_startup_shape, EpilogueMessage, HIDDEN_MULTIPLE, MAX_HIDDEN,
+    STARTUP_EPS, STARTUP_HIDDEN,
+};
 pub use geometry::{bucket_geometry, geometry_for, resident_capacity};
 pub use load::{check_architecture, private_output_bytes, PeerLayout};
 pub use nccl_rows::{
@@ -34,7 +40,7 @@ pub use nccl_rows::{
 pub use operands::{
     moves, plan_operands, BufferLayout, OperandPlan, Operands, PlannedCopy, MOVE_CHUNK_BYTES,
 };
-pub use order::rank_order_applies;
+pub use order::{nccl_type, rank_order_applies};
 pub use row_launch::startup_shape;
 pub use row_pieces::{row_piece_steps, PieceCopy, RowPieceStep};
 pub use rows::{plan_rows, RowLayout, RowMessage, RowPlan};
@@ -44,9 +50,9 @@ use crate::gpu::abort::Abort;
 use crate::gpu::driver::{
     CallerMemory, DeviceBuffer, DeviceMemory, DriverError, Geometry, Graph, LoadedKernel, Stream,
 };
-use crate::gpu::nccl::{Communicator, NcclDataType, NcclMemory};
+use crate::gpu::nccl::{Communicator, NcclMemory};
 use crate::kernels::InputAccess;
-use crate::ladder::{Collective, Dtype};
+use crate::ladder::{Collective, Dtype, EpilogueForm};
 use crate::runtime::{OperandError, PeerMemory, Runtime, RuntimeError};
 use crate::shape::ElementPieces;
 
@@ -101,6 +107,8 @@ pub struct Entry {
     /// Why it cannot run on every rank, agreed by all ranks; `None` when it can.
     pub dropped: Option<DropReason>,
     launch: Option<Launch>,
+    // What an `all_reduce_add_rms_norm` candidate runs; `None` for other collectives.
+    epilogue: Option<EpilogueForm>,
 }
 
 /// Where an entry's input comes from: the peer-mapped buffer, or a plain one when only NCCL
@@ -132,6 +140,8 @@ pub struct Collectives {
     copy_engine: Option<CopyEngine>,
     // The rank-order sum and its scratch, where the package holds the kernel.
     rank_order: Option<order::RankOrder>,
+    // `add_rms_norm` with start-up's residual and weight, in a package of the fused collective.
+    epilogue: Option<epilogue_message::EpilogueParts>,
     capacity: usize,
     collective: Collective,
     // Bytes at the start of the registered buffer that hold a message (the rest is scratch).
@@ -158,15 +168,6 @@ impl From<DriverError> for CaptureFailure {
 
 /// An index into [`Collectives::entries`].
 pub type EntryId = usize;
-
-/// NCCL's name for a ladder's element type.
-pub fn nccl_type(dtype: Dtype) -> NcclDataType {
-    match dtype {
-        Dtype::Bf16 => NcclDataType::Bf16,
-        Dtype::Fp16 => NcclDataType::F16,
-        Dtype::Fp32 => NcclDataType::F32,
-    }
-}
 
 /// Refuses a message of `elements` that `entry` cannot take: it was dropped, or the message is
 /// empty or larger than the `largest` its bucket's scratch holds (NCCL has no scratch of ours
@@ -347,6 +348,22 @@ impl Collectives {
             let message = self.startup_message(runtime.world(), elements)?;
             return self.enqueue_rows(runtime, stream, id, &message, operands);
         }
+        if self.collective == Collective::AllReduceAddRmsNorm {
+            return self.enqueue_own_epilogue(runtime, stream, id, elements, operands);
+        }
+        self.enqueue_sum(runtime, stream, id, elements, operands)
+    }
+
+    /// The all-reduce of [`Collectives::enqueue_operands`], also the first half of a separate
+    /// epilogue's candidate.
+    fn enqueue_sum(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        id: EntryId,
+        elements: usize,
+        operands: Operands,
+    ) -> Result<(), RuntimeError> {
         let entry = &self.entries[id];
         // Scratch is sized by each bucket's largest message; a larger one would overrun it.
         let bytes = elements as u64 * self.element_bytes;
@@ -748,6 +765,7 @@ mod tests {
                 message: "rank 1 cannot reach rank 0".to_owned(),
             }),
             launch: runs.then_some(Launch::Nccl { split: None }),
+            epilogue: None,
         };
         assert_eq!(check_entry(&entry(false, true), 1024, 1024), Ok(()));
         assert_eq!(check_entry(&entry(true, true), 1 << 30, 1024), Ok(()));

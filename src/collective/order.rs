@@ -1,8 +1,18 @@
-//! When the NCCL fallback sums in rank order, and what the rank-order path keeps on a rank
-//! (the path itself: `rank_order`).
+//! When the NCCL fallback sums in rank order, what the rank-order path keeps on a rank (the
+//! path itself: `rank_order`), and NCCL's name for an element type.
 
 use crate::gpu::driver::{DeviceBuffer, LoadedKernel};
+use crate::gpu::nccl::NcclDataType;
 use crate::ladder::{plain_nccl_is_exact, Collective, Dtype};
+
+/// NCCL's name for a ladder's element type.
+pub fn nccl_type(dtype: Dtype) -> NcclDataType {
+    match dtype {
+        Dtype::Bf16 => NcclDataType::Bf16,
+        Dtype::Fp16 => NcclDataType::F16,
+        Dtype::Fp32 => NcclDataType::F32,
+    }
+}
 
 /// Whether the NCCL fallback of `collective` sums in rank order: under the exact policy where
 /// NCCL's own collective is not exact (an all-reduce or reduce-scatter beyond two ranks). At two

@@ -158,7 +158,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         summary.arch,
         summary.dir.display()
     );
-    print_summary(&headline, &summary, qualification.as_ref())
+    print_summary(&headline, &summary, &ladder, qualification.as_ref())
 }
 
 /// The package already at `--out` when it may be the one this export writes: nothing there,
@@ -307,13 +307,15 @@ fn up_to_date(
         summary.arch,
         summary.dir.display()
     );
-    print_summary(&headline, &summary, manifest.qualification.as_ref())
+    print_summary(&headline, &summary, ladder, manifest.qualification.as_ref())
 }
 
-/// The headline, then the package's identity, kernels, buckets and qualification.
+/// The headline, then the package's identity, kernels, buckets, what each candidate of the
+/// fused epilogue runs, and qualification.
 fn print_summary(
     headline: &str,
     summary: &PackageSummary,
+    ladder: &Ladder,
     qualification: Option<&Qualification>,
 ) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
@@ -322,6 +324,13 @@ fn print_summary(
         .and_then(|()| writeln!(out, "  identity  {}", summary.identity))
         .and_then(|()| writeln!(out, "  kernels   {}", summary.kernels))
         .and_then(|()| writeln!(out, "  buckets   {}", summary.buckets))
+        .and_then(|()| {
+            for (form, ids) in prepare::ladder::epilogue_forms(ladder) {
+                let ids = prepare::files::escape_control(&ids.join(", ")).into_owned();
+                writeln!(out, "  {}: {ids}", form.describe())?;
+            }
+            Ok(())
+        })
         .and_then(|()| match qualification {
             None => Ok(()),
             Some(qualification) => {
@@ -517,7 +526,8 @@ fn write_failure(error: PackageError) -> Failure {
         PackageError::Exists { .. } => {
             Failure::refused(anyhow!("{error}; pass --force to replace it"))
         }
-        PackageError::NotAPackage { .. } => Failure::refused(error),
+        // A profile whose kernel this prepare does not have (a fused one not built yet).
+        PackageError::NotAPackage { .. } | PackageError::NoKernel { .. } => Failure::refused(error),
         PackageError::BadOutput { .. } => Failure::usage(error),
         _ => Failure::runtime(anyhow::Error::new(error).context("cannot write the package")),
     }

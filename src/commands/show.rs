@@ -10,6 +10,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use prepare::ladder::Collective;
 use prepare::package::{self, BucketRecord, CandidateRecord, Manifest, Outcome, Package};
 use prepare::show::Description;
 use prepare::tune::choice::{Choice, ChoiceError};
@@ -198,7 +199,13 @@ fn render_bucket_groups(out: &mut String, manifest: &Manifest, width: Option<usi
         } else {
             format!(" of {}-{}", buckets[first].index, last.index)
         };
-        table.note(1, format!("candidates{of}{}", candidate_list(last)));
+        table.note(
+            1,
+            format!(
+                "candidates{of}{}",
+                candidate_list(manifest.ladder.collective, last)
+            ),
+        );
         first += run;
     }
     table.render(out, width);
@@ -219,7 +226,14 @@ fn render_bucket_lines(out: &mut String, manifest: &Manifest) {
             .candidates
             .iter()
             .map(|candidate| {
-                describe_candidate(candidate, candidate.profile == bucket.default, bucket, true)
+                let is_default = candidate.profile == bucket.default;
+                describe_candidate(
+                    manifest.ladder.collective,
+                    candidate,
+                    is_default,
+                    bucket,
+                    true,
+                )
             })
             .collect::<Vec<_>>()
             .join(", ");
@@ -266,7 +280,7 @@ fn bucket_cells(previous_max: u64, bucket: &BucketRecord) -> [String; 5] {
 
 /// `: a, b [cluster kernel], nccl`, or, when every ordinary kernel is cluster-scheduled, `
 /// (ordinary kernels under [cluster scheduling]): a, ...` with the tag said once.
-fn candidate_list(bucket: &BucketRecord) -> String {
+fn candidate_list(collective: Collective, bucket: &BucketRecord) -> String {
     let candidates = &bucket.candidates;
     let ordinary =
         |candidate: &CandidateRecord| candidate.kernel.is_some() && !candidate.cluster_kernel;
@@ -278,7 +292,11 @@ fn candidate_list(bucket: &BucketRecord) -> String {
             .all(|candidate| candidate.cluster_scheduling == ordinary(candidate));
     let names: Vec<String> = candidates
         .iter()
-        .map(|candidate| glued(&describe_candidate(candidate, false, bucket, !shared)))
+        .map(|candidate| {
+            glued(&describe_candidate(
+                collective, candidate, false, bucket, !shared,
+            ))
+        })
         .collect();
     let tag = if shared {
         format!(
@@ -316,9 +334,26 @@ fn footnotes(out: &mut String, manifest: &Manifest, default: &str, width: Option
                 .to_owned(),
         );
     }
+    if manifest.ladder.collective == Collective::AllReduceAddRmsNorm {
+        if candidates().any(|candidate| candidate.epilogue_kernel.is_none()) {
+            notes.push("[fused] one kernel sums, adds the residual and normalises.".to_owned());
+        }
+        if candidates().any(|candidate| candidate.epilogue_kernel.is_some()) {
+            notes.push(
+                "[+ add_rms_norm] the all-reduce (the profile's kernel, or NCCL's) writes the sum \
+                 into normed, then add_rms_norm adds the residual and normalises."
+                    .to_owned(),
+            );
+        }
+    }
     if let Some(last) = manifest.buckets.last() {
+        let then = if manifest.ladder.collective == Collective::AllReduceAddRmsNorm {
+            ", then add_rms_norm"
+        } else {
+            ""
+        };
         notes.push(format!(
-            "Messages above {} ({} bytes) use NCCL.",
+            "Messages above {} ({} bytes) use NCCL{then}.",
             glued(&human_bytes(last.max_bytes)),
             last.max_bytes
         ));
@@ -331,6 +366,7 @@ fn footnotes(out: &mut String, manifest: &Manifest, default: &str, width: Option
 /// A candidate's profile, `*` when it is the default, its kernel's tags (the scheduling one
 /// only when `scheduling`) and its block count where it is not the bucket's.
 fn describe_candidate(
+    collective: Collective,
     candidate: &CandidateRecord,
     is_default: bool,
     bucket: &BucketRecord,
@@ -339,6 +375,9 @@ fn describe_candidate(
     let mut text = candidate.profile.clone();
     if is_default {
         text.push('*');
+    }
+    if collective == Collective::AllReduceAddRmsNorm {
+        text.push_str(epilogue_tag(candidate));
     }
     if candidate.cluster_kernel {
         text.push_str(" [cluster kernel]");
@@ -350,6 +389,16 @@ fn describe_candidate(
         let _ = write!(text, " ({blocks} blocks)");
     }
     text
+}
+
+/// `[fused]` for a candidate of `all_reduce_add_rms_norm` that runs one kernel, `[+
+/// add_rms_norm]` for one that runs an all-reduce then the epilogue kernel.
+fn epilogue_tag(candidate: &CandidateRecord) -> &'static str {
+    if candidate.epilogue_kernel.is_some() {
+        " [+ add_rms_norm]"
+    } else {
+        " [fused]"
+    }
 }
 
 /// Every kernel's resources, under the source file it was compiled from.

@@ -4,6 +4,8 @@
 //! [`peer_buffer_bytes`]), and the launch contract shared with `kernels/prepare_abi.cuh`
 //! (re-exported from [`crate::abi`]).
 
+#[cfg(test)]
+mod epilogue_tests;
 mod scratch;
 mod slices;
 mod sources;
@@ -24,6 +26,6 @@ pub use scratch::{
 pub use slices::{slice_of, slot_bytes, Slice};
 pub use sources::{headers, source};
 pub use spec::{
-    all_kernels, input_access, kernel_for, kernels_for_ladder, needs_rank_order_sum,
-    rank_order_sum, InputAccess, KernelSpec,
+    add_rms_norm, all_kernels, epilogue_after, epilogue_kernel_for, input_access, kernel_for,
+    kernels_for_ladder, needs_rank_order_sum, rank_order_sum, InputAccess, KernelSpec,
 };

@@ -1,7 +1,9 @@
 //! The kernel table: which kernel runs each profile, its source and entry symbol, how it lays
 //! out its scratch and how it reads this rank's message.
 
-use crate::ladder::{Algorithm, Collective, Dtype, Ladder, Profile, Protocol, Schedule, Transfer};
+use crate::ladder::{
+    Algorithm, Collective, Dtype, EpilogueForm, Ladder, Profile, Protocol, Schedule, Transfer,
+};
 
 /// A custom kernel as a package compiles it: one entry symbol in one source file, instantiated
 /// for one element type and world size.
@@ -110,12 +112,14 @@ pub enum InputAccess {
 
 /// The entry of the exact NCCL all-reduce's local sum (kernels/nccl_rank_order_sum.cu).
 const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
+/// The entry of the unfused epilogue (kernels/add_rms_norm.cu).
+const ADD_RMS_NORM: &str = "add_rms_norm";
 
 /// Every kernel, sorted by name.
 const KERNELS: [Kernel; 18] = [
     // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
     Kernel {
-        name: "add_rms_norm",
+        name: ADD_RMS_NORM,
         source: "add_rms_norm.cu",
         cluster: false,
         scratch: Scratch::None,
@@ -360,21 +364,47 @@ pub fn kernel_for(
         .map(|kernel| kernel.spec(dtype, world))
 }
 
-/// The fused kernel of an `all_reduce_add_rms_norm` profile, looked up by name in the table;
-/// `None` for a profile that has none.
-fn epilogue_kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelSpec> {
-    let name = match (profile.algorithm, profile.schedule, profile.protocol) {
-        (Algorithm::OneShot, None, Some(protocol @ (Protocol::Ll | Protocol::Simple)))
-            if profile.transfer_or_default() == Transfer::Push =>
-        {
-            format!("all_reduce_add_rms_norm_one_shot_push_{}", protocol.name())
-        }
-        _ => return None,
-    };
+/// The kernel of a custom profile of `all_reduce_add_rms_norm`: for a separate one its
+/// all-reduce kernel (`add_rms_norm` follows it), otherwise the fused kernel its shape names,
+/// looked up by name (`None` while the table has no such kernel); `None` for NCCL profiles.
+pub fn epilogue_kernel_for(profile: &Profile, dtype: Dtype, world: u32) -> Option<KernelSpec> {
+    if profile.is_nccl() {
+        return None;
+    }
+    if profile.has_separate_epilogue() {
+        return kernel_for(profile, Collective::AllReduce, dtype, world);
+    }
+    let name = profile.fused_shape()?.kernel_name();
     KERNELS
         .iter()
         .find(|kernel| kernel.name == name)
         .map(|kernel| kernel.spec(dtype, world))
+}
+
+/// prepare's unfused residual add + RMSNorm, which every separate candidate of
+/// `all_reduce_add_rms_norm` runs after its all-reduce.
+pub fn add_rms_norm(dtype: Dtype, world: u32) -> KernelSpec {
+    KERNELS
+        .iter()
+        .find(|kernel| kernel.name == ADD_RMS_NORM)
+        .expect("the table has the add + RMSNorm kernel")
+        .spec(dtype, world)
+}
+
+/// The kernel that runs after a candidate's all-reduce: `add_rms_norm` for the NCCL and
+/// separate candidates of `all_reduce_add_rms_norm`, `None` for a fused one and for every
+/// other collective.
+pub fn epilogue_after(
+    profile: &Profile,
+    collective: Collective,
+    dtype: Dtype,
+    world: u32,
+) -> Option<KernelSpec> {
+    matches!(
+        profile.epilogue_form(collective),
+        Some(EpilogueForm::SeparateKernel | EpilogueForm::SeparateNccl)
+    )
+    .then(|| add_rms_norm(dtype, world))
 }
 
 /// The kernel of a reduce-scatter's or all-gather's profile: the one-shot, pulled or pushed,
@@ -435,7 +465,9 @@ pub fn needs_rank_order_sum(ladder: &Ladder) -> bool {
 }
 
 /// The distinct kernels a package of the ladder holds, sorted by name: those its custom
-/// profiles need, and the rank-order sum ([`needs_rank_order_sum`]).
+/// profiles need, the rank-order sum ([`needs_rank_order_sum`]), and for
+/// `all_reduce_add_rms_norm` the add + RMSNorm kernel (every NCCL or separate candidate runs
+/// it, and the fallback above the last bucket too).
 pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
     let mut kernels: Vec<KernelSpec> = ladder
         .profiles
@@ -445,6 +477,10 @@ pub fn kernels_for_ladder(ladder: &Ladder) -> Vec<KernelSpec> {
         })
         .chain(
             needs_rank_order_sum(ladder).then(|| rank_order_sum(ladder.dtype, ladder.world_size)),
+        )
+        .chain(
+            (ladder.collective == Collective::AllReduceAddRmsNorm)
+                .then(|| add_rms_norm(ladder.dtype, ladder.world_size)),
         )
         .collect();
     kernels.sort();
@@ -532,21 +568,22 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn the_table_serves_every_collective_but_the_fused_all_reduce() {
+    fn the_table_serves_every_collective() {
         let ladder = ladder(EXAMPLE);
         for collective in Collective::ALL {
             let served = ladder
                 .profiles
                 .iter()
-                .filter_map(|profile| kernel_for(profile, collective, Dtype::Bf16, 4))
+                .filter_map(|profile| {
+                    // The fused collective runs the all-reduce's kernels as separate profiles.
+                    let mut profile = profile.clone();
+                    if collective == Collective::AllReduceAddRmsNorm && !profile.is_nccl() {
+                        profile.epilogue = Some(crate::ladder::Epilogue::Separate);
+                    }
+                    kernel_for(&profile, collective, Dtype::Bf16, 4)
+                })
                 .count();
-            assert_eq!(
-                served > 0,
-                collective != Collective::AllReduceAddRmsNorm,
-                "{collective}"
-            );
-            // Validation accepts only collectives the table serves.
-            assert!(!collective.is_built() || served > 0, "{collective}");
+            assert!(served > 0, "{collective}");
         }
     }
 
@@ -723,35 +760,6 @@ pub(super) mod tests {
                 kernel,
                 "{algorithm} {transfer} {protocol}"
             );
-        }
-    }
-
-    #[test]
-    fn the_fused_one_shot_profiles_map_to_their_kernels_by_name() {
-        let fused = |json: serde_json::Value| {
-            let profile = serde_json::from_value(json).unwrap();
-            kernel_for(&profile, Collective::AllReduceAddRmsNorm, Dtype::Bf16, 8)
-        };
-        for protocol in ["ll", "simple"] {
-            let spec = fused(serde_json::json!({
-                "id": "p", "algorithm": "one_shot", "transfer": "push", "protocol": protocol
-            }))
-            .unwrap();
-            let name = format!("all_reduce_add_rms_norm_one_shot_push_{protocol}_bf16");
-            assert_eq!((spec.name.as_str(), spec.world), (name.as_str(), 8));
-            assert_eq!(spec.source, "all_reduce_add_rms_norm_one_shot.cu");
-            assert_eq!(input_access(&spec), Some(InputAccess::Local));
-            assert!(kernel_named(&spec).scratch.is_double_buffered());
-        }
-        for (transfer, protocol) in [
-            ("push", "barrier"),
-            ("pull", "ll"),
-            ("copy_engine", "simple"),
-        ] {
-            let profile = serde_json::json!({
-                "id": "p", "algorithm": "one_shot", "transfer": transfer, "protocol": protocol
-            });
-            assert_eq!(fused(profile), None, "{transfer} {protocol}");
         }
     }
 

@@ -1,12 +1,14 @@
 //! Ladders: the JSON catalog of collective candidates for one collective, dtype, world size
 //! and set of architectures. Types here are the single source of the ladder's JSON Schema.
 
+mod epilogue;
 mod exactness;
 mod validate;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use epilogue::{epilogue_forms, EpilogueForm, FusedForm};
 pub use exactness::{is_exact, plain_nccl_is_exact};
 pub use validate::{
     validate_ladder, validate_ladder_bytes, validate_ladder_file, validate_ladder_text, Diagnostic,
@@ -41,8 +43,8 @@ pub struct Ladder {
     /// Free text for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The collective every candidate performs: `all_reduce`, `reduce_scatter` or `all_gather`
-    /// (`all_reduce_add_rms_norm` is a name of the format that nothing serves yet).
+    /// The collective every candidate performs: `all_reduce`, `reduce_scatter`, `all_gather` or
+    /// `all_reduce_add_rms_norm`.
     pub collective: Collective,
     /// The element type of the message.
     pub dtype: Dtype,
@@ -76,7 +78,9 @@ pub enum Collective {
     /// Every rank ends with every rank's rows, in rank order. Takes one-shot pull and push
     /// profiles (barrier protocol) and plain NCCL ones.
     AllGather,
-    /// The all-reduce, then a residual added and an RMSNorm of every row; not built yet.
+    /// The all-reduce, then a residual added and an RMSNorm of every row (rows x hidden). Takes
+    /// the all-reduce's profiles with `"epilogue": "separate"`, the fused ones
+    /// ([`FusedForm`]) and NCCL ones, plain or `"order": "rank"`.
     AllReduceAddRmsNorm,
 }
 
@@ -88,19 +92,6 @@ impl Collective {
         Collective::AllGather,
         Collective::AllReduceAddRmsNorm,
     ];
-
-    /// The collectives a ladder may name; validation refuses a ladder of any other
-    /// (`collective_not_built`).
-    pub const BUILT: &'static [Collective] = &[
-        Collective::AllReduce,
-        Collective::ReduceScatter,
-        Collective::AllGather,
-    ];
-
-    /// Whether a ladder may name this collective.
-    pub fn is_built(self) -> bool {
-        Collective::BUILT.contains(&self)
-    }
 
     /// The name used in ladders, packages and tables (`all_reduce`).
     pub fn name(self) -> &'static str {
@@ -311,6 +302,12 @@ pub struct Profile {
     /// hosts too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<Order>,
+    /// `separate` (custom profiles of `all_reduce_add_rms_norm` only): the profile's all-reduce
+    /// kernel writes the sum into `normed`, then prepare's `add_rms_norm` kernel adds the
+    /// residual and normalises. Without it a custom profile of that collective is one of the
+    /// fused kernels; NCCL profiles are always separate and do not carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epilogue: Option<Epilogue>,
 }
 
 impl Profile {
@@ -430,6 +427,26 @@ impl Window {
     pub fn name(self) -> &'static str {
         match self {
             Window::Symmetric => "symmetric",
+        }
+    }
+}
+
+/// How a profile of `all_reduce_add_rms_norm` runs its epilogue when it is not fused.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Epilogue {
+    /// The profile's all-reduce kernel writes the sum into `normed`, then the `add_rms_norm`
+    /// kernel reads it there and writes the residual and `normed`.
+    Separate,
+}
+
+impl Epilogue {
+    /// The name used in ladders.
+    pub fn name(self) -> &'static str {
+        match self {
+            Epilogue::Separate => "separate",
         }
     }
 }

@@ -5,6 +5,7 @@
 
 mod collective_rules;
 mod diagnostic;
+mod epilogue_rules;
 mod rules;
 mod schema_errors;
 mod source_map;

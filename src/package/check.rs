@@ -394,6 +394,20 @@ pub(super) fn ladder_problems(manifest: &Manifest, ladder: &Ladder) -> Vec<Probl
                     format!("profile `{}` needs kernel {kernel:?}", profile.id),
                 );
             }
+            let after = kernels::epilogue_after(
+                profile,
+                ladder.collective,
+                ladder.dtype,
+                ladder.world_size,
+            )
+            .map(|spec| spec.name);
+            if candidate.epilogue_kernel != after {
+                problem(
+                    &at_candidate("epilogue_kernel"),
+                    format!("{:?}", candidate.epilogue_kernel),
+                    format!("profile `{}` is followed by {after:?}", profile.id),
+                );
+            }
             let blocks = match (profile.is_nccl(), profile.blocks) {
                 (true, _) => None,
                 (false, Some(blocks)) if bucket.cluster_size.is_none() => Some(blocks),

@@ -135,6 +135,11 @@ pub struct CandidateRecord {
     pub cluster_scheduling: bool,
     /// Blocks it launches; null for NCCL, which picks its own.
     pub blocks: Option<u32>,
+    /// The kernel that runs after it on the sum in `normed`: `add_rms_norm_<dtype>` for the
+    /// NCCL and separate candidates of `all_reduce_add_rms_norm`; absent for a fused kernel,
+    /// which does all, and for every other collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epilogue_kernel: Option<String>,
 }
 
 /// Peer-mapped memory per GPU: allocated once, shared with every peer by CUDA IPC.

@@ -276,6 +276,13 @@ pub fn build_manifest(
                     cluster_kernel: false,
                     cluster_scheduling: false,
                     blocks: None,
+                    epilogue_kernel: kernels::epilogue_after(
+                        profile,
+                        ladder.collective,
+                        ladder.dtype,
+                        ladder.world_size,
+                    )
+                    .map(|spec| spec.name),
                 }
             } else {
                 let spec = kernels::kernel_for(
@@ -318,6 +325,13 @@ pub fn build_manifest(
                     cluster_kernel: spec.cluster,
                     cluster_scheduling: bucket.is_clustered() && !spec.cluster,
                     blocks: Some(blocks),
+                    epilogue_kernel: kernels::epilogue_after(
+                        profile,
+                        ladder.collective,
+                        ladder.dtype,
+                        ladder.world_size,
+                    )
+                    .map(|spec| spec.name),
                 }
             };
             candidates.push(candidate);

@@ -1,4 +1,4 @@
-//! The caller's mistakes in an all-reduce asked of a rank's collectives, refused before
+//! The caller's mistakes in a collective asked of a rank's collectives, refused before
 //! anything is enqueued ([`RuntimeError::Operands`](super::RuntimeError::Operands)).
 
 /// An all-reduce asked of an entry that it cannot take: the caller's mistake, refused before
@@ -101,6 +101,54 @@ pub enum OperandError {
         /// The output's bytes.
         bytes: u64,
     },
+    /// An all-reduce + RMSNorm whose hidden size no kernel takes.
+    #[error(
+        "a hidden size of {hidden} elements is not taken: RMSNorm's kernels take a multiple of \
+         8 from 8 to {largest}"
+    )]
+    HiddenNotTaken {
+        /// The hidden size (the message's width).
+        hidden: u64,
+        /// The largest hidden size taken.
+        largest: u64,
+    },
+    /// An all-reduce + RMSNorm operand of another length than its shape gives it.
+    #[error(
+        "the {operand} holds {holds} bytes, but {what} of a message of {rows} x {hidden} takes \
+         {bytes}"
+    )]
+    EpilogueLength {
+        /// `x`, `residual`, `weight` or `normed`.
+        operand: &'static str,
+        /// What the shape gives it (`the whole message`, `one row`).
+        what: &'static str,
+        /// The bytes it holds.
+        holds: u64,
+        /// The bytes it must hold.
+        bytes: u64,
+        /// The message's rows.
+        rows: u64,
+        /// The hidden size.
+        hidden: u64,
+    },
+    /// An all-reduce + RMSNorm with a negative or NaN eps.
+    #[error("eps is {}; it must be 0 or more (not negative, not NaN)", f32::from_bits(*eps_bits))]
+    Eps {
+        /// The eps given, as its bits (so that the error compares as equal to itself).
+        eps_bits: u32,
+    },
+    /// An all-reduce + RMSNorm operand the norm cannot read or write where it is.
+    #[error("the {operand} at {address:#x} is not 16-byte aligned, as the norm's kernels need")]
+    EpilogueMisaligned {
+        /// `residual`, `weight` or `normed`.
+        operand: &'static str,
+        /// Its address.
+        address: u64,
+    },
+    /// An all-reduce + RMSNorm whose `normed` overlaps its residual: the residual's new value
+    /// would be lost.
+    #[error("normed overlaps the residual; the residual's new value would be lost")]
+    NormedOverlapsResidual,
     /// A width of 0, a rank outside the world: a shape the rule refuses.
     #[error(transparent)]
     Shape(#[from] crate::shape::ShapeError),

@@ -12,6 +12,7 @@ mod cli_validate;
 mod compile_missing_library;
 mod decision;
 mod decision_properties;
+mod epilogue_package;
 mod exact_policy;
 mod json_output_proptest;
 mod launch;

@@ -6,6 +6,7 @@
 #![allow(clippy::print_stderr)]
 
 mod driver;
+mod epilogue;
 mod guard;
 mod mutations;
 mod one_gpu;

@@ -275,3 +275,27 @@ fn nccl_symmetric_candidates_qualify_exact_and_are_timed_at_start_up() {
     // its 4 MiB window in two pieces.
     assert!(value["above_ladder"].is_object(), "{value}");
 }
+
+/// An `all_reduce_add_rms_norm` package of separate candidates (all-reduce kernels, plain and
+/// rank-order NCCL, each then add_rms_norm) qualifies every candidate exact on two GPUs: its
+/// normed and residual equal `reference_epilogue` on every run, the multi-size sequence
+/// included.
+#[test]
+#[ignore = "needs GPUs"]
+fn export_on_gpus_qualifies_every_separate_epilogue_candidate_against_the_epilogue_reference() {
+    require_gpus!(2);
+    let fixture = crate::support::repository::root()
+        .join("tests/fixtures/ladders/valid/epilogue_package.json");
+    let (_dir, out) = export_on_gpus(&fixture);
+    let qualified = every_candidate_qualified_exact(&out);
+    assert_eq!(
+        qualified,
+        [
+            "one_shot_pull",
+            "nccl",
+            "nccl_rank_order",
+            "rsag_push",
+            "nccl"
+        ]
+    );
+}

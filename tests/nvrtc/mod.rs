@@ -3,5 +3,6 @@
 
 mod cli_export;
 mod compile;
+mod epilogue_export;
 mod mutations;
 mod support;

@@ -9,6 +9,7 @@
 //! (`build.rs`), into `include/` beside the library: `target/<profile>/include/prepare.h`.
 
 mod boundary;
+mod epilogue;
 mod rows;
 
 use std::ffi::{c_char, c_void, OsStr};
@@ -29,6 +30,7 @@ use prepare::tune::choice::Tuning;
 use boundary::{
     c_str, chain, collective, copy_out, dtype, guard, last_error, reference, write, Failure,
 };
+pub use epilogue::prepare_all_reduce_add_rms_norm;
 pub use rows::{prepare_all_gather, prepare_owned_rows, prepare_reduce_scatter};
 
 /// The ABI this library offers ([`prepare_abi_version`]): raised whenever a call, a struct or

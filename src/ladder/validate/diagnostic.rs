@@ -61,8 +61,6 @@ rules! {
     UnrepresentableValue => "unrepresentable_value", Parse;
     /// `name` is empty.
     EmptyName => "empty_name", Rules;
-    /// `collective` names a collective no kernel table serves yet.
-    CollectiveNotBuilt => "collective_not_built", Rules;
     /// `ordinary_ladder` is present but empty.
     EmptyOrdinaryLadder => "empty_ordinary_ladder", Rules;
     /// `world_size` is not 2 to 8.
@@ -115,10 +113,18 @@ rules! {
     ProtocolNotForCollective => "protocol_not_for_collective", Rules;
     /// `"transfer": "copy_engine"` on a reduce-scatter or all-gather profile.
     CopyEngineNotForCollective => "copy_engine_not_for_collective", Rules;
-    /// `window` on a reduce-scatter or all-gather NCCL profile.
+    /// `window` on a reduce-scatter, all-gather or all-reduce + RMSNorm NCCL profile.
     WindowNotForCollective => "window_not_for_collective", Rules;
     /// `order` on an all-gather NCCL profile: an all-gather sums nothing.
     OrderNotForCollective => "order_not_for_collective", Rules;
+    /// `epilogue` on a profile of a ladder whose collective is not `all_reduce_add_rms_norm`.
+    EpilogueNotForCollective => "epilogue_not_for_collective", Rules;
+    /// `epilogue` on an NCCL profile: NCCL's all-reduce is always followed by the separate
+    /// epilogue, so the field says nothing.
+    EpilogueOnNccl => "epilogue_on_nccl", Rules;
+    /// A custom profile of an `all_reduce_add_rms_norm` ladder that is no fused kernel's shape
+    /// and has no `"epilogue": "separate"`.
+    NeitherFusedNorSeparate => "neither_fused_nor_separate", Rules;
     /// `blocks` on an NCCL or phased profile.
     BlocksNotApplicable => "blocks_not_applicable", Rules;
     /// A profile's `blocks` outside 1 to 1024.

@@ -9,8 +9,9 @@ use super::collective_rules::{
     bucket_refusal, has_all_reduce_forms, is_refused_form, profile_refusals,
 };
 use super::diagnostic::{closest, json_string, Diagnostic, Rule};
+use super::epilogue_rules::epilogue_refusals;
 use crate::ladder::{
-    is_exact, Algorithm, Arch, Bucket, Collective, Ladder, Profile, Protocol, Schedule, Transfer,
+    is_exact, Algorithm, Arch, Bucket, Ladder, Profile, Protocol, Schedule, Transfer,
     CLUSTER_BLOCKS, CLUSTER_SIZE, CLUSTER_THREADS, VECTOR_BYTES,
 };
 
@@ -69,22 +70,6 @@ impl Checker<'_> {
                 "/name".into(),
                 json_string(&ladder.name),
                 "a name that identifies the catalog, such as \"h200_nvlink_tp2\"",
-            );
-        }
-        if !ladder.collective.is_built() {
-            let built: Vec<String> = Collective::BUILT
-                .iter()
-                .map(|collective| json_string(collective.name()))
-                .collect();
-            self.report(
-                Rule::CollectiveNotBuilt,
-                "/collective".into(),
-                json_string(ladder.collective.name()),
-                format!(
-                    "{} (collective {} is not built yet)",
-                    built.join(" or "),
-                    ladder.collective
-                ),
             );
         }
         if let Some(ordinary) = &ladder.ordinary_ladder {
@@ -183,6 +168,8 @@ impl Checker<'_> {
         let collective = self.ladder.collective;
         self.diagnostics
             .extend(profile_refusals(collective, index, profile));
+        self.diagnostics
+            .extend(epilogue_refusals(collective, index, profile));
         if is_refused_form(collective, profile) {
             return;
         }

@@ -262,6 +262,25 @@ int main(int argc, char **argv) {
                PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
     }
 
+    /* The fused epilogue checks the dtype, the shape, the hidden size, eps and its operands
+     * before the handle. */
+    expect("all_reduce_add_rms_norm(NULL handle)",
+           prepare_all_reduce_add_rms_norm(NULL, text, text, text, text, 2, 8, 1e-6f,
+                                           PREPARE_DTYPE_BF16, NULL),
+           PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+    expect("all_reduce_add_rms_norm(hidden 12)",
+           prepare_all_reduce_add_rms_norm(NULL, text, text, text, text, 2, 12, 1e-6f,
+                                           PREPARE_DTYPE_BF16, NULL),
+           PREPARE_STATUS_INVALID_ARGUMENT, "hidden size of 12 elements is not taken");
+    expect("all_reduce_add_rms_norm(eps -1)",
+           prepare_all_reduce_add_rms_norm(NULL, text, NULL, text, text, 2, 8, -1.0f,
+                                           PREPARE_DTYPE_FP16, NULL),
+           PREPARE_STATUS_INVALID_ARGUMENT, "eps is -1");
+    expect("all_reduce_add_rms_norm(NULL weight)",
+           prepare_all_reduce_add_rms_norm(NULL, text, text, NULL, text, 2, 8, 0.0f,
+                                           PREPARE_DTYPE_FP32, NULL),
+           PREPARE_STATUS_INVALID_ARGUMENT, "weight is NULL");
+
     /* The shape rule: the first rows % world ranks own one row more; a rank may own none. */
     const size_t owned_cases[][5] = {
         /* rows, world, rank, first, count */
