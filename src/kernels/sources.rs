@@ -3,12 +3,16 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 11] = [
+const SOURCES: [(&str, &str); 12] = [
     (
         "add_rms_norm.cu",
         include_str!("../../kernels/add_rms_norm.cu"),
     ),
     ("all_gather.cu", include_str!("../../kernels/all_gather.cu")),
+    (
+        "all_reduce_add_rms_norm_two_shot.cu",
+        include_str!("../../kernels/all_reduce_add_rms_norm_two_shot.cu"),
+    ),
     (
         "all_reduce_full_phased.cu",
         include_str!("../../kernels/all_reduce_full_phased.cu"),
@@ -125,6 +129,9 @@ mod tests {
             } else if spec.source == "add_rms_norm.cu" {
                 // The same, with the epilogue's checks.
                 "epilogue_kernel"
+            } else if spec.source == "all_reduce_add_rms_norm_two_shot.cu" {
+                // A block kernel with the epilogue's checks too.
+                "two_shot_kernel"
             } else if ["reduce_scatter.cu", "all_gather.cu"].contains(&spec.source) {
                 // The row collectives check their shape when they begin.
                 "row_kernel"

@@ -55,6 +55,9 @@ pub(super) enum Scratch {
     PeerMessageSlots,
     /// One slice-sized slot per peer, then one message-sized region.
     PeerSliceSlotsThenMessage,
+    /// Two message-sized regions, one after the other, each owner's rows at their place in
+    /// each (the fused two-shot's normed and residual_out rows, written by their owner alone).
+    TwoMessages,
     /// Double-buffered (kernels/prepare_double_buffer.cuh): two halves of one slot per peer of
     /// 16-byte lines, two per vector and one per tail element; a region of its own.
     DoubleBufferedLines,
@@ -112,7 +115,7 @@ pub enum InputAccess {
 const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 16] = [
+const KERNELS: [Kernel; 17] = [
     // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
     Kernel {
         name: "add_rms_norm",
@@ -141,6 +144,18 @@ const KERNELS: [Kernel; 16] = [
         scratch: Scratch::Message,
         barriers: None,
         input: InputAccess::Local,
+    },
+    // Peers read only their own rows of this rank's input region, before the gather barrier;
+    // this rank writes its own rows of `normed` after reading them and the others' after it.
+    Kernel {
+        name: "all_reduce_add_rms_norm_two_shot",
+        source: "all_reduce_add_rms_norm_two_shot.cu",
+        cluster: false,
+        scratch: Scratch::TwoMessages,
+        barriers: None,
+        input: InputAccess::Peers {
+            output_may_alias: true,
+        },
     },
     Kernel {
         name: "all_reduce_full_phased",
@@ -305,7 +320,9 @@ pub fn kernel_for(
                     .spec(dtype, world)
             });
         }
-        Collective::AllReduceAddRmsNorm => return None,
+        Collective::AllReduceAddRmsNorm => {
+            return epilogue_kernel_for(profile).map(|kernel| kernel.spec(dtype, world));
+        }
     }
     let name = match (profile.algorithm, profile.schedule) {
         (Algorithm::OneShot, None) => match (profile.transfer_or_default(), profile.protocol) {
@@ -340,6 +357,22 @@ pub fn kernel_for(
         .iter()
         .find(|kernel| kernel.name == name)
         .map(|kernel| kernel.spec(dtype, world))
+}
+
+/// The fused kernel of an `all_reduce_add_rms_norm` profile, found by name in the table: the
+/// two-shot for an RSAG pulled (`transfer` absent or `pull`) with no protocol or schedule;
+/// `None` for every other profile or a kernel the table lacks.
+fn epilogue_kernel_for(profile: &Profile) -> Option<&'static Kernel> {
+    let name = match (
+        profile.algorithm,
+        profile.transfer_or_default(),
+        profile.protocol,
+        profile.schedule,
+    ) {
+        (Algorithm::Rsag, Transfer::Pull, None, None) => "all_reduce_add_rms_norm_two_shot",
+        _ => return None,
+    };
+    KERNELS.iter().find(|kernel| kernel.name == name)
 }
 
 /// The kernel of a reduce-scatter's or all-gather's profile: the one-shot, pulled or pushed,
@@ -497,7 +530,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn the_table_serves_every_collective_but_the_fused_all_reduce() {
+    fn the_table_serves_every_collective() {
         let ladder = ladder(EXAMPLE);
         for collective in Collective::ALL {
             let served = ladder
@@ -505,13 +538,58 @@ pub(super) mod tests {
                 .iter()
                 .filter_map(|profile| kernel_for(profile, collective, Dtype::Bf16, 4))
                 .count();
-            assert_eq!(
-                served > 0,
-                collective != Collective::AllReduceAddRmsNorm,
-                "{collective}"
+            assert!(served > 0, "{collective}");
+        }
+    }
+
+    #[test]
+    fn the_fused_collective_takes_the_two_shot_for_a_pulled_rsag_alone() {
+        // (algorithm, transfer, protocol, schedule) -> whether the fused two-shot runs it.
+        let table = [
+            ("rsag", None, None, None, true),
+            ("rsag", Some("pull"), None, None, true),
+            ("rsag", Some("push"), None, None, false),
+            ("rsag", Some("push"), Some("simple"), None, false),
+            ("rsag", None, None, Some("phased"), false),
+            ("one_shot", Some("pull"), None, None, false),
+            ("full", None, None, Some("phased"), false),
+            ("nccl", None, None, None, false),
+        ];
+        for (algorithm, transfer, protocol, schedule, two_shot) in table {
+            let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
+            for (key, value) in [
+                ("transfer", transfer),
+                ("protocol", protocol),
+                ("schedule", schedule),
+            ] {
+                if let Some(value) = value {
+                    profile[key] = value.into();
+                }
+            }
+            let spec = kernel_for(
+                &serde_json::from_value(profile).unwrap(),
+                Collective::AllReduceAddRmsNorm,
+                Dtype::Fp16,
+                6,
             );
-            // Validation accepts only collectives the table serves.
-            assert!(!collective.is_built() || served > 0, "{collective}");
+            assert_eq!(
+                spec.is_some(),
+                two_shot,
+                "{algorithm} {transfer:?} {protocol:?} {schedule:?}"
+            );
+            if let Some(spec) = spec {
+                assert_eq!(spec.name, "all_reduce_add_rms_norm_two_shot_fp16");
+                assert_eq!(
+                    (spec.source, spec.world, spec.cluster),
+                    ("all_reduce_add_rms_norm_two_shot.cu", 6, false)
+                );
+                assert_eq!(
+                    input_access(&spec),
+                    Some(InputAccess::Peers {
+                        output_may_alias: true
+                    })
+                );
+            }
         }
     }
 

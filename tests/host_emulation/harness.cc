@@ -8,7 +8,9 @@
 //
 // Every mode runs each kernel in every element type (bf16, fp16, fp32), instantiated at the
 // launch's world size as a package compiles it, unless it says otherwise. Modes:
-//   (the reduce-scatter's and all-gather's checks in quick, full and exactness are rows.h's)
+//   (the reduce-scatter's and all-gather's checks in quick, full and exactness are rows.h's;
+//   the fused two-shot all-reduce + add + RMSNorm's in quick, full, exactness and invariance
+//   are two_shot.h's)
 //   quick        every kernel, worlds 2, 3 and 8 (bf16) or 2 and 3 (fp16, fp32), sizes around
 //                every vector and slice edge and one of several simple steps a slice,
 //                one launch at a time with exact scratch (guards catch overruns); a rank
@@ -32,6 +34,7 @@
 //   invariance W:B...  rows in messages of several sizes, around a bucket boundary of B bytes
 //                at W ranks, alone and in pieces, every kernel: each row the same bytes
 //                everywhere (invariance.h); one line per kernel entry, as exactness
+//   two_shot [full]  the fused two-shot's checks of the quick mode (or of the full mode) alone
 //   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
 //                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
@@ -45,6 +48,7 @@
 
 #include "add_rms_norm.cu"
 #include "all_gather.cu"
+#include "all_reduce_add_rms_norm_two_shot.cu"
 #include "all_reduce_full_phased.cu"
 #include "all_reduce_one_shot.cu"
 #include "all_reduce_one_shot_copy_engine.cu"
@@ -139,6 +143,7 @@ u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
         case Scratch::Message: return message;
         case Scratch::PeerMessageSlots: return (world - 1) * message;
         case Scratch::PeerSliceSlotsThenMessage: return (world - 1) * slot + message;
+        case Scratch::TwoMessages: return 2 * message;
         case Scratch::DoubleBufferedLines: return 2 * (world - 1) * round_up(lines * 16, chunk);
         case Scratch::DoubleBufferedMessageSlots:
             return 2 * (world - 1) * round_up(message, chunk);
@@ -697,6 +702,8 @@ void operands(const std::vector<unsigned>& worlds) {
 #include "norm.h"
 // The reduce-scatter's and all-gather's checks (rows_mode, rows_exactness).
 #include "rows.h"
+// The fused two-shot's checks (two_shot_mode, two_shot_exactness, two_shot_invariance).
+#include "two_shot.h"
 
 }  // namespace
 
@@ -726,6 +733,7 @@ int main(int argc, char** argv) {
         timeouts();
         invalid_launches();
         rows_mode(false);
+        two_shot_mode(false);
     } else if (mode == "full") {
         for_each_dtype([] {
             single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
@@ -735,6 +743,7 @@ int main(int argc, char** argv) {
         timeouts();
         invalid_launches();
         rows_mode(true);
+        two_shot_mode(true);
     } else if (mode == "streams") {
         const unsigned rounds = argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1;
         // Every type at two and three ranks, bf16 also at four and eight.
@@ -748,12 +757,19 @@ int main(int argc, char** argv) {
             rank_order_exactness();
             norm_exactness();
             rows_exactness();
+            two_shot_exactness();
         });
     } else if (mode == "invariance") {
         const std::vector<Boundary> boundaries = parse_boundaries(argc - 2, argv + 2);
         if (boundaries.empty())
             return 2;
-        for_each_dtype([&] { invariance(boundaries); norm_invariance(); });
+        for_each_dtype([&] {
+            invariance(boundaries);
+            norm_invariance();
+            two_shot_invariance();
+        });
+    } else if (mode == "two_shot") {
+        two_shot_mode(argc > 2 && std::string(argv[2]) == "full");
     } else if (mode == "norm") {
         for_each_dtype([] { norm_checks(); });
     } else if (mode == "rank_order") {

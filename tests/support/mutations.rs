@@ -52,11 +52,11 @@ pub enum Mutation {
     /// `all_gather_one_shot_pull_<dtype>` never copies the rows of the peer at the greatest
     /// distance (rank - 1).
     SkipRowPeer,
-    /// The row collectives take the ranks that own one row fewer (rows / world, when rows %
-    /// world is not 0) to own as many as the others.
+    /// The row collectives and the fused two-shot take the ranks that own one row fewer (rows /
+    /// world, when rows % world is not 0) to own as many as the others.
     ShortRankRows,
-    /// The row collectives place the boundary between the ranks with one row more and the
-    /// others one rank late, so a run past it starts a row late.
+    /// The row collectives and the fused two-shot place the boundary between the ranks with one
+    /// row more and the others one rank late, so a run past it starts a row late.
     RowBoundaryOffByOne,
     /// `all_reduce_one_shot_pull_<dtype>` sums the ranks in reverse order in messages of more
     /// than 2048 elements: a row's sum then depends on the size of the message holding it
@@ -189,9 +189,11 @@ const WEIGHT_SKIPPED: &[Patch] = &[Patch {
     replace: "bits[j] = T::round(e + j == hidden - 1 ? scaled : mul_round_nearest(scaled, T::to_float(scale[j])));",
 }];
 
-/// The epilogue's kernels, which sum no ranks and have no tail: the mutations of the rank
-/// loops and of the tail leave them as they are.
-const EPILOGUE: &[&str] = &["add_rms_norm"];
+/// The kernels that run the epilogue's norm (prepare_norm.cuh); none has a tail (a row is whole
+/// vectors), so the mutation of the tail leaves them as they are.
+const EPILOGUE: &[&str] = &["add_rms_norm", "all_reduce_add_rms_norm_two_shot"];
+/// The unfused epilogue, which sums no ranks: the mutations of the rank loops leave it as it is.
+const UNFUSED_EPILOGUE: &[&str] = &["add_rms_norm"];
 const ROW_OUT_OF_ORDER: &[Patch] = &[Patch {
     file: "reduce_scatter.cu",
     find: "reduce_scatter_pull<T, N>(params, slices(params.rank), grid_workers(), output, output);",
@@ -286,7 +288,8 @@ impl Mutation {
     /// for one in the sum (they sum nothing).
     pub fn kernels(self) -> Vec<String> {
         let untouched: &[&str] = match self {
-            Mutation::SkipPeer | Mutation::DropTail | Mutation::DoubleCount => EPILOGUE,
+            Mutation::SkipPeer | Mutation::DoubleCount => UNFUSED_EPILOGUE,
+            Mutation::DropTail => EPILOGUE,
             _ => &[],
         };
         let sums = matches!(
@@ -314,6 +317,7 @@ impl Mutation {
             Mutation::ShortRankRows | Mutation::RowBoundaryOffByOne => (
                 &[
                     "all_gather_one_shot_pull",
+                    "all_reduce_add_rms_norm_two_shot",
                     "all_gather_one_shot_push",
                     "reduce_scatter_one_shot_pull",
                     "reduce_scatter_one_shot_push",
