@@ -39,7 +39,7 @@ __device__ __forceinline__ MessageSlices<T, N> message_slices(const LaunchParams
 }
 
 // The row collectives' slices: rank s owns its rows (prepare_layout.cuh's run_of), indexed like
-// the message; first(s) is the first element of them.
+// the message; first(s) is the first element of them, end(s) one past the last.
 template <typename T, int N>
 struct RowSlices {
     const LaunchParams& params;
@@ -48,9 +48,12 @@ struct RowSlices {
         return first_row<N>(params.rows, slice) * params.width;
     }
 
+    __device__ __forceinline__ u64 end(unsigned int slice) const {
+        return first(slice) + owned_rows<N>(params.rows, slice) * params.width;
+    }
+
     __device__ __forceinline__ Range operator()(unsigned int slice) const {
-        const u64 begin = first(slice);
-        return run_of<T>(begin, begin + owned_rows<N>(params.rows, slice) * params.width);
+        return run_of<T>(first(slice), end(slice));
     }
 };
 

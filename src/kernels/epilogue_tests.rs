@@ -166,3 +166,54 @@ fn the_fused_one_shot_profiles_map_to_their_kernels_by_name() {
         assert_eq!(fused(profile), None, "{transfer} {protocol}");
     }
 }
+
+#[test]
+fn the_fused_collective_takes_the_two_shot_for_a_pulled_rsag_alone() {
+    // (algorithm, transfer, protocol, schedule) -> whether the fused two-shot runs it.
+    let table = [
+        ("rsag", None, None, None, true),
+        ("rsag", Some("pull"), None, None, true),
+        ("rsag", Some("push"), None, None, false),
+        ("rsag", Some("push"), Some("simple"), None, false),
+        ("rsag", None, None, Some("phased"), false),
+        ("one_shot", Some("pull"), None, None, false),
+        ("full", None, None, Some("phased"), false),
+        ("nccl", None, None, None, false),
+    ];
+    for (algorithm, transfer, protocol, schedule, two_shot) in table {
+        let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
+        for (key, value) in [
+            ("transfer", transfer),
+            ("protocol", protocol),
+            ("schedule", schedule),
+        ] {
+            if let Some(value) = value {
+                profile[key] = value.into();
+            }
+        }
+        let spec = kernel_for(
+            &serde_json::from_value(profile).unwrap(),
+            Collective::AllReduceAddRmsNorm,
+            Dtype::Fp16,
+            6,
+        );
+        assert_eq!(
+            spec.is_some(),
+            two_shot,
+            "{algorithm} {transfer:?} {protocol:?} {schedule:?}"
+        );
+        if let Some(spec) = spec {
+            assert_eq!(spec.name, "all_reduce_add_rms_norm_two_shot_fp16");
+            assert_eq!(
+                (spec.source, spec.world, spec.cluster),
+                ("all_reduce_add_rms_norm_two_shot.cu", 6, false)
+            );
+            assert_eq!(
+                input_access(&spec),
+                Some(InputAccess::Peers {
+                    output_may_alias: true
+                })
+            );
+        }
+    }
+}

@@ -85,6 +85,7 @@ pub fn scratch_bytes(spec: &KernelSpec, max_bytes: u64) -> u64 {
         Scratch::PeerSliceSlotsThenMessage => {
             peers * slice_slot_bytes(elements, dtype, world) + message_bytes(elements, dtype)
         }
+        Scratch::TwoMessages => 2 * message_bytes(elements, dtype),
         Scratch::DoubleBufferedLines => {
             double_buffered_bytes(line_capacity(elements, dtype) * ALIGNMENT_BYTES, peers)
         }
@@ -236,6 +237,18 @@ mod tests {
         );
         assert_eq!(scratch("all_gather_one_shot_push_bf16", 4, 16384), 16384);
         assert_eq!(scratch("all_gather_one_shot_push_fp32", 8, 18), 32);
+        // The fused two-shot: the owners' normed rows, then their residual_out rows, each
+        // message-sized (a rank may own every row), whatever the world.
+        for world in [2, 8] {
+            assert_eq!(
+                scratch("all_reduce_add_rms_norm_two_shot_bf16", world, 16384),
+                2 * 16384
+            );
+        }
+        assert_eq!(
+            scratch("all_reduce_add_rms_norm_two_shot_fp32", 3, 18),
+            2 * 32
+        );
         // 96 bytes at 3 ranks: 48 elements, 6 vectors, 2 per slice; slots of 3 vectors.
         assert_eq!(scratch("all_reduce_rsag_push_bf16", 3, 96), 2 * 48 + 96);
         // A message that is not whole vectors still gets whole-vector regions.

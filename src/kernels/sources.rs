@@ -3,7 +3,7 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 12] = [
+const SOURCES: [(&str, &str); 13] = [
     (
         "add_rms_norm.cu",
         include_str!("../../kernels/add_rms_norm.cu"),
@@ -12,6 +12,10 @@ const SOURCES: [(&str, &str); 12] = [
     (
         "all_reduce_add_rms_norm_one_shot.cu",
         include_str!("../../kernels/all_reduce_add_rms_norm_one_shot.cu"),
+    ),
+    (
+        "all_reduce_add_rms_norm_two_shot.cu",
+        include_str!("../../kernels/all_reduce_add_rms_norm_two_shot.cu"),
     ),
     (
         "all_reduce_full_phased.cu",
@@ -129,6 +133,9 @@ mod tests {
             } else if spec.source == "add_rms_norm.cu" {
                 // The same, with the epilogue's checks.
                 "epilogue_kernel"
+            } else if spec.source == "all_reduce_add_rms_norm_two_shot.cu" {
+                // A block kernel with the epilogue's checks too.
+                "two_shot_kernel"
             } else if spec.source.starts_with("all_reduce_add_rms_norm_") {
                 // Block kernels with the epilogue's checks.
                 "fused_kernel"

@@ -8,8 +8,9 @@
 //
 // Every mode runs each kernel in every element type (bf16, fp16, fp32), instantiated at the
 // launch's world size as a package compiles it, unless it says otherwise. Modes:
-//   (the reduce-scatter's and all-gather's checks in quick, full and exactness are rows.h's,
-//   the fused all-reduce + add + RMSNorm kernels' fused.h's, in invariance too)
+//   (the reduce-scatter's and all-gather's checks in quick, full and exactness are rows.h's;
+//   the fused one-shot all-reduce + add + RMSNorm kernels' fused.h's and the fused two-shot's
+//   two_shot.h's, in invariance too)
 //   quick        every kernel, worlds 2, 3 and 8 (bf16) or 2 and 3 (fp16, fp32), sizes around
 //                every vector and slice edge and one of several simple steps a slice,
 //                one launch at a time with exact scratch (guards catch overruns); a rank
@@ -34,6 +35,7 @@
 //                at W ranks, alone and in pieces, every kernel: each row the same bytes
 //                everywhere (invariance.h); one line per kernel entry, as exactness
 //   fused        the fused one-shot all-reduce + add + RMSNorm kernels, as quick runs them (fused.h)
+//   two_shot [full]  the fused two-shot's checks of the quick mode (or of the full mode) alone
 //   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
 //                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
@@ -48,6 +50,7 @@
 #include "add_rms_norm.cu"
 #include "all_gather.cu"
 #include "all_reduce_add_rms_norm_one_shot.cu"
+#include "all_reduce_add_rms_norm_two_shot.cu"
 #include "all_reduce_full_phased.cu"
 #include "all_reduce_one_shot.cu"
 #include "all_reduce_one_shot_copy_engine.cu"
@@ -142,6 +145,7 @@ u64 scratch_bytes(Scratch scratch, u64 world, u64 elements) {
         case Scratch::Message: return message;
         case Scratch::PeerMessageSlots: return (world - 1) * message;
         case Scratch::PeerSliceSlotsThenMessage: return (world - 1) * slot + message;
+        case Scratch::TwoMessages: return 2 * message;
         case Scratch::DoubleBufferedLines: return 2 * (world - 1) * round_up(lines * 16, chunk);
         case Scratch::DoubleBufferedMessageSlots:
             return 2 * (world - 1) * round_up(message, chunk);
@@ -702,6 +706,8 @@ void operands(const std::vector<unsigned>& worlds) {
 #include "rows.h"
 // The fused kernels' checks (fused_mode, fused_exactness, fused_invariance).
 #include "fused.h"
+// The fused two-shot's checks (two_shot_mode, two_shot_exactness, two_shot_invariance).
+#include "two_shot.h"
 
 }  // namespace
 
@@ -732,6 +738,7 @@ int main(int argc, char** argv) {
         invalid_launches();
         rows_mode(false);
         fused_mode(false);
+        two_shot_mode(false);
     } else if (mode == "full") {
         for_each_dtype([] {
             single_launches({2, 3, 4, 5, 6, 7, 8}, 2);
@@ -742,6 +749,7 @@ int main(int argc, char** argv) {
         invalid_launches();
         rows_mode(true);
         fused_mode(true);
+        two_shot_mode(true);
     } else if (mode == "streams") {
         const unsigned rounds = argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 1;
         // Every type at two and three ranks, bf16 also at four and eight.
@@ -756,6 +764,7 @@ int main(int argc, char** argv) {
             norm_exactness();
             rows_exactness();
             fused_exactness();
+            two_shot_exactness();
         });
     } else if (mode == "invariance") {
         const std::vector<Boundary> boundaries = parse_boundaries(argc - 2, argv + 2);
@@ -765,9 +774,12 @@ int main(int argc, char** argv) {
             invariance(boundaries);
             norm_invariance();
             fused_invariance();
+            two_shot_invariance();
         });
     } else if (mode == "fused") {
         fused_mode(false);
+    } else if (mode == "two_shot") {
+        two_shot_mode(argc > 2 && std::string(argv[2]) == "full");
     } else if (mode == "norm") {
         for_each_dtype([] { norm_checks(); });
     } else if (mode == "rank_order") {

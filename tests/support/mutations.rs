@@ -53,11 +53,11 @@ pub enum Mutation {
     /// `all_gather_one_shot_pull_<dtype>` never copies the rows of the peer at the greatest
     /// distance (rank - 1).
     SkipRowPeer,
-    /// The row collectives take the ranks that own one row fewer (rows / world, when rows %
-    /// world is not 0) to own as many as the others.
+    /// The row collectives and the fused two-shot take the ranks that own one row fewer (rows /
+    /// world, when rows % world is not 0) to own as many as the others.
     ShortRankRows,
-    /// The row collectives place the boundary between the ranks with one row more and the
-    /// others one rank late, so a run past it starts a row late.
+    /// The row collectives and the fused two-shot place the boundary between the ranks with one
+    /// row more and the others one rank late, so a run past it starts a row late.
     RowBoundaryOffByOne,
     /// `all_reduce_one_shot_pull_<dtype>` sums the ranks in reverse order in messages of more
     /// than 2048 elements: a row's sum then depends on the size of the message holding it
@@ -190,15 +190,16 @@ const WEIGHT_SKIPPED: &[Patch] = &[Patch {
     replace: "bits[j] = T::round(e + j == hidden - 1 ? scaled : mul_round_nearest(scaled, T::to_float(scale[j])));",
 }];
 
-/// The epilogue's kernels, which sum no ranks and have no tail: the mutations of the rank
-/// loops and of the tail leave them as they are.
+/// The unfused epilogue, which sums no ranks: the mutations of the rank loops leave it as it is.
 const EPILOGUE: &[&str] = &["add_rms_norm"];
-/// Every kernel that runs the epilogue: the unfused one and the fused all-reduce + add +
-/// RMSNorm kernels, which move whole rows, so no tail.
+/// Every kernel that runs the epilogue's norm (prepare_norm.cuh): the unfused one and the fused
+/// all-reduce + add + RMSNorm kernels, which move whole rows, so the mutation of the tail leaves
+/// them as they are.
 const NORMS: &[&str] = &[
     "add_rms_norm",
     "all_reduce_add_rms_norm_one_shot_push_ll",
     "all_reduce_add_rms_norm_one_shot_push_simple",
+    "all_reduce_add_rms_norm_two_shot",
 ];
 const ROW_OUT_OF_ORDER: &[Patch] = &[Patch {
     file: "reduce_scatter.cu",
@@ -330,6 +331,7 @@ impl Mutation {
             Mutation::ShortRankRows | Mutation::RowBoundaryOffByOne => (
                 &[
                     "all_gather_one_shot_pull",
+                    "all_reduce_add_rms_norm_two_shot",
                     "all_gather_one_shot_push",
                     "reduce_scatter_one_shot_pull",
                     "reduce_scatter_one_shot_push",

@@ -15,6 +15,7 @@ mod checks;
 pub mod invariance;
 mod norm;
 pub mod rows;
+mod two_shot;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -31,7 +31,7 @@ fn bytes_of(dtype: Dtype, bits: impl Iterator<Item = u32>) -> Vec<u8> {
 
 /// Row `row` of one operand: ordinary values whose squares span 2^24 at a scale that changes
 /// from row to row, or (every fourth row) zeros, or (every fourth, from the third) any bits.
-fn row_data(dtype: Dtype, seed: u64, row: u64, hidden: usize) -> Vec<u8> {
+pub(super) fn row_data(dtype: Dtype, seed: u64, row: u64, hidden: usize) -> Vec<u8> {
     let mut draws = SplitMix64::new(seed ^ row.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     match row % 4 {
         2 => vec![0; hidden * dtype.size_bytes() as usize],
