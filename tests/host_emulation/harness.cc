@@ -24,7 +24,9 @@
 //                whose last rank starts late; prints one line per kernel entry (with its
 //                type), `<entry>: exact` or `<entry>: inexact (N failed checks)`, and goes on
 //                past any failure (the planted-mutation tests read which kernels it broke);
-//                the rank-order sum too (`nccl_rank_order_sum_<type>`), at worlds 2 to 8
+//                the rank-order sum too (`nccl_rank_order_sum_<type>`), at worlds 2 to 8;
+//                `exactness [--stop-at-first-wrong] [ENTRY...]` runs the entries named only
+//                (refusing one it does not have), each ending at its first failed case
 //   rank_order   the exact NCCL all-reduce's local sum (nccl_rank_order_sum.cu) at every world
 //                2..8, the NCCL exchange and all-gather emulated by copies: every rank's
 //                slots filled from every rank's slice, the sum out of place and in place, the
@@ -44,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -646,6 +649,42 @@ void streams(const std::vector<unsigned>& worlds, unsigned rounds) {
     }
 }
 
+// The exactness mode's choice of entries: those named after the mode (every entry when none
+// is), and with `--stop-at-first-wrong`, an entry's cases end at its first that fails (its
+// verdict is then already inexact). Skipped cases still draw their seeds, so every case that
+// runs has the data of a run of every entry and case.
+std::set<std::string> chosen_entries;
+bool stop_at_first_wrong = false;
+std::set<std::string> reported_entries;
+
+// One kernel entry (its name with its type) of the exactness mode: whether its next case runs,
+// and its line.
+struct ExactnessEntry {
+    std::string name;
+    int before = failures;
+
+    bool chosen() const { return chosen_entries.empty() || chosen_entries.count(name) != 0; }
+
+    bool runs() const { return chosen() && !(stop_at_first_wrong && failures != before); }
+
+    // `<entry>: exact` or `<entry>: inexact (N failed checks)`, for a chosen entry.
+    void report() const {
+        if (!chosen())
+            return;
+        std::lock_guard<std::mutex> lock(print_mutex);
+        reported_entries.insert(name);
+        if (failures == before) {
+            std::printf("%s: exact\n", name.c_str());
+        } else {
+            std::printf("%s: inexact (%d failed checks)\n", name.c_str(), failures - before);
+        }
+    }
+};
+
+std::string entry_name(const char* kernel) {
+    return std::string(kernel) + "_" + kDtypeNames[dtype];
+}
+
 // A kernel that reads a peer's input without waiting for the peer to start reads stale bytes
 // when that peer is late. The race is caught reliably: the late rank starts 200 ms after the
 // others, far longer than an on-time rank takes to reach the peer's input, which holds the
@@ -653,27 +692,25 @@ void streams(const std::vector<unsigned>& worlds, unsigned rounds) {
 void exactness() {
     stop_after_printed_failures = false;
     for (const Kernel& kernel : kKernels) {
-        const int before = failures;
+        const ExactnessEntry entry{"all_reduce_" + entry_name(kernel.name)};
         for (unsigned world : {2u, 3u}) {
             std::vector<Rank> ranks(world);
             for (u64 elements : {per_vector() * world + per_vector() - 1, 100ull, 1001ull}) {
                 Options options;
                 options.present.assign(world, true);
-                run(ranks, {geometry(kernel, 0, elements)}, options, random_source());
+                const u64 seed = random_source();
+                if (entry.runs())
+                    run(ranks, {geometry(kernel, 0, elements)}, options, seed);
             }
         }
         std::vector<Rank> ranks(2);
         Options late;
         late.present.assign(2, true);
         late.last_rank_late = std::chrono::milliseconds(200);
-        run(ranks, {geometry(kernel, 0, 203)}, late, random_source());
-        std::lock_guard<std::mutex> lock(print_mutex);
-        if (failures == before) {
-            std::printf("all_reduce_%s_%s: exact\n", kernel.name, kDtypeNames[dtype]);
-        } else {
-            std::printf("all_reduce_%s_%s: inexact (%d failed checks)\n", kernel.name,
-                        kDtypeNames[dtype], failures - before);
-        }
+        const u64 seed = random_source();
+        if (entry.runs())
+            run(ranks, {geometry(kernel, 0, 203)}, late, seed);
+        entry.report();
     }
 }
 
@@ -758,6 +795,14 @@ int main(int argc, char** argv) {
                     rounds);
         });
     } else if (mode == "exactness") {
+        for (int i = 2; i < argc; ++i) {
+            const std::string argument = argv[i];
+            if (argument == "--stop-at-first-wrong") {
+                stop_at_first_wrong = true;
+            } else {
+                chosen_entries.insert(argument);
+            }
+        }
         for_each_dtype([] {
             exactness();
             rank_order_exactness();
@@ -766,6 +811,12 @@ int main(int argc, char** argv) {
             fused_exactness();
             two_shot_exactness();
         });
+        for (const std::string& entry : chosen_entries) {
+            if (reported_entries.count(entry) == 0) {
+                std::printf("exactness: no kernel entry %s\n", entry.c_str());
+                return 2;
+            }
+        }
     } else if (mode == "invariance") {
         const std::vector<Boundary> boundaries = parse_boundaries(argc - 2, argv + 2);
         if (boundaries.empty())

@@ -133,16 +133,21 @@ void rank_order_all_reduce(unsigned world, u64 elements, unsigned blocks, unsign
     }
 }
 
-void rank_order(const std::vector<unsigned>& worlds) {
+// `runs`, when given, says whether the next case runs (a case skipped still draws its seed).
+void rank_order(const std::vector<unsigned>& worlds, const ExactnessEntry* runs = nullptr) {
     for (unsigned world : worlds) {
         for (u64 elements : rank_order_sizes(world)) {
             for (bool in_place : {false, true}) {
                 const unsigned blocks = 1 + static_cast<unsigned>(elements % 3);
-                rank_order_all_reduce(world, elements, blocks, in_place ? 32 : 64, in_place,
-                                      random_source());
+                const u64 seed = random_source();
+                if (runs == nullptr || runs->runs())
+                    rank_order_all_reduce(world, elements, blocks, in_place ? 32 : 64, in_place,
+                                          seed);
             }
         }
     }
+    if (runs != nullptr && !runs->runs())
+        return;
     // An invalid launch (a world the kernel was not compiled for) records its code and writes
     // nothing.
     Aligned slots(4 * 64);
@@ -163,15 +168,9 @@ void rank_order(const std::vector<unsigned>& worlds) {
 
 // The rank-order sum's exactness line, as `exactness` prints for every other kernel.
 void rank_order_exactness() {
-    const int before = failures;
-    rank_order({2, 3, 4, 8});
-    std::lock_guard<std::mutex> lock(print_mutex);
-    if (failures == before) {
-        std::printf("nccl_rank_order_sum_%s: exact\n", kDtypeNames[dtype]);
-    } else {
-        std::printf("nccl_rank_order_sum_%s: inexact (%d failed checks)\n", kDtypeNames[dtype],
-                    failures - before);
-    }
+    const ExactnessEntry entry{"nccl_rank_order_sum_" + std::string(kDtypeNames[dtype])};
+    rank_order({2, 3, 4, 8}, &entry);
+    entry.report();
 }
 
 void print_slices(const std::vector<unsigned>& worlds) {
