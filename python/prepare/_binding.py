@@ -240,6 +240,10 @@ _SIGNATURES = {
                                 ctypes.c_void_p], ctypes.c_int32),
     "prepare_all_gather": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                             ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p], ctypes.c_int32),
+    "prepare_all_reduce_add_rms_norm": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                         ctypes.c_size_t, ctypes.c_float, ctypes.c_int32,
+                                         ctypes.c_void_p], ctypes.c_int32),
     "prepare_owned_rows": ([ctypes.c_size_t, ctypes.c_uint32, ctypes.c_uint32,
                             ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
                            ctypes.c_int32),
@@ -489,6 +493,20 @@ class NativeHandle:
         address `input` (`owned_rows`), every rank's at their place in `output`."""
         arguments = _row_arguments(input, output, rows, width, dtype, stream)
         _check(library().prepare_all_gather(self._live(), *arguments))
+
+    def all_reduce_add_rms_norm(self, x: int, residual: int, weight: int, normed: int,
+                                rows: int, hidden: int, eps: float, dtype: int,
+                                stream: int) -> None:
+        """Enqueues the fused all-reduce + residual add + RMSNorm of `rows` x `hidden` at
+        device address `x`: the residual (0 for none) updated in place, the normalised rows
+        into `normed`."""
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise InvalidArgument(f"eps is {_kind(eps)}: give a number of at least 0")
+        arguments = (_address("x", x), _address("residual", residual or None),
+                     _address("weight", weight), _address("normed", normed),
+                     _integer("rows", rows, "size_t"), _integer("hidden", hidden, "size_t"),
+                     float(eps), _integer("dtype", dtype, "int32_t"), _address("stream", stream))
+        _check(library().prepare_all_reduce_add_rms_norm(self._live(), *arguments))
 
     # Each call below takes the package's key: a collective code, then a dtype code.
 

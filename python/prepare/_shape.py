@@ -125,3 +125,48 @@ def is_in_place(collective: str, input_span: Tuple[int, int], output_span: Tuple
                 f"out overlaps the input of the {collective}, and not in place (in place, "
                 f"{in_place})")
     return False
+
+
+class EpilogueShape:
+    """The fused all-reduce + residual add + RMSNorm's message: `rows` x `hidden`, `hidden`
+    being the last dimension of `x` (the one RMSNorm normalises) and `rows` the product of
+    the others."""
+
+    def __init__(self, rows: int, hidden: int, shape: Tuple[int, ...]):
+        self.rows = rows
+        self.hidden = hidden
+        self.shape = shape
+
+
+def epilogue_shape(x_shape: Sequence[int], residual_shape: Optional[Sequence[int]],
+                   weight_shape: Sequence[int], eps: Any) -> EpilogueShape:
+    """The message of `all_reduce_add_rms_norm` from its operands' shapes, checked: `x` at
+    least 1-d with a last dimension (the hidden size) that is a multiple of 8, `residual` None
+    or of `x`'s shape, `weight` of shape (hidden,), `eps` a real number, 0 or more (it is
+    passed on as an f32). The library checks the largest hidden size its kernels take."""
+    shape = tuple(x_shape)
+    if not shape:
+        raise InvalidArgument("x is a 0-d tensor: its last dimension is the hidden size")
+    hidden = shape[-1]
+    if hidden == 0 or hidden % 8 != 0:
+        raise InvalidArgument(
+            f"x is {shape}: its hidden size (the last dimension) {hidden} is not a positive "
+            "multiple of 8 elements")
+    if residual_shape is not None and tuple(residual_shape) != shape:
+        raise InvalidArgument(
+            f"the residual is {tuple(residual_shape)} and x {shape}: they must have one shape")
+    if tuple(weight_shape) != (hidden,):
+        raise InvalidArgument(
+            f"the weight is {tuple(weight_shape)}: give ({hidden},), one element per hidden "
+            "element")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise InvalidArgument(f"eps is {type(eps).__name__}: give a real number")
+    if math.isnan(eps) or eps < 0:
+        raise InvalidArgument(f"eps={eps}: give a number of at least 0")
+    return EpilogueShape(math.prod(shape[:-1]), hidden, shape)
+
+
+def spans_overlap(first: Tuple[int, int], second: Tuple[int, int]) -> bool:
+    """Whether two non-empty (address, bytes) spans share a byte."""
+    (a, a_bytes), (b, b_bytes) = first, second
+    return a_bytes > 0 and b_bytes > 0 and a < b + b_bytes and b < a + a_bytes

@@ -8,7 +8,15 @@ import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._shape import RowShape, all_gather_shape, is_in_place, reduce_scatter_shape
+from ._shape import (
+    EpilogueShape,
+    RowShape,
+    all_gather_shape,
+    epilogue_shape,
+    is_in_place,
+    reduce_scatter_shape,
+    spans_overlap,
+)
 from ._binding import (
     COLLECTIVE_CODES,
     DTYPE_CODES,
@@ -114,7 +122,21 @@ def _registered_op():
         def _(handle: int, output: torch.Tensor, input: torch.Tensor) -> None:
             _registered(handle)._row_shape("all_gather", input, output)
 
-        _OP = (all_reduce, reduce_scatter, all_gather)
+        @torch.library.custom_op("prepare::all_reduce_add_rms_norm",
+                                 mutates_args=("normed", "residual"), device_types="cuda")
+        def all_reduce_add_rms_norm(handle: int, normed: torch.Tensor,
+                                    residual: Optional[torch.Tensor], x: Optional[torch.Tensor],
+                                    weight: torch.Tensor, eps: float) -> None:
+            _registered(handle)._enqueue_epilogue(normed if x is None else x, residual, weight,
+                                                  eps, normed)
+
+        @all_reduce_add_rms_norm.register_fake
+        def _(handle: int, normed: torch.Tensor, residual: Optional[torch.Tensor],
+              x: Optional[torch.Tensor], weight: torch.Tensor, eps: float) -> None:
+            _registered(handle)._epilogue_shape(normed if x is None else x, residual, weight,
+                                                eps, normed)
+
+        _OP = (all_reduce, reduce_scatter, all_gather, all_reduce_add_rms_norm)
         return _OP
 
 
@@ -134,8 +156,8 @@ class _Region:
 
 
 class Collectives:
-    """prepare's all-reduce, reduce-scatter and all-gather for the ranks of a
-    `torch.distributed` process group.
+    """prepare's all-reduce, reduce-scatter, all-gather and fused all-reduce + residual add +
+    RMSNorm for the ranks of a `torch.distributed` process group.
 
     Collective to create: every rank of `group` (default: the default group) calls it with
     the same packages and options, after `torch.distributed.init_process_group` and
@@ -362,6 +384,84 @@ class Collectives:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         enqueue = getattr(self._live(), collective)
         enqueue(input.data_ptr(), output.data_ptr(), shape.rows, shape.width, code, stream)
+
+    # The fused all-reduce + residual add + RMSNorm.
+
+    def all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float,
+                                out: Any = None) -> Any:
+        """Sums `x` over the ranks, adds `residual` (None: nothing; otherwise updated in place
+        to the sum plus the residual, as vLLM's `fused_add_rms_norm` does) and writes RMSNorm
+        of that times `weight` into `out` (allocated when None; `out` may be `x` itself, which
+        is then not kept). `x` and `residual` are (..., hidden), the hidden size the last
+        dimension, a multiple of 8; `weight` is (hidden,); all of one dtype; `eps` at least 0,
+        passed on as an f32. Every rank's outputs are the same bits, those of prepare's
+        reference (docs/design.md), fused or not. On the current CUDA stream, enqueue only:
+        captured by `torch.cuda.graph`, traced by `torch.compile` (as
+        `torch.ops.prepare.all_reduce_add_rms_norm`). Returns `out`."""
+        self._live()
+        self._check_tensor(x, "x")
+        self._pair("all_reduce_add_rms_norm", x.dtype)
+        if residual is not None:
+            self._check_tensor(residual, "the residual")
+        self._check_tensor(weight, "the weight")
+        # The shapes first, so a bad call allocates nothing.
+        epilogue_shape(x.shape, None if residual is None else residual.shape, weight.shape, eps)
+        torch = _torch()
+        if out is None:
+            out = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+        else:
+            self._check_tensor(out, "out")
+        self._epilogue_shape(x, residual, weight, eps, out)
+        in_place = out.data_ptr() == x.data_ptr()
+        if torch.compiler.is_compiling():
+            torch.ops.prepare.all_reduce_add_rms_norm(self._id, out, residual,
+                                                      None if in_place else x, weight,
+                                                      float(eps))
+        else:
+            self._enqueue_epilogue(x, residual, weight, eps, out)
+        return out
+
+    def _epilogue_shape(self, x: Any, residual: Any, weight: Any, eps: Any,
+                        normed: Any) -> EpilogueShape:
+        """The epilogue's message from its operands, checked: shapes, one dtype, and where
+        they lie (normed is x or apart from it; nothing written overlaps another operand)."""
+        shape = epilogue_shape(x.shape, None if residual is None else residual.shape,
+                               weight.shape, eps)
+        for what, tensor in (("the residual", residual), ("the weight", weight),
+                             ("out", normed)):
+            if tensor is not None and tensor.dtype != x.dtype:
+                raise InvalidArgument(
+                    f"{what} is {tensor.dtype} and x {x.dtype}: they must have one dtype")
+        if tuple(normed.shape) != shape.shape:
+            raise InvalidArgument(
+                f"out is {tuple(normed.shape)}; the epilogue of x {shape.shape} writes "
+                f"{shape.shape}")
+        if _torch().compiler.is_compiling():
+            return shape
+        spans = {"x": (x.data_ptr(), x.nbytes), "out": (normed.data_ptr(), normed.nbytes),
+                 "the weight": (weight.data_ptr(), weight.nbytes)}
+        if residual is not None:
+            spans["the residual"] = (residual.data_ptr(), residual.nbytes)
+        written = ["out"] + (["the residual"] if residual is not None else [])
+        for what in written:
+            for other, span in spans.items():
+                if other == what or (what == "out" and other == "x" and span == spans["out"]):
+                    continue
+                if spans_overlap(spans[what], span):
+                    raise InvalidArgument(
+                        f"{what} overlaps {other}: the epilogue writes {what}, so it must lie "
+                        "apart from every other operand (out may be x itself)")
+        return shape
+
+    def _enqueue_epilogue(self, x: Any, residual: Any, weight: Any, eps: Any,
+                          normed: Any) -> None:
+        torch = _torch()
+        shape = self._epilogue_shape(x, residual, weight, eps, normed)
+        code = self._pair("all_reduce_add_rms_norm", x.dtype)[1]
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._live().all_reduce_add_rms_norm(
+            x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+            normed.data_ptr(), shape.rows, shape.hidden, float(eps), code, stream)
 
     # Zero copy.
 

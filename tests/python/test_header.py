@@ -46,6 +46,7 @@ SCALARS = {
     "uint64_t": ctypes.c_uint64,
     "size_t": ctypes.c_size_t,
     "double": ctypes.c_double,
+    "float": ctypes.c_float,
     # A #[repr(C)] enum is a C enum: an int.
     "enum PrepareStatus": ctypes.c_int,
 }
