@@ -3,12 +3,13 @@ layouts `Collectives.all_reduce_add_rms_norm` checks before any call (each error
 argument), and what it hands the library, through stand-ins for torch and the native handle."""
 
 import math
-import types
 
 import pytest
 
 import prepare
-from prepare import _shape, collectives
+from prepare import _shape
+
+from stand_ins import FakeTensor, stand_in_collectives
 
 
 def refused(call, *needles):
@@ -53,27 +54,6 @@ def test_a_bad_epilogue_shape_is_refused_naming_the_argument(x, residual, weight
 
 # What Collectives hands the library, through stand-ins for torch and the native handle.
 
-class FakeTensor:
-    """What `Collectives` reads of a tensor: its shape, dtype, device, layout and memory."""
-
-    def __init__(self, shape, address, dtype="bf16 dtype", element_size=2):
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self.device = types.SimpleNamespace(type="cuda", index=0)
-        self._address = address
-        self._element_size = element_size
-
-    def is_contiguous(self):
-        return True
-
-    def data_ptr(self):
-        return self._address
-
-    @property
-    def nbytes(self):
-        return math.prod(self.shape) * self._element_size
-
-
 class Recorder:
     """A native handle that records the calls it would make."""
 
@@ -89,26 +69,8 @@ class Recorder:
 @pytest.fixture
 def served(monkeypatch):
     """A `Collectives` of rank 1 of 4 serving the epilogue in bf16, on stand-ins."""
-    allocated = []
-
-    def empty(shape, dtype, device):
-        tensor = FakeTensor(shape, 0x90000 + 0x10000 * len(allocated), dtype)
-        allocated.append(tensor)
-        return tensor
-
-    torch = types.SimpleNamespace(
-        Tensor=FakeTensor, empty=empty,
-        compiler=types.SimpleNamespace(is_compiling=lambda: False),
-        cuda=types.SimpleNamespace(current_stream=lambda device: types.SimpleNamespace(
-            cuda_stream=77)))
-    monkeypatch.setattr(collectives, "_TORCH", torch)
-    handle = object.__new__(collectives.Collectives)
-    handle._native, handle._id = Recorder(), None
-    handle.rank, handle.world_size, handle.device = 1, 4, 0
-    handle._names = {"bf16 dtype": "bf16", "fp32 dtype": "fp32"}
-    handle._served = [("all_reduce_add_rms_norm", "bf16 dtype")]
-    handle.allocated = allocated
-    return handle
+    return stand_in_collectives(monkeypatch, Recorder(),
+                                [("all_reduce_add_rms_norm", "bf16 dtype")])
 
 
 X, RESIDUAL, WEIGHT, OUT = 0x10000, 0x20000, 0x30000, 0x40000

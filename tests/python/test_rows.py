@@ -6,17 +6,17 @@ library, through a stand-in for torch and for the native handle."""
 
 import importlib.util
 import json
-import math
 import py_compile
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 import prepare
 from prepare import _binding, _shape, collectives
+
+from stand_ins import FakeTensor, stand_in_collectives
 
 SIZE = "from 0 to 18446744073709551615 (size_t)"
 
@@ -197,36 +197,6 @@ def test_the_library_checks_the_dtype_and_the_shape_before_the_handle(name):
 
 # What Collectives hands the library, through stand-ins for torch and the native handle.
 
-class FakeTensor:
-    """What `Collectives` reads of a tensor: its shape, dtype, device, layout and memory."""
-
-    def __init__(self, shape, address, dtype="bf16 dtype", element_size=2):
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self.device = types.SimpleNamespace(type="cuda", index=0)
-        self._address = address
-        self._element_size = element_size
-
-    def is_contiguous(self):
-        return True
-
-    def data_ptr(self):
-        return self._address
-
-    def element_size(self):
-        return self._element_size
-
-    @property
-    def nbytes(self):
-        return math.prod(self.shape) * self._element_size
-
-    def rows(self, start, stop):
-        """The view of rows start:stop."""
-        row = math.prod(self.shape[1:]) * self._element_size
-        return FakeTensor((stop - start, *self.shape[1:]), self._address + start * row,
-                          self.dtype, self._element_size)
-
-
 class Recorder:
     """A native handle that records the calls it would make."""
 
@@ -245,26 +215,8 @@ class Recorder:
 @pytest.fixture
 def served(monkeypatch):
     """A `Collectives` of rank 1 of 4 serving both row collectives in bf16, on stand-ins."""
-    allocated = []
-
-    def empty(shape, dtype, device):
-        tensor = FakeTensor(shape, 0x90000 + 0x10000 * len(allocated), dtype)
-        allocated.append(tensor)
-        return tensor
-
-    torch = types.SimpleNamespace(
-        Tensor=FakeTensor, empty=empty,
-        compiler=types.SimpleNamespace(is_compiling=lambda: False),
-        cuda=types.SimpleNamespace(current_stream=lambda device: types.SimpleNamespace(
-            cuda_stream=77)))
-    monkeypatch.setattr(collectives, "_TORCH", torch)
-    handle = object.__new__(collectives.Collectives)
-    handle._native, handle._id = Recorder(), None
-    handle.rank, handle.world_size, handle.device = 1, 4, 0
-    handle._names = {"bf16 dtype": "bf16", "fp32 dtype": "fp32"}
-    handle._served = [("reduce_scatter", "bf16 dtype"), ("all_gather", "bf16 dtype")]
-    handle.allocated = allocated
-    return handle
+    return stand_in_collectives(monkeypatch, Recorder(),
+                                [("reduce_scatter", "bf16 dtype"), ("all_gather", "bf16 dtype")])
 
 
 def test_a_reduce_scatter_allocates_this_ranks_rows_and_passes_rows_and_width(served):
