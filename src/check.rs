@@ -237,7 +237,13 @@ fn check_pieces(
                 collectives.enqueue_chunked(runtime, stream, elements, operands, |_| id)
             })?;
             stream.read(target, 0, &mut result).map_err(driver)?;
-            if let Some(message) = mismatch(rank, dtype, &result, &expected) {
+            if let Some(message) = mismatch(
+                rank,
+                dtype,
+                &result,
+                &expected,
+                Collective::AllReduce.reference(),
+            ) {
                 return Err(CheckError::NotExact {
                     rank,
                     what: format!(
@@ -342,7 +348,13 @@ fn check_row_pieces(
                 )
             })?;
             stream.read(&output, 0, &mut result).map_err(driver)?;
-            if let Some(found) = mismatch(rank, dtype, &result, &expected[rank as usize]) {
+            if let Some(found) = mismatch(
+                rank,
+                dtype,
+                &result,
+                &expected[rank as usize],
+                message.collective().reference(),
+            ) {
                 return Err(CheckError::NotExact {
                     rank,
                     what: format!(

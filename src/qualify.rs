@@ -349,7 +349,13 @@ impl Checker<'_> {
                 "rank {rank}, {elements} elements: wrote element {past}, past the end of the message"
             )));
         }
-        if let Some(message) = mismatch(rank, dtype, &read_back[..output_bytes], &expected) {
+        if let Some(message) = mismatch(
+            rank,
+            dtype,
+            &read_back[..output_bytes],
+            &expected,
+            collective.reference(),
+        ) {
             return Ok(Some(message));
         }
         let input_after = &mut read_back[..input_bytes];
@@ -374,14 +380,20 @@ fn equal(a: &[u8], b: &[u8]) -> bool {
             .all(|(a, b)| a == b)
 }
 
-/// How `got` differs from the reference sum `expected` on rank `rank`, naming how many elements
-/// differ and the first; `None` when they are equal.
-pub(crate) fn mismatch(rank: u32, dtype: Dtype, got: &[u8], expected: &[u8]) -> Option<String> {
+/// How `got` differs from `expected` (`reference`, as [`Collective::reference`] names it) on rank
+/// `rank`, naming how many elements differ and the first; `None` when they are equal.
+pub(crate) fn mismatch(
+    rank: u32,
+    dtype: Dtype,
+    got: &[u8],
+    expected: &[u8],
+    reference: &str,
+) -> Option<String> {
     let (first, mismatches) = first_mismatch(dtype, got, expected)?;
     let elements = expected.len() / dtype.size_bytes() as usize;
     let width = 2 + 2 * dtype.size_bytes() as usize;
     Some(format!(
-        "rank {rank}, {elements} {dtype} elements: {mismatches} differ from the reference sum, \
+        "rank {rank}, {elements} {dtype} elements: {mismatches} differ from {reference}, \
          the first at {first} (got {:#0width$x}, expected {:#0width$x})",
         element(dtype, got, first),
         element(dtype, expected, first)
@@ -502,7 +514,8 @@ pub fn qualify(
         }
     }
     log(format!(
-        "{runs} graph replays checked against the reference sum"
+        "{runs} graph replays checked against {}",
+        collectives.collective().reference()
     ));
     drop(graphs);
 

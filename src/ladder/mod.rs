@@ -103,6 +103,15 @@ impl Collective {
         }
     }
 
+    /// What a candidate's output is checked against, in messages (`the reference sum`).
+    pub fn reference(self) -> &'static str {
+        match self {
+            Collective::AllReduce | Collective::ReduceScatter => "the reference sum",
+            Collective::AllGather => "the inputs' bytes",
+            Collective::AllReduceAddRmsNorm => "the reference epilogue",
+        }
+    }
+
     /// Parses the name.
     pub fn from_name(name: &str) -> Option<Collective> {
         Collective::ALL

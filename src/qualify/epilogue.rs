@@ -5,6 +5,7 @@
 use super::{equal, mismatch, poison_bits, run_seed, Checker, PAST_END_ELEMENTS, POISON};
 use crate::collective::{epilogue_startup_shape, EntryId, STARTUP_EPS};
 use crate::gpu::driver::{DeviceMemory as _, Graph, Stream};
+use crate::ladder::Collective;
 use crate::reference::{element, random_rank_inputs, reference_epilogue, EpilogueInputs};
 use crate::runtime::RuntimeError;
 
@@ -82,13 +83,25 @@ impl Checker<'_> {
                  of the message"
             )));
         }
-        if let Some(message) = mismatch(rank, dtype, &read_back[..bytes], &expected.normed) {
+        if let Some(message) = mismatch(
+            rank,
+            dtype,
+            &read_back[..bytes],
+            &expected.normed,
+            Collective::AllReduceAddRmsNorm.reference(),
+        ) {
             return Ok(Some(format!("normed: {message}")));
         }
         stream
             .read(residual_buffer, 0, &mut read_back[..bytes])
             .map_err(driver)?;
-        if let Some(message) = mismatch(rank, dtype, &read_back[..bytes], &expected.residual_out) {
+        if let Some(message) = mismatch(
+            rank,
+            dtype,
+            &read_back[..bytes],
+            &expected.residual_out,
+            Collective::AllReduceAddRmsNorm.reference(),
+        ) {
             return Ok(Some(format!("the residual: {message}")));
         }
         stream
