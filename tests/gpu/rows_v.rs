@@ -1,19 +1,111 @@
-//! The v-forms of the reduce-scatter and the all-gather on two GPUs: every forced candidate of
+//! The v-forms of the reduce-scatter and the all-gather on real GPUs: the exact
+//! reduce-scatter's passes over per-rank rows summed by the rank-order sum kernel (one GPU, the
+//! slots written as the grouped transfers would), and on two GPUs every forced candidate of
 //! every bucket with per-rank rows equal to the shape rule's (the candidate's own path) and
 //! other per-rank rows (NCCL's grouped transfers, the reduce-scatter's exact one), in place and
 //! out of place, each in a graph, against the reference; then the refusals.
 
 use std::time::Duration;
 
-use prepare::collective::Operands;
-use prepare::gpu::driver::{CallerMemory, DeviceMemory};
+use prepare::collective::{scatter_passes, Operands, RowMessage};
+use prepare::gpu::driver::{CallerMemory, DeviceMemory, Geometry, ModuleImage};
+use prepare::kernels::{rank_order_sum, LaunchParams};
 use prepare::ladder::{Collective, Dtype};
 use prepare::reference::{random_rank_inputs, reference_sum};
 use prepare::serve::{Handle, Options, Server};
 use prepare::shape::RankRows;
 
 use super::rows::rows_ladder;
-use super::support::{export_file, launch_on_two_gpus, require_gpus, written_ladder};
+use super::support::{arch_of, export_file, launch_on_two_gpus, require_gpus, written_ladder};
+
+#[test]
+#[ignore = "needs GPUs"]
+fn the_exact_reduce_scatter_s_passes_over_per_rank_rows_sum_every_rank_s_rows_in_rank_order() {
+    let (driver, [device]) = require_gpus!(1);
+    let arch = arch_of(driver, 0);
+    let stream = device.new_stream().unwrap();
+    // Per-rank rows (the longest run not first, ranks owning none) and widths, in slots of
+    // 64 bytes and of 1 MiB: many passes and one.
+    let layouts: [(&[u64], u64); 5] = [
+        (&[1, 6], 7),
+        (&[0, 5, 2], 3),
+        (&[3, 0, 0, 9], 33),
+        (&[2, 1, 7, 0, 0, 4, 1, 5], 5),
+        (&[100, 3000], 9),
+    ];
+    let mut checked = 0;
+    for dtype in Dtype::ALL {
+        for (counts, width) in layouts {
+            let world = counts.len() as u32;
+            let spec = rank_order_sum(dtype, world);
+            let compiled = prepare::compile::compile_kernels(
+                std::slice::from_ref(&spec),
+                arch,
+                &prepare::progress::Silent,
+            )
+            .unwrap();
+            let module = device
+                .load_module(ModuleImage::Cubin(&compiled.kernels[0].cubin))
+                .unwrap();
+            let kernel = module
+                .load(&spec.name, false, prepare::abi::PARAMS_BYTES)
+                .unwrap();
+            let layout = RankRows::given(counts, world).unwrap();
+            let elements = (layout.rows() * width) as usize;
+            let inputs = random_rank_inputs(dtype, layout.rows() + width, world as usize, elements);
+            let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+            let sum = reference_sum(dtype, &views);
+            for slot_capacity in [64_u64, 1 << 20] {
+                for rank in 0..world {
+                    let message =
+                        RowMessage::given(Collective::ReduceScatter, width, &layout, rank, dtype)
+                            .unwrap();
+                    let own = message.owned_bytes(rank);
+                    let mut got = vec![0_u8; (own.end - own.start) as usize];
+                    for pass in scatter_passes(&message, dtype, slot_capacity) {
+                        let bytes = (pass.own.end - pass.own.start) as usize;
+                        if bytes == 0 {
+                            continue;
+                        }
+                        // Slot q holds rank q's input of this rank's part, as rank q sends it.
+                        let slot = pass.slot as usize;
+                        let scratch = device.allocate(slot * world as usize).unwrap();
+                        for (q, input) in inputs.iter().enumerate() {
+                            let part = &input[pass.own.start as usize..pass.own.end as usize];
+                            stream.write(&scratch, q * slot, part).unwrap();
+                        }
+                        let output = device.allocate(slot.max(16)).unwrap();
+                        let params = LaunchParams {
+                            output: output.address(),
+                            input: scratch.address(),
+                            rank: world - 1,
+                            world,
+                            ..LaunchParams::all_reduce(pass.sum.1)
+                        };
+                        stream
+                            .launch_loaded(
+                                &kernel,
+                                Geometry::new(3, 128).unwrap(),
+                                &params.to_bytes(),
+                            )
+                            .unwrap();
+                        stream.synchronize_within(Duration::from_secs(30)).unwrap();
+                        let at = pass.output_offset as usize;
+                        stream.read(&output, 0, &mut got[at..at + bytes]).unwrap();
+                    }
+                    assert!(
+                        got == sum[own.start as usize..own.end as usize],
+                        "{} of rows {counts:?} x {width}, slots of {slot_capacity}: rank {rank}'s \
+                         rows differ from the reference sum",
+                        spec.name
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{checked} ranks' per-rank rows summed in rank order, each the reference sum");
+}
 
 const V_PACKAGES: &str = "PREPARE_TEST_ROWS_V_PACKAGES";
 
