@@ -240,6 +240,13 @@ _SIGNATURES = {
                                 ctypes.c_void_p], ctypes.c_int32),
     "prepare_all_gather": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                             ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p], ctypes.c_int32),
+    "prepare_reduce_scatter_v": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32,
+                                  ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p],
+                                 ctypes.c_int32),
+    "prepare_all_gather_v": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32, ctypes.c_size_t,
+                              ctypes.c_int32, ctypes.c_void_p], ctypes.c_int32),
     "prepare_all_reduce_add_rms_norm": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                          ctypes.c_size_t, ctypes.c_float, ctypes.c_int32,
@@ -494,6 +501,19 @@ class NativeHandle:
         arguments = _row_arguments(input, output, rows, width, dtype, stream)
         _check(library().prepare_all_gather(self._live(), *arguments))
 
+    def reduce_scatter_v(self, input: int, output: int, rows_per_rank: Sequence[int],
+                         width: int, dtype: int, stream: int) -> None:
+        """The reduce-scatter's v-form: rank r owns `rows_per_rank[r]` rows of `width`
+        elements (the message's rows their sum) instead of the shape rule's."""
+        arguments = _row_v_arguments(input, output, rows_per_rank, width, dtype, stream)
+        _check(library().prepare_reduce_scatter_v(self._live(), *arguments))
+
+    def all_gather_v(self, input: int, output: int, rows_per_rank: Sequence[int], width: int,
+                     dtype: int, stream: int) -> None:
+        """The all-gather's v-form: rank r owns `rows_per_rank[r]` rows of `width` elements."""
+        arguments = _row_v_arguments(input, output, rows_per_rank, width, dtype, stream)
+        _check(library().prepare_all_gather_v(self._live(), *arguments))
+
     def all_reduce_add_rms_norm(self, x: int, residual: int, weight: int, normed: int,
                                 rows: int, hidden: int, eps: float, dtype: int,
                                 stream: int) -> None:
@@ -570,6 +590,20 @@ def _row_arguments(input: Any, output: Any, rows: Any, width: Any, dtype: Any,
     return (_address("input", input), _address("output", output),
             _integer("rows", rows, "size_t"), _integer("width", width, "size_t"),
             _integer("dtype", dtype, "int32_t"), _address("stream", stream))
+
+
+def _row_v_arguments(input: Any, output: Any, rows_per_rank: Any, width: Any, dtype: Any,
+                     stream: Any) -> Tuple[Any, ...]:
+    if isinstance(rows_per_rank, (str, bytes)) or not isinstance(rows_per_rank, Sequence):
+        raise InvalidArgument(
+            f"rows_per_rank is {_kind(rows_per_rank)}: give a list of row counts, one per rank")
+    counts = [_integer(f"rows_per_rank[{index}]", count, "size_t")
+              for index, count in enumerate(rows_per_rank)]
+    ranks = _integer("len(rows_per_rank)", len(counts), "uint32_t")
+    array = (ctypes.c_size_t * max(ranks, 1))(*counts)
+    return (_address("input", input), _address("output", output), array, ranks,
+            _integer("width", width, "size_t"), _integer("dtype", dtype, "int32_t"),
+            _address("stream", stream))
 
 
 def native_owned_rows(rows: int, world: int, rank: int) -> range:

@@ -51,34 +51,76 @@ def _rows_and_width(what: str, shape: Sequence[int]) -> Tuple[int, Tuple[int, ..
     return shape[0], rest, width
 
 
+def rows_per_rank_counts(rows_per_rank: Any, world: int) -> Tuple[int, ...]:
+    """The caller's per-rank row counts (a v-form's `rows_per_rank`) checked as a list: a
+    sequence of one integer of at least 0 per rank."""
+    if isinstance(rows_per_rank, (str, bytes)) or not isinstance(rows_per_rank, Sequence):
+        raise InvalidArgument(
+            f"rows_per_rank is {type(rows_per_rank).__name__}: give a list of {world} row "
+            "counts, one per rank")
+    counts = tuple(_count(f"rows_per_rank[{index}]", count, 0)
+                   for index, count in enumerate(rows_per_rank))
+    if len(counts) != world:
+        raise InvalidArgument(
+            f"rows_per_rank has {len(counts)} counts for a world of {world} ranks: give one "
+            "count per rank")
+    return counts
+
+
+def _given_owned(counts: Tuple[int, ...], rank: int) -> range:
+    """The rows `rank` owns when rank r owns `counts[r]`, the runs back to back in rank
+    order."""
+    start = sum(counts[:rank])
+    return range(start, start + counts[rank])
+
+
 class RowShape:
     """A reduce-scatter's or all-gather's message as this rank sees it: `rows` x `width`,
-    this rank's `owned` rows, and the shape of the tensor the collective writes (`output`)."""
+    this rank's `owned` rows, the shape of the tensor the collective writes (`output`), and
+    the caller's per-rank rows (`rows_per_rank`, None for the shape rule's)."""
 
-    def __init__(self, rows: int, width: int, owned: range, output: Tuple[int, ...]):
+    def __init__(self, rows: int, width: int, owned: range, output: Tuple[int, ...],
+                 rows_per_rank: Optional[Tuple[int, ...]] = None):
         self.rows = rows
         self.width = width
         self.owned = owned
         self.output = output
+        self.rows_per_rank = rows_per_rank
 
     def own_offset(self, element_size: int) -> int:
         """Bytes from the whole message's start to this rank's rows."""
         return self.owned.start * self.width * element_size
 
 
-def reduce_scatter_shape(input_shape: Sequence[int], world: int, rank: int) -> RowShape:
+def reduce_scatter_shape(input_shape: Sequence[int], world: int, rank: int,
+                         rows_per_rank: Any = None) -> RowShape:
     """A reduce-scatter of a tensor of `input_shape` (rows its first dimension) on `rank` of
-    `world`: the output is this rank's rows, shape (owned rows, *the rest)."""
+    `world`: the output is this rank's rows, shape (owned rows, *the rest). Rank r owns
+    `rows_per_rank[r]` rows when given (their sum must be the input's rows), the shape rule's
+    otherwise."""
     rows, rest, width = _rows_and_width("input", input_shape)
-    owned = owned_rows(rows, world, rank)
-    return RowShape(rows, width, owned, (len(owned), *rest))
+    if rows_per_rank is None:
+        owned = owned_rows(rows, world, rank)
+        return RowShape(rows, width, owned, (len(owned), *rest))
+    counts = rows_per_rank_counts(rows_per_rank, world)
+    if sum(counts) != rows:
+        raise InvalidArgument(
+            f"rows_per_rank {list(counts)} sums to {sum(counts)} rows, but the input has "
+            f"{rows}")
+    owned = _given_owned(counts, rank)
+    return RowShape(rows, width, owned, (len(owned), *rest), counts)
 
 
 def all_gather_shape(input_shape: Sequence[int], out_shape: Optional[Sequence[int]],
-                     rows: Any, world: int, rank: int) -> RowShape:
+                     rows: Any, world: int, rank: int, rows_per_rank: Any = None) -> RowShape:
     """An all-gather of this rank's rows (a tensor of `input_shape`) into a message whose total
     rows are `out_shape`'s first dimension or `rows` (one is needed; both must agree): the
-    input must hold the rows this rank owns of that total."""
+    input must hold the rows this rank owns of that total. With `rows_per_rank`, rank r owns
+    `rows_per_rank[r]` rows and the total is their sum (`out` and `rows` may be left out; given,
+    they must agree)."""
+    counts = None if rows_per_rank is None else rows_per_rank_counts(rows_per_rank, world)
+    if counts is not None and rows is None and out_shape is None:
+        rows = sum(counts)
     if out_shape is None and rows is None:
         raise InvalidArgument(
             "all_gather needs the total rows, which this rank's own rows do not give: pass "
@@ -98,6 +140,17 @@ def all_gather_shape(input_shape: Sequence[int], out_shape: Optional[Sequence[in
             raise InvalidArgument(
                 f"rows={rows}, but out has {out_shape[0]} rows: give one of them, or agree")
         rows = out_shape[0]
+    if counts is not None:
+        if sum(counts) != rows:
+            raise InvalidArgument(
+                f"rows_per_rank {list(counts)} sums to {sum(counts)} rows, but the whole "
+                f"message (out or rows=) has {rows}")
+        owned = _given_owned(counts, rank)
+        if own_rows != len(owned):
+            raise InvalidArgument(
+                f"the input has {own_rows} rows, but rows_per_rank gives rank {rank} "
+                f"{len(owned)}")
+        return RowShape(rows, width, owned, (rows, *rest), counts)
     owned = owned_rows(rows, world, rank)
     if own_rows != len(owned):
         raise InvalidArgument(

@@ -86,7 +86,9 @@ def _registered_op():
     tracing: `torch.ops.prepare.all_reduce(handle, output, input)` mutates `output`, `input`
     None meaning in place; `torch.ops.prepare.reduce_scatter(handle, output, input)` and
     `torch.ops.prepare.all_gather(handle, output, input)` mutate `output`, whose shape says the
-    message's (the all-gather's total rows are its first dimension)."""
+    message's (the all-gather's total rows are its first dimension); their v-forms
+    `torch.ops.prepare.reduce_scatter_v(handle, output, input, rows_per_rank)` and
+    `torch.ops.prepare.all_gather_v(...)` take the per-rank rows too."""
     global _OP
     with _OP_LOCK:
         if _OP is not None:
@@ -122,6 +124,28 @@ def _registered_op():
         def _(handle: int, output: torch.Tensor, input: torch.Tensor) -> None:
             _registered(handle)._row_shape("all_gather", input, output)
 
+        @torch.library.custom_op("prepare::reduce_scatter_v", mutates_args=("output",),
+                                 device_types="cuda")
+        def reduce_scatter_v(handle: int, output: torch.Tensor, input: torch.Tensor,
+                             rows_per_rank: List[int]) -> None:
+            _registered(handle)._enqueue_rows("reduce_scatter", input, output, rows_per_rank)
+
+        @reduce_scatter_v.register_fake
+        def _(handle: int, output: torch.Tensor, input: torch.Tensor,
+              rows_per_rank: List[int]) -> None:
+            _registered(handle)._row_shape("reduce_scatter", input, output, rows_per_rank)
+
+        @torch.library.custom_op("prepare::all_gather_v", mutates_args=("output",),
+                                 device_types="cuda")
+        def all_gather_v(handle: int, output: torch.Tensor, input: torch.Tensor,
+                         rows_per_rank: List[int]) -> None:
+            _registered(handle)._enqueue_rows("all_gather", input, output, rows_per_rank)
+
+        @all_gather_v.register_fake
+        def _(handle: int, output: torch.Tensor, input: torch.Tensor,
+              rows_per_rank: List[int]) -> None:
+            _registered(handle)._row_shape("all_gather", input, output, rows_per_rank)
+
         @torch.library.custom_op("prepare::all_reduce_add_rms_norm",
                                  mutates_args=("normed", "residual"), device_types="cuda")
         def all_reduce_add_rms_norm(handle: int, normed: torch.Tensor,
@@ -136,7 +160,8 @@ def _registered_op():
             _registered(handle)._epilogue_shape(normed if x is None else x, residual, weight,
                                                 eps, normed)
 
-        _OP = (all_reduce, reduce_scatter, all_gather, all_reduce_add_rms_norm)
+        _OP = (all_reduce, reduce_scatter, all_gather, all_reduce_add_rms_norm,
+               reduce_scatter_v, all_gather_v)
         return _OP
 
 
@@ -310,37 +335,50 @@ class Collectives:
     # The reduce-scatter and the all-gather: rows are a tensor's first dimension, the width
     # the product of the others; rank r owns a contiguous run of rows (`prepare.owned_rows`).
 
-    def reduce_scatter(self, input: Any, out: Any = None) -> Any:
+    def reduce_scatter(self, input: Any, out: Any = None,
+                       rows_per_rank: Optional[Sequence[int]] = None) -> Any:
         """Sums `input` (the whole message on every rank, rows its first dimension) over the
         ranks and writes this rank's rows of the sum (`prepare.owned_rows`: the first
         `rows % world` ranks own one row more, a rank may own none) into `out`, of shape
         (owned rows, *input.shape[1:]), allocated when None. In place when `out` is this
         rank's rows of `input` (`input[owned.start:owned.stop]`); any other overlap is
         refused. On the current CUDA stream, enqueue only: captured by `torch.cuda.graph`,
-        traced by `torch.compile` (as `torch.ops.prepare.reduce_scatter`). Returns `out`."""
+        traced by `torch.compile` (as `torch.ops.prepare.reduce_scatter`). Returns `out`.
+
+        `rows_per_rank` (vLLM's `reduce_scatterv`): rank r owns `rows_per_rank[r]` rows
+        instead, contiguous runs in rank order summing to the input's rows; every rank passes
+        the same list (not checked across the ranks: the caller's contract). The rule's list
+        goes exactly as the call without it; any other through the exact NCCL reduce-scatter
+        (traced as `torch.ops.prepare.reduce_scatter_v`)."""
         self._live()
         self._check_tensor(input, "the input")
         self._pair("reduce_scatter", input.dtype)
         if out is not None:
             self._check_tensor(out, "out")
-        shape = reduce_scatter_shape(input.shape, self.world_size, self.rank)
+        shape = reduce_scatter_shape(input.shape, self.world_size, self.rank, rows_per_rank)
         return self._rows("reduce_scatter", input, out, shape)
 
-    def all_gather(self, input: Any, out: Any = None, rows: Optional[int] = None) -> Any:
+    def all_gather(self, input: Any, out: Any = None, rows: Optional[int] = None,
+                   rows_per_rank: Optional[Sequence[int]] = None) -> Any:
         """Gathers every rank's rows into `out`, the whole message in rank order: `input` is
         this rank's rows (`prepare.owned_rows` of the total). The total rows are `out`'s first
         dimension or `rows` (one is needed, since this rank's rows do not give the total; both
         must agree); `out`, of shape (rows, *input.shape[1:]), is allocated when None. In
         place when `input` is this rank's rows of `out`; any other overlap is refused. On the
         current CUDA stream, enqueue only: captured by `torch.cuda.graph`, traced by
-        `torch.compile` (as `torch.ops.prepare.all_gather`). Returns `out`."""
+        `torch.compile` (as `torch.ops.prepare.all_gather`). Returns `out`.
+
+        `rows_per_rank` (vLLM's `all_gatherv`): rank r owns `rows_per_rank[r]` rows instead,
+        the total their sum (so `out` and `rows` may be left out); every rank passes the same
+        list. The rule's list goes exactly as the call without it; any other through NCCL's
+        grouped sends and receives (traced as `torch.ops.prepare.all_gather_v`)."""
         self._live()
         self._check_tensor(input, "the input")
         self._pair("all_gather", input.dtype)
         if out is not None:
             self._check_tensor(out, "out")
         shape = all_gather_shape(input.shape, None if out is None else out.shape, rows,
-                                 self.world_size, self.rank)
+                                 self.world_size, self.rank, rows_per_rank)
         return self._rows("all_gather", input, out, shape)
 
     def _rows(self, collective: str, input: Any, out: Any, shape: RowShape) -> Any:
@@ -353,37 +391,47 @@ class Collectives:
                     f"out is {tuple(out.shape)} {out.dtype}; this rank's {collective} of the "
                     f"input {tuple(input.shape)} {input.dtype} writes {shape.output} "
                     f"{input.dtype}")
+        counts = shape.rows_per_rank
         if torch.compiler.is_compiling():
-            op = getattr(torch.ops.prepare, collective)
-            op(self._id, out, input)
+            if counts is None:
+                getattr(torch.ops.prepare, collective)(self._id, out, input)
+            else:
+                getattr(torch.ops.prepare, f"{collective}_v")(self._id, out, input, list(counts))
         else:
-            self._enqueue_rows(collective, input, out)
+            self._enqueue_rows(collective, input, out, counts)
         return out
 
-    def _row_shape(self, collective: str, input: Any, output: Any) -> RowShape:
+    def _row_shape(self, collective: str, input: Any, output: Any,
+                   rows_per_rank: Optional[Sequence[int]] = None) -> RowShape:
         """The message of a row collective from its operands' shapes (the all-gather's total
-        rows are its output's first dimension), checked."""
+        rows are its output's first dimension) and the per-rank rows when given, checked."""
         if collective == "reduce_scatter":
-            shape = reduce_scatter_shape(input.shape, self.world_size, self.rank)
+            shape = reduce_scatter_shape(input.shape, self.world_size, self.rank, rows_per_rank)
         else:
             shape = all_gather_shape(input.shape, output.shape, None, self.world_size,
-                                     self.rank)
+                                     self.rank, rows_per_rank)
         if tuple(output.shape) != shape.output:
             raise InvalidArgument(
                 f"out is {tuple(output.shape)}; this rank's {collective} of the input "
                 f"{tuple(input.shape)} writes {shape.output}")
         return shape
 
-    def _enqueue_rows(self, collective: str, input: Any, output: Any) -> None:
+    def _enqueue_rows(self, collective: str, input: Any, output: Any,
+                      rows_per_rank: Optional[Sequence[int]] = None) -> None:
         torch = _torch()
-        shape = self._row_shape(collective, input, output)
+        shape = self._row_shape(collective, input, output, rows_per_rank)
         code = self._pair(collective, input.dtype)[1]
         # The library refuses any other overlap too; checked here to name the arguments.
         is_in_place(collective, (input.data_ptr(), input.nbytes),
                     (output.data_ptr(), output.nbytes), shape.own_offset(input.element_size()))
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        enqueue = getattr(self._live(), collective)
-        enqueue(input.data_ptr(), output.data_ptr(), shape.rows, shape.width, code, stream)
+        if shape.rows_per_rank is None:
+            enqueue = getattr(self._live(), collective)
+            enqueue(input.data_ptr(), output.data_ptr(), shape.rows, shape.width, code, stream)
+        else:
+            enqueue = getattr(self._live(), f"{collective}_v")
+            enqueue(input.data_ptr(), output.data_ptr(), list(shape.rows_per_rank), shape.width,
+                    code, stream)
 
     # The fused all-reduce + residual add + RMSNorm.
 

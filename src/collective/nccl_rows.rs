@@ -8,15 +8,17 @@
 //! rows at their place in the output (its own by a local copy, none in place); a
 //! reduce-scatter sends owner q's rows of its input to q, receives its own rows from every
 //! peer into `world` slots (its own by a local copy), and the package's rank-order sum kernel
-//! sums the slots in rank order. Padding would copy the whole message twice around NCCL's
-//! collective; the grouped transfers move each byte once and need no padded buffer.
+//! sums the slots in rank order. The same transfers take the caller's per-rank rows (the
+//! v-forms), whatever their counts; NCCL's own collectives take only the rule's. Padding
+//! would copy the whole message twice around NCCL's collective; the grouped transfers move
+//! each byte once and need no padded buffer.
 //!
 //! The sum kernel sums the last slice of a message (`kernels::slice_of`): a run of `L`
 //! elements is the last slice of a message of `world * (L / v) * v + L % v` elements (`v` an
 //! element vector's), whose slot holds `L / v + 1` vectors, so the kernel sums exactly the
 //! owned elements, from byte 0 of each slot. The scratch holds `world` slots of the exact
 //! all-reduce's passes; a longer run goes in passes of what a slot holds, the same passes on
-//! every rank (decided by the shape), first to last.
+//! every rank (decided by the shape and the per-rank rows), first to last.
 
 use std::ops::Range;
 
@@ -56,9 +58,10 @@ pub struct GatherPlan {
 }
 
 /// Whether `message` can go to `ncclReduceScatter` / `ncclAllGather` directly: every rank
-/// owns as many rows.
+/// owns as many rows, by the shape rule (the caller's per-rank rows of equal counts are the
+/// rule's).
 pub fn nccl_takes_directly(message: &RowMessage) -> bool {
-    message.shape().rows() % u64::from(message.world()) == 0
+    message.follows_rule() && message.shape().rows() % u64::from(message.world()) == 0
 }
 
 /// The grouped all-gather of `message` on its rank (a plain one whatever the rows).
@@ -138,7 +141,11 @@ pub fn scatter_passes(message: &RowMessage, dtype: Dtype, slot_capacity: u64) ->
     let size = message.element_bytes();
     let per_pass = pass_elements(slot_capacity, dtype);
     let run = |owner: u32| message.owned_elements(owner);
-    let longest = run(0).end - run(0).start;
+    // The rule's rank 0 owns the most rows; the caller's per-rank rows may give any rank most.
+    let longest = (0..world)
+        .map(|owner| run(owner).end - run(owner).start)
+        .max()
+        .unwrap_or(0);
     let passes = longest.div_ceil(per_pass);
     let part = |owner: u32, pass: u64| {
         let owned = run(owner);
@@ -359,7 +366,7 @@ impl Collectives {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shape::Shape;
+    use crate::shape::{RankRows, Shape};
 
     fn message(collective: Collective, rows: u64, width: u64, world: u32, rank: u32) -> RowMessage {
         RowMessage::new(
@@ -383,43 +390,102 @@ mod tests {
                 let messages: Vec<RowMessage> = (0..world)
                     .map(|rank| message(Collective::AllGather, rows, width, world, rank))
                     .collect();
-                let plans: Vec<GatherPlan> = messages
-                    .iter()
-                    .map(|message| gather_plan(message, RowLayout::Apart))
+                check_gather(&messages);
+            }
+        }
+    }
+
+    /// Rank r's part of a `collective` of rows of `width` in `dtype`, rank q owning
+    /// `counts[q]` rows.
+    fn given(
+        collective: Collective,
+        counts: &[u64],
+        width: u64,
+        dtype: Dtype,
+        rank: u32,
+    ) -> RowMessage {
+        let layout = RankRows::given(counts, counts.len() as u32).expect("one count per rank");
+        RowMessage::given(collective, width, &layout, rank, dtype).expect("a row collective")
+    }
+
+    proptest::proptest! {
+        /// The caller's per-rank rows, any counts (a rank owning none, the longest anywhere):
+        /// the grouped all-gather writes every rank's rows at their place once, and the exact
+        /// reduce-scatter's passes send every owner its rows, the same passes on every rank.
+        #[test]
+        fn the_grouped_transfers_move_the_caller_s_per_rank_rows(
+            counts in proptest::collection::vec(0u64..9, 2..=8),
+            width in 1u64..12,
+            capacity in proptest::sample::select(vec![16u64, 48, 64, 4096, 1 << 20]),
+        ) {
+            let world = counts.len() as u32;
+            let gathers: Vec<RowMessage> = (0..world)
+                .map(|rank| given(Collective::AllGather, &counts, width, Dtype::Fp32, rank))
+                .collect();
+            proptest::prop_assert!(gathers.iter().all(|message| !nccl_takes_directly(message)
+                || message.follows_rule()));
+            check_gather(&gathers);
+            for dtype in Dtype::ALL {
+                let scatters: Vec<RowMessage> = (0..world)
+                    .map(|rank| given(Collective::ReduceScatter, &counts, width, dtype, rank))
                     .collect();
-                let total = rows * width * 4;
-                for (rank, plan) in (0..world).zip(&plans) {
-                    // Which owner's bytes each output byte of this rank gets.
-                    let mut written = vec![None; total as usize];
-                    let mut put = |range: Range<u64>, owner: u32| {
-                        for byte in range {
-                            assert_eq!(written[byte as usize], None, "written twice");
-                            written[byte as usize] = Some(owner);
-                        }
-                    };
-                    if let Some(offset) = plan.local {
-                        put(offset..offset + messages[rank as usize].own_bytes(), rank);
-                    }
-                    for receive in &plan.receives {
-                        let sender = &plans[receive.peer as usize];
-                        let send = sender
-                            .sends
-                            .iter()
-                            .find(|send| send.peer == rank)
-                            .expect("the peer sends to this rank");
-                        assert_eq!(send.bytes, receive.bytes, "world {world}, rows {rows}");
-                        assert_eq!(send.offset, 0, "a rank sends its whole input");
-                        put(receive.offset..receive.offset + receive.bytes, receive.peer);
-                    }
-                    for owner in 0..world {
-                        let place = messages[0].owned_bytes(owner);
-                        for byte in place {
-                            assert_eq!(written[byte as usize], Some(owner), "world {world}");
-                        }
-                    }
-                    assert_eq!(plan.sends.len() + 1, world as usize);
+                check_passes_of(&scatters, dtype, capacity);
+            }
+        }
+    }
+
+    #[test]
+    fn nccl_s_own_collectives_take_only_the_rule_s_rows() {
+        // 8 rows on 2 ranks: 4 and 4 is the rule (ncclAllGather takes it), 3 and 5 is not.
+        let even = given(Collective::AllGather, &[4, 4], 2, Dtype::Fp32, 0);
+        assert!(nccl_takes_directly(&even));
+        let uneven = given(Collective::AllGather, &[3, 5], 2, Dtype::Fp32, 0);
+        assert!(!nccl_takes_directly(&uneven));
+        // The longest run is rank 1's (8 elements): the passes cover it, 4 elements a pass
+        // with slots of 32 bytes, though rank 0's 2 elements take one.
+        let scatter = |rank| given(Collective::ReduceScatter, &[1, 4], 2, Dtype::Fp32, rank);
+        assert_eq!(scatter_passes(&scatter(0), Dtype::Fp32, 32).len(), 2);
+        assert_eq!(scatter_passes(&scatter(1), Dtype::Fp32, 32).len(), 2);
+        check_passes_of(&[scatter(0), scatter(1)], Dtype::Fp32, 32);
+    }
+
+    fn check_gather(messages: &[RowMessage]) {
+        let world = messages.len() as u32;
+        let plans: Vec<GatherPlan> = messages
+            .iter()
+            .map(|message| gather_plan(message, RowLayout::Apart))
+            .collect();
+        let total = messages[0].message_bytes();
+        for (rank, plan) in (0..world).zip(&plans) {
+            // Which owner's bytes each output byte of this rank gets.
+            let mut written = vec![None; total as usize];
+            let mut put = |range: Range<u64>, owner: u32| {
+                for byte in range {
+                    assert_eq!(written[byte as usize], None, "written twice");
+                    written[byte as usize] = Some(owner);
+                }
+            };
+            if let Some(offset) = plan.local {
+                put(offset..offset + messages[rank as usize].own_bytes(), rank);
+            }
+            for receive in &plan.receives {
+                let sender = &plans[receive.peer as usize];
+                let send = sender
+                    .sends
+                    .iter()
+                    .find(|send| send.peer == rank)
+                    .expect("the peer sends to this rank");
+                assert_eq!(send.bytes, receive.bytes, "world {world}");
+                assert_eq!(send.offset, 0, "a rank sends its whole input");
+                put(receive.offset..receive.offset + receive.bytes, receive.peer);
+            }
+            for owner in 0..world {
+                let place = messages[0].owned_bytes(owner);
+                for byte in place {
+                    assert_eq!(written[byte as usize], Some(owner), "world {world}");
                 }
             }
+            assert_eq!(plan.sends.len() + 1, world as usize);
         }
     }
 
@@ -476,13 +542,18 @@ mod tests {
     }
 
     fn check_passes(dtype: Dtype, world: u32, rows: u64, width: u64, slot_capacity: u64) {
-        let size = dtype.size_bytes();
         let messages: Vec<RowMessage> = (0..world)
             .map(|rank| {
                 let shape = Shape::new(rows, width).unwrap();
                 RowMessage::new(Collective::ReduceScatter, shape, world, rank, dtype).unwrap()
             })
             .collect();
+        check_passes_of(&messages, dtype, slot_capacity);
+    }
+
+    fn check_passes_of(messages: &[RowMessage], dtype: Dtype, slot_capacity: u64) {
+        let world = messages.len() as u32;
+        let size = dtype.size_bytes();
         let passes: Vec<Vec<ScatterPass>> = messages
             .iter()
             .map(|message| scatter_passes(message, dtype, slot_capacity))

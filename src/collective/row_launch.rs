@@ -95,6 +95,16 @@ impl Collectives {
                     ),
                 })
             }
+            Some(Launch::Custom { .. }) if !message.follows_rule() => Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {} takes only the shape rule's rows; a {} of other per-rank \
+                     rows goes through NCCL's grouped transfers",
+                    entry.profile,
+                    entry.bucket,
+                    message.collective()
+                ),
+            }),
             Some(Launch::Custom {
                 kernel,
                 geometry,
@@ -199,6 +209,15 @@ impl Collectives {
         staging: CallerMemory,
         entry_for: impl Fn(u64) -> EntryId,
     ) -> Result<(), RuntimeError> {
+        if !message.follows_rule() {
+            return Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "a {} of other per-rank rows than the shape rule's does not go in pieces",
+                    message.collective()
+                ),
+            });
+        }
         let piece = self.piece_elements() as u64;
         let steps = row_piece_steps(message, piece, self.dtype)
             .map_err(|source| (self.operand_error())(OperandError::Shape(source)))?;

@@ -15,16 +15,19 @@ use crate::abi::LaunchParams;
 use crate::kernels::{self, InputAccess};
 use crate::ladder::{Collective, Dtype};
 use crate::runtime::OperandError;
-use crate::shape::{Shape, ShapeError};
+use crate::shape::{RankRows, Shape, ShapeError};
 
-/// One rank's reduce-scatter or all-gather of a message of a shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One rank's reduce-scatter or all-gather of a message of a shape, its rows owned by the
+/// shape rule or as the caller gave them ([`RankRows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowMessage {
     collective: Collective,
     shape: Shape,
     world: u32,
     rank: u32,
     element_bytes: u64,
+    // The caller's per-rank rows where they are not the rule's (`None`: the rule's).
+    given: Option<RankRows>,
 }
 
 /// How a row collective's output lies against its input.
@@ -63,7 +66,33 @@ impl RowMessage {
             world,
             rank,
             element_bytes,
+            given: None,
         })
+    }
+
+    /// Rank `rank`'s part of a `collective` of rows of `width` owned as `layout` says (a
+    /// v-form); the same message as [`RowMessage::new`] gives when `layout` is the shape
+    /// rule's. Refused as [`RowMessage::new`] refuses.
+    pub fn given(
+        collective: Collective,
+        width: u64,
+        layout: &RankRows,
+        rank: u32,
+        dtype: Dtype,
+    ) -> Result<RowMessage, ShapeError> {
+        let shape = Shape::new(layout.rows(), width)?;
+        layout.owned_rows(rank)?;
+        let mut message = RowMessage::new(collective, shape, layout.world(), rank, dtype)?;
+        if !layout.follows_rule() {
+            message.given = Some(layout.clone());
+        }
+        Ok(message)
+    }
+
+    /// Whether the ranks own their rows by the shape rule: what the custom kernels, the
+    /// pieces and NCCL's own collectives take. Otherwise only the grouped transfers do.
+    pub fn follows_rule(&self) -> bool {
+        self.given.is_none()
     }
 
     /// The collective.
@@ -93,9 +122,12 @@ impl RowMessage {
 
     /// The elements of the full message rank `rank` owns.
     pub fn owned_elements(&self, rank: u32) -> Range<u64> {
-        self.shape
-            .owned_elements(self.world, rank)
-            .expect("a rank of the world")
+        let rows = match &self.given {
+            Some(layout) => layout.owned_rows(rank),
+            None => self.shape.owned_rows(self.world, rank),
+        }
+        .expect("a rank of the world");
+        rows.start * self.shape.width()..rows.end * self.shape.width()
     }
 
     /// Bytes of the full message rank `rank` owns, as offsets into it.
@@ -383,6 +415,47 @@ mod tests {
         assert_eq!(
             RowMessage::new(Collective::AllGather, shape, 2, 2, Dtype::Fp32),
             Err(ShapeError::RankOutsideWorld { rank: 2, world: 2 })
+        );
+    }
+
+    #[test]
+    fn per_rank_rows_give_each_rank_its_counts_and_the_rule_s_list_is_the_ordinary_message() {
+        let given = |counts: &[u64], rank: u32| {
+            let layout = RankRows::given(counts, counts.len() as u32).unwrap();
+            RowMessage::given(Collective::ReduceScatter, 8, &layout, rank, Dtype::Bf16).unwrap()
+        };
+        // The rule's list of 10 rows on 4 ranks is the ordinary message, field for field.
+        for rank in 0..4 {
+            let ordinary = message(Collective::ReduceScatter, 10, 8, 4, rank);
+            assert_eq!(given(&[3, 3, 2, 2], rank), ordinary);
+            assert!(ordinary.follows_rule());
+        }
+        // 2, 0, 5, 3 rows of 8 bf16 elements (16 bytes a row).
+        let counts = [2, 0, 5, 3];
+        let scatter = given(&counts, 2);
+        assert!(!scatter.follows_rule());
+        assert_eq!(scatter.shape(), Shape::new(10, 8).unwrap());
+        let runs: Vec<_> = (0..4).map(|rank| scatter.owned_bytes(rank)).collect();
+        assert_eq!(runs, [0..32, 32..32, 32..112, 112..160]);
+        assert_eq!((scatter.input_bytes(), scatter.output_bytes()), (160, 80));
+        assert_eq!(scatter.check_lengths(160, 80), Ok(()));
+        assert_eq!(
+            scatter.check_lengths(160, 48).unwrap_err().to_string(),
+            "rank 2: the reduce_scatter of 10 x 8 takes an output of 80 bytes on this rank; it \
+             holds 48"
+        );
+        assert_eq!(scatter.layout(MIB, MIB + 32), Ok(RowLayout::InPlace));
+        assert!(scatter.layout(MIB, MIB + 48).is_err());
+        let layout = RankRows::given(&counts, 4).unwrap();
+        let gather = RowMessage::given(Collective::AllGather, 8, &layout, 1, Dtype::Bf16).unwrap();
+        assert_eq!((gather.input_bytes(), gather.output_bytes()), (0, 160));
+        assert_eq!(
+            RowMessage::given(Collective::AllGather, 0, &layout, 1, Dtype::Bf16),
+            Err(ShapeError::ZeroWidth { rows: 10 })
+        );
+        assert_eq!(
+            RowMessage::given(Collective::AllGather, 8, &layout, 4, Dtype::Bf16),
+            Err(ShapeError::RankOutsideWorld { rank: 4, world: 4 })
         );
     }
 

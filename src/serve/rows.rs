@@ -7,13 +7,21 @@
 //! told apart on the host without an exchange per call, which would cost more than the
 //! collective; such calls are the caller's mistake, as ranks enqueueing different
 //! all-reduces are.
+//!
+//! The v-forms take the per-rank rows from the caller ([`RankRows`]): a list equal to the
+//! shape rule's is the ordinary call; any other goes to NCCL's grouped transfers, whose sizes
+//! come from the list. Ranks passing different lists are the same mistake, not caught either:
+//! an exchange of the list per call would cost a host round trip, and one at the first call
+//! alone would miss the lists of every later step. Where the lists differ only in whether
+//! they follow the rule, some ranks wait in a custom kernel (which gives up at the deadline,
+//! leaving the abort word) while others wait in NCCL.
 
 use super::{Handle, ServeError, Served};
 use crate::collective::{EntryId, Operands, RowMessage};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Stream};
 use crate::ladder::{Collective, Dtype};
 use crate::runtime::{OperandError, RuntimeError};
-use crate::shape::Shape;
+use crate::shape::{RankRows, Shape};
 
 /// Zero bytes at `address` of GPU `ordinal`: the empty operand of a rank that owns no rows,
 /// which nothing reads or writes (its address may be null).
@@ -61,7 +69,7 @@ impl Handle {
                 Collective::ReduceScatter,
                 input,
                 output,
-                rows,
+                Rows::Rule(rows),
                 width,
                 dtype,
                 stream,
@@ -94,7 +102,7 @@ impl Handle {
                 Collective::AllGather,
                 input,
                 output,
-                rows,
+                Rows::Rule(rows),
                 width,
                 dtype,
                 stream,
@@ -116,7 +124,7 @@ impl Handle {
             Collective::ReduceScatter,
             stream,
             operands,
-            rows,
+            Rows::Rule(rows),
             width,
             dtype,
         )
@@ -132,25 +140,145 @@ impl Handle {
         width: u64,
         dtype: Dtype,
     ) -> Result<(), ServeError> {
-        self.rows_on(Collective::AllGather, stream, operands, rows, width, dtype)
+        self.rows_on(
+            Collective::AllGather,
+            stream,
+            operands,
+            Rows::Rule(rows),
+            width,
+            dtype,
+        )
     }
 
-    /// The served package and this rank's part of a `collective` of `rows` x `width`.
+    /// The reduce-scatter's v-form: as [`Handle::reduce_scatter`], rank r owning
+    /// `rows_per_rank[r]` rows (contiguous runs in rank order; the message's rows are their
+    /// sum) instead of the shape rule's, as vLLM's `reduce_scatterv` takes them. Every rank
+    /// must pass the same list. A list equal to the rule's goes exactly as
+    /// [`Handle::reduce_scatter`] of its rows (the same candidates, the same bits); any other
+    /// goes through the exact NCCL reduce-scatter (grouped sends of each rank's rows to its
+    /// owner, then the rank-order sum), exact at every world size. Refused with nothing
+    /// enqueued: a list not of one count per rank, counts whose sum overflows, a width of 0,
+    /// an operand not of this rank's part.
+    ///
+    /// # Safety
+    ///
+    /// As [`Handle::reduce_scatter`].
+    #[allow(unsafe_code)]
+    pub unsafe fn reduce_scatter_v(
+        &self,
+        input: u64,
+        output: u64,
+        rows_per_rank: &[u64],
+        width: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<(), ServeError> {
+        // SAFETY: the caller's promises are this call's.
+        unsafe {
+            self.rows_raw(
+                Collective::ReduceScatter,
+                input,
+                output,
+                Rows::PerRank(rows_per_rank),
+                width,
+                dtype,
+                stream,
+            )
+        }
+    }
+
+    /// The all-gather's v-form: as [`Handle::all_gather`], rank r owning `rows_per_rank[r]`
+    /// rows, as vLLM's `all_gatherv` takes them. A list equal to the rule's goes exactly as
+    /// [`Handle::all_gather`]; any other through NCCL's grouped sends and receives (bytes as
+    /// given). Refused as [`Handle::reduce_scatter_v`] refuses.
+    ///
+    /// # Safety
+    ///
+    /// As [`Handle::reduce_scatter`].
+    #[allow(unsafe_code)]
+    pub unsafe fn all_gather_v(
+        &self,
+        input: u64,
+        output: u64,
+        rows_per_rank: &[u64],
+        width: u64,
+        dtype: Dtype,
+        stream: u64,
+    ) -> Result<(), ServeError> {
+        // SAFETY: the caller's promises are this call's.
+        unsafe {
+            self.rows_raw(
+                Collective::AllGather,
+                input,
+                output,
+                Rows::PerRank(rows_per_rank),
+                width,
+                dtype,
+                stream,
+            )
+        }
+    }
+
+    /// Like [`Handle::reduce_scatter_v`], on memory and a stream this crate already checked;
+    /// each operand must be exactly this rank's part's length.
+    pub fn reduce_scatter_v_on(
+        &self,
+        stream: &Stream,
+        operands: Operands,
+        rows_per_rank: &[u64],
+        width: u64,
+        dtype: Dtype,
+    ) -> Result<(), ServeError> {
+        self.rows_on(
+            Collective::ReduceScatter,
+            stream,
+            operands,
+            Rows::PerRank(rows_per_rank),
+            width,
+            dtype,
+        )
+    }
+
+    /// Like [`Handle::all_gather_v`], on memory and a stream this crate already checked; each
+    /// operand must be exactly this rank's part's length.
+    pub fn all_gather_v_on(
+        &self,
+        stream: &Stream,
+        operands: Operands,
+        rows_per_rank: &[u64],
+        width: u64,
+        dtype: Dtype,
+    ) -> Result<(), ServeError> {
+        self.rows_on(
+            Collective::AllGather,
+            stream,
+            operands,
+            Rows::PerRank(rows_per_rank),
+            width,
+            dtype,
+        )
+    }
+
+    /// The served package and this rank's part of a `collective` of `rows` rows of `width`.
     fn row_message(
         &self,
         collective: Collective,
-        rows: u64,
+        rows: Rows<'_>,
         width: u64,
         dtype: Dtype,
     ) -> Result<(&Served, RowMessage), ServeError> {
-        let rank = self.rank();
+        let (rank, world) = (self.rank(), self.world());
         let served = self.served(collective, dtype)?;
-        let message = Shape::new(rows, width)
-            .and_then(|shape| RowMessage::new(collective, shape, self.world(), rank, dtype))
-            .map_err(|source| RuntimeError::Operands {
-                rank,
-                source: OperandError::Shape(source),
-            })?;
+        let message = match rows {
+            Rows::Rule(rows) => Shape::new(rows, width)
+                .and_then(|shape| RowMessage::new(collective, shape, world, rank, dtype)),
+            Rows::PerRank(counts) => RankRows::given(counts, world)
+                .and_then(|layout| RowMessage::given(collective, width, &layout, rank, dtype)),
+        }
+        .map_err(|source| RuntimeError::Operands {
+            rank,
+            source: OperandError::Shape(source),
+        })?;
         Ok((served, message))
     }
 
@@ -160,14 +288,14 @@ impl Handle {
         collective: Collective,
         input: u64,
         output: u64,
-        rows: u64,
+        rows: Rows<'_>,
         width: u64,
         dtype: Dtype,
         stream: u64,
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let (served, message) = self.row_message(collective, rows, width, dtype)?;
-        if rows == 0 {
+        if message.shape().rows() == 0 {
             return Ok(());
         }
         let too_large = || ServeError::MessageTooLarge {
@@ -198,7 +326,7 @@ impl Handle {
         collective: Collective,
         stream: &Stream,
         operands: Operands,
-        rows: u64,
+        rows: Rows<'_>,
         width: u64,
         dtype: Dtype,
     ) -> Result<(), ServeError> {
@@ -212,7 +340,7 @@ impl Handle {
                 rank: self.rank(),
                 source,
             })?;
-        if rows == 0 {
+        if message.shape().rows() == 0 {
             return Ok(());
         }
         self.enqueue_rows(served, stream, &message, operands)
@@ -228,6 +356,7 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let route = row_route(
             message.collective(),
+            message.follows_rule(),
             served.route(message.message_bytes()),
             served.pieces.filter(|_| served.staging.is_some()),
             &served.rank_ordered,
@@ -266,6 +395,15 @@ impl Handle {
     }
 }
 
+/// How the ranks own a call's rows.
+#[derive(Debug, Clone, Copy)]
+enum Rows<'a> {
+    /// The shape rule's runs of this many rows.
+    Rule(u64),
+    /// Rank r owns the r-th count (a v-form).
+    PerRank(&'a [u64]),
+}
+
 /// Where a reduce-scatter or all-gather goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowRoute {
@@ -282,13 +420,19 @@ enum RowRoute {
 /// where start-up chose `pieces` above the ladder (`None`: NCCL) and `rank_ordered` are the
 /// plain NCCL entries that must sum in rank order here. A reduce-scatter goes whole to NCCL
 /// instead of such an entry, and above the ladder whenever there is one (a piece could go to
-/// it); an all-gather sums nothing, so those entries do not move it.
+/// it); an all-gather sums nothing, so those entries do not move it. Rows not owned by the
+/// shape rule (`follows_rule` false: a v-form's other lists) go whole to NCCL's grouped
+/// transfers, the only path that takes them (the reduce-scatter's the exact one).
 fn row_route(
     collective: Collective,
+    follows_rule: bool,
     bucket: Option<EntryId>,
     pieces: Option<EntryId>,
     rank_ordered: &[EntryId],
 ) -> RowRoute {
+    if !follows_rule {
+        return RowRoute::Nccl;
+    }
     let sums = collective == Collective::ReduceScatter;
     match (bucket, pieces) {
         (Some(id), _) if !(sums && rank_ordered.contains(&id)) => RowRoute::Bucket(id),
@@ -320,27 +464,60 @@ mod tests {
     fn above_the_ladder_a_row_collective_goes_in_pieces_when_start_up_chose_them() {
         for collective in [Collective::ReduceScatter, Collective::AllGather] {
             assert_eq!(
-                row_route(collective, Some(3), Some(7), &[]),
+                row_route(collective, true, Some(3), Some(7), &[]),
                 RowRoute::Bucket(3)
             );
             assert_eq!(
-                row_route(collective, None, Some(7), &[]),
+                row_route(collective, true, None, Some(7), &[]),
                 RowRoute::Pieces(7)
             );
-            assert_eq!(row_route(collective, None, None, &[]), RowRoute::Nccl);
+            assert_eq!(row_route(collective, true, None, None, &[]), RowRoute::Nccl);
         }
     }
 
     #[test]
     fn a_reduce_scatter_that_could_meet_a_plain_nccl_winner_summing_in_rank_order_goes_whole() {
         let scatter = Collective::ReduceScatter;
-        assert_eq!(row_route(scatter, Some(3), None, &[3]), RowRoute::Nccl);
-        assert_eq!(row_route(scatter, Some(3), None, &[4]), RowRoute::Bucket(3));
-        assert_eq!(row_route(scatter, None, Some(7), &[4]), RowRoute::Nccl);
+        assert_eq!(
+            row_route(scatter, true, Some(3), None, &[3]),
+            RowRoute::Nccl
+        );
+        assert_eq!(
+            row_route(scatter, true, Some(3), None, &[4]),
+            RowRoute::Bucket(3)
+        );
+        assert_eq!(
+            row_route(scatter, true, None, Some(7), &[4]),
+            RowRoute::Nccl
+        );
         // An all-gather sums nothing.
         let gather = Collective::AllGather;
-        assert_eq!(row_route(gather, Some(3), None, &[3]), RowRoute::Bucket(3));
-        assert_eq!(row_route(gather, None, Some(7), &[4]), RowRoute::Pieces(7));
+        assert_eq!(
+            row_route(gather, true, Some(3), None, &[3]),
+            RowRoute::Bucket(3)
+        );
+        assert_eq!(
+            row_route(gather, true, None, Some(7), &[4]),
+            RowRoute::Pieces(7)
+        );
+    }
+
+    #[test]
+    fn rows_not_owned_by_the_rule_go_whole_to_nccl_s_grouped_transfers_in_every_bucket() {
+        for collective in [Collective::ReduceScatter, Collective::AllGather] {
+            assert_eq!(
+                row_route(collective, false, Some(3), Some(7), &[]),
+                RowRoute::Nccl
+            );
+            assert_eq!(
+                row_route(collective, false, None, Some(7), &[]),
+                RowRoute::Nccl
+            );
+            assert_eq!(
+                row_route(collective, false, Some(3), None, &[3]),
+                RowRoute::Nccl
+            );
+        }
     }
 
     #[test]

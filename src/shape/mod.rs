@@ -3,16 +3,19 @@
 //! owns a contiguous run of whole rows in rank order, the first `rows % world` ranks one row
 //! more, so a rank may own none. Where the world divides the rows this is the layout of
 //! PyTorch's `reduce_scatter_tensor` and `all_gather_into_tensor`, and of NCCL's. Also how a
-//! message above the ladder is cut into pieces, per collective ([`pieces`]).
+//! message above the ladder is cut into pieces, per collective ([`pieces`]), and the
+//! per-rank row counts a caller may give instead of the rule ([`RankRows`]).
 //!
 //! A leaf beside the ladder: pure functions over integers, named by the reference, the pieces
 //! and the bench.
 
 pub mod pieces;
+mod rank_rows;
 
 use std::ops::Range;
 
 pub use pieces::{piece_plan, ElementPieces, PiecePlan, RowPiece, RowPieces};
+pub use rank_rows::RankRows;
 
 use crate::ladder::Collective;
 
@@ -69,6 +72,22 @@ pub enum ShapeError {
         world: u32,
         /// Elements of the largest piece.
         piece: u64,
+    },
+    /// Per-rank row counts that are not one count per rank.
+    #[error(
+        "rows_per_rank has {given} counts for a world of {world} ranks: give one count per rank"
+    )]
+    RowsPerRankLength {
+        /// Counts given.
+        given: usize,
+        /// The world size.
+        world: u32,
+    },
+    /// Per-rank row counts whose sum a u64 does not hold.
+    #[error("rows_per_rank's counts on {world} ranks sum to more than 2^64 - 1 rows")]
+    RowsPerRankOverflow {
+        /// The world size.
+        world: u32,
     },
     /// A collective whose cut is not built yet.
     #[error("pieces of {collective} are not built")]

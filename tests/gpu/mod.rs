@@ -14,6 +14,7 @@ mod qualify;
 mod rank_order;
 mod ranks_on_one_gpu;
 mod rows;
+mod rows_v;
 mod runtime;
 mod smoke;
 mod support;

@@ -81,7 +81,7 @@ fn the_rank_order_sum_kernel_sums_an_owned_run_given_as_the_last_slice() {
 
 /// A reduce-scatter or all-gather ladder for H200s at `world` ranks: NCCL plain and (for the
 /// reduce-scatter) in rank order in every bucket, and the one-shot kernels when `custom`.
-fn rows_ladder(collective: &str, world: usize, custom: bool) -> serde_json::Value {
+pub(super) fn rows_ladder(collective: &str, world: usize, custom: bool) -> serde_json::Value {
     let mut profiles = vec![serde_json::json!({"id": "nccl", "algorithm": "nccl"})];
     let mut candidates = vec!["nccl"];
     if collective == "reduce_scatter" {

@@ -31,7 +31,10 @@ use boundary::{
     c_str, chain, collective, copy_out, dtype, guard, last_error, reference, write, Failure,
 };
 pub use epilogue::prepare_all_reduce_add_rms_norm;
-pub use rows::{prepare_all_gather, prepare_owned_rows, prepare_reduce_scatter};
+pub use rows::{
+    prepare_all_gather, prepare_all_gather_v, prepare_owned_rows, prepare_reduce_scatter,
+    prepare_reduce_scatter_v,
+};
 
 /// The ABI this library offers ([`prepare_abi_version`]): raised whenever a call, a struct or
 /// an enum changes, so a binding written for another refuses the library before any call. A

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use prepare::ladder::Dtype;
 use prepare::serve::Handle;
-use prepare::shape::{owned_rows, Shape};
+use prepare::shape::{owned_rows, RankRows, Shape, ShapeError};
 
 use crate::boundary::{chain, dtype, guard, Failure};
 use crate::{PrepareHandle, PrepareStatus};
@@ -22,33 +22,71 @@ enum RowCollective {
 }
 
 /// The dtype and the shape of a call, checked (InvalidArgument).
-fn shape_and_dtype(rows: usize, width: usize, code: i32) -> Result<(Shape, Dtype), Failure> {
+fn shape_and_dtype(rows: u64, width: usize, code: i32) -> Result<(Shape, Dtype), Failure> {
     let dtype = dtype(code)?;
-    let shape = Shape::new(rows as u64, width as u64)
+    let shape = Shape::new(rows, width as u64)
         .and_then(|shape| shape.bytes(dtype.size_bytes()).map(|_| shape))
         .map_err(|error| Failure::invalid(chain(&error)))?;
     Ok((shape, dtype))
 }
 
+/// How a call's ranks own its rows: the shape rule's, or the caller's counts (a v-form).
+#[derive(Debug, Clone, Copy)]
+enum Rows {
+    Rule(usize),
+    PerRank(*const usize, u32),
+}
+
+/// The caller's per-rank counts, read (InvalidArgument: NULL with counts to read).
+///
+/// # Safety
+/// `rows_per_rank` is null or points to `ranks` readable `size_t`s.
+unsafe fn counts(rows_per_rank: *const usize, ranks: u32) -> Result<Vec<u64>, Failure> {
+    if ranks == 0 {
+        return Ok(Vec::new());
+    }
+    if rows_per_rank.is_null() {
+        return Err(Failure::invalid("rows_per_rank is NULL"));
+    }
+    // SAFETY: not null, and `ranks` long by the caller's promise.
+    let counts = unsafe { std::slice::from_raw_parts(rows_per_rank, ranks as usize) };
+    Ok(counts.iter().map(|&count| count as u64).collect())
+}
+
 /// Checks the arguments of one call, then enqueues it on the handle.
 ///
 /// # Safety
-/// As [`prepare_reduce_scatter`].
+/// As [`prepare_reduce_scatter`]; for a v-form, as [`prepare_reduce_scatter_v`].
 unsafe fn enqueue(
     collective: RowCollective,
     handle: *const PrepareHandle,
     (input, output): (*const c_void, *mut c_void),
-    (rows, width): (usize, usize),
+    (rows, width): (Rows, usize),
     dtype_code: i32,
     stream: *mut c_void,
 ) -> PrepareStatus {
     guard(|| {
-        let (shape, dtype) = shape_and_dtype(rows, width, dtype_code)?;
+        let invalid = |error: ShapeError| Failure::invalid(chain(&error));
+        // The counts are checked as a list first (NULL, a sum that overflows), then against
+        // the handle's world.
+        let (total, given) = match rows {
+            Rows::Rule(rows) => (rows as u64, None),
+            Rows::PerRank(counts_at, ranks) => {
+                // SAFETY: the caller's promise.
+                let counts = unsafe { counts(counts_at, ranks) }?;
+                let layout = RankRows::given(&counts, ranks).map_err(invalid)?;
+                (layout.rows(), Some((counts, layout)))
+            }
+        };
+        let (shape, dtype) = shape_and_dtype(total, width, dtype_code)?;
         // SAFETY: the caller's promise.
         let handle: &Handle = unsafe { crate::handle(handle) }?;
-        let owned = shape
-            .owned_rows(handle.world(), handle.rank())
-            .map_err(|error| Failure::invalid(chain(&error)))?;
+        let owned = match &given {
+            None => shape.owned_rows(handle.world(), handle.rank()),
+            Some((counts, layout)) => RankRows::given(counts, handle.world())
+                .and_then(|_| layout.owned_rows(handle.rank())),
+        }
+        .map_err(invalid)?;
         // Which operand holds the whole message and which this rank's rows: an empty operand
         // (a rank owning no rows, or no rows at all) is not read and may be NULL.
         let (input_rows, output_rows) = match collective {
@@ -66,12 +104,18 @@ unsafe fn enqueue(
         // SAFETY: the caller promises a live stream (or NULL) and memory that outlives the
         // work; the handle checks both operands are of this GPU and hold this rank's part.
         unsafe {
-            match collective {
-                RowCollective::ReduceScatter => {
+            match (collective, &given) {
+                (RowCollective::ReduceScatter, None) => {
                     handle.reduce_scatter(input, output, rows, width, dtype, stream)
                 }
-                RowCollective::AllGather => {
+                (RowCollective::AllGather, None) => {
                     handle.all_gather(input, output, rows, width, dtype, stream)
+                }
+                (RowCollective::ReduceScatter, Some((counts, _))) => {
+                    handle.reduce_scatter_v(input, output, counts, width, dtype, stream)
+                }
+                (RowCollective::AllGather, Some((counts, _))) => {
+                    handle.all_gather_v(input, output, counts, width, dtype, stream)
                 }
             }
         }?;
@@ -115,7 +159,7 @@ pub unsafe extern "C" fn prepare_reduce_scatter(
             RowCollective::ReduceScatter,
             handle,
             (input, output),
-            (rows, width),
+            (Rows::Rule(rows), width),
             dtype,
             stream,
         )
@@ -149,7 +193,77 @@ pub unsafe extern "C" fn prepare_all_gather(
             RowCollective::AllGather,
             handle,
             (input, output),
-            (rows, width),
+            (Rows::Rule(rows), width),
+            dtype,
+            stream,
+        )
+    }
+}
+
+/// The reduce-scatter's v-form (vLLM's `reduce_scatterv`): as [`prepare_reduce_scatter`], but
+/// rank r owns `rows_per_rank[r]` rows of `width` (an array of `ranks` counts, one per rank of
+/// the world: contiguous runs in rank order, the message's rows their sum) instead of the
+/// shape rule's. Every rank must pass the same counts, in the same calls and order; ranks
+/// that pass different counts are not caught. Counts equal to the shape rule's go exactly as
+/// [`prepare_reduce_scatter`] of their sum (the same kernel, the same bits); any others go
+/// through the exact NCCL reduce-scatter (grouped sends of each rank's rows to its owner, then
+/// the rank-order sum), exact at every world size. Invalid arguments, nothing enqueued:
+/// `rows_per_rank` NULL with `ranks` above 0, counts whose sum overflows, then (with the
+/// handle) `ranks` other than the world size; a width of 0, a dtype, NULL or overlapping
+/// operands as [`prepare_reduce_scatter`]. The counts are read during the call only.
+///
+/// # Safety
+/// As [`prepare_reduce_scatter`]; `rows_per_rank` is null or points to `ranks` readable
+/// `size_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn prepare_reduce_scatter_v(
+    handle: *const PrepareHandle,
+    input: *const c_void,
+    output: *mut c_void,
+    rows_per_rank: *const usize,
+    ranks: u32,
+    width: usize,
+    dtype: i32,
+    stream: *mut c_void,
+) -> PrepareStatus {
+    // SAFETY: the caller's promise.
+    unsafe {
+        enqueue(
+            RowCollective::ReduceScatter,
+            handle,
+            (input, output),
+            (Rows::PerRank(rows_per_rank, ranks), width),
+            dtype,
+            stream,
+        )
+    }
+}
+
+/// The all-gather's v-form (vLLM's `all_gatherv`): as [`prepare_all_gather`], rank r owning
+/// `rows_per_rank[r]` rows, checked as [`prepare_reduce_scatter_v`] checks them. Counts equal
+/// to the shape rule's go exactly as [`prepare_all_gather`]; any others through NCCL's grouped
+/// sends and receives, bytes as given.
+///
+/// # Safety
+/// As [`prepare_reduce_scatter_v`].
+#[no_mangle]
+pub unsafe extern "C" fn prepare_all_gather_v(
+    handle: *const PrepareHandle,
+    input: *const c_void,
+    output: *mut c_void,
+    rows_per_rank: *const usize,
+    ranks: u32,
+    width: usize,
+    dtype: i32,
+    stream: *mut c_void,
+) -> PrepareStatus {
+    // SAFETY: the caller's promise.
+    unsafe {
+        enqueue(
+            RowCollective::AllGather,
+            handle,
+            (input, output),
+            (Rows::PerRank(rows_per_rank, ranks), width),
             dtype,
             stream,
         )
@@ -245,6 +359,84 @@ mod tests {
             Err("rank 2 is not below the world size 2".to_owned())
         );
         assert!(owned(10, 0, 0).is_err());
+    }
+
+    /// The v-forms check their counts as a list before the handle, then the dtype and the
+    /// shape of their sum.
+    #[test]
+    fn the_v_forms_check_their_counts_before_the_handle() {
+        let null = std::ptr::null_mut();
+        for call in [prepare_reduce_scatter_v, prepare_all_gather_v] {
+            let counts: [usize; 3] = [2, 0, 5];
+            // SAFETY: `counts` holds 3 counts; every other pointer is null, refused first.
+            let status =
+                unsafe { call(std::ptr::null(), null, null, counts.as_ptr(), 3, 4, 0, null) };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert_eq!(last_error(), "handle is NULL");
+            // SAFETY: as above.
+            let status = unsafe {
+                call(
+                    std::ptr::null(),
+                    null,
+                    null,
+                    std::ptr::null(),
+                    2,
+                    4,
+                    0,
+                    null,
+                )
+            };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert_eq!(last_error(), "rows_per_rank is NULL");
+            let overflowing: [usize; 2] = [usize::MAX, 1];
+            // SAFETY: as above.
+            let status = unsafe {
+                call(
+                    std::ptr::null(),
+                    null,
+                    null,
+                    overflowing.as_ptr(),
+                    2,
+                    4,
+                    0,
+                    null,
+                )
+            };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert_eq!(
+                last_error(),
+                "rows_per_rank's counts on 2 ranks sum to more than 2^64 - 1 rows"
+            );
+            // SAFETY: as above.
+            let status =
+                unsafe { call(std::ptr::null(), null, null, counts.as_ptr(), 3, 0, 0, null) };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert_eq!(
+                last_error(),
+                "a message of 7 rows of width 0: the width must be at least 1"
+            );
+            // SAFETY: as above.
+            let status =
+                unsafe { call(std::ptr::null(), null, null, counts.as_ptr(), 3, 4, 9, null) };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert!(last_error().starts_with("dtype 9 is not a PrepareDtype"));
+            // No counts to read: NULL is taken, and the world is checked with the handle.
+            // SAFETY: as above.
+            let status = unsafe {
+                call(
+                    std::ptr::null(),
+                    null,
+                    null,
+                    std::ptr::null(),
+                    0,
+                    4,
+                    0,
+                    null,
+                )
+            };
+            assert_eq!(status, PrepareStatus::InvalidArgument);
+            assert_eq!(last_error(), "handle is NULL");
+        }
     }
 
     /// Checked before the handle, so a null handle shows them.

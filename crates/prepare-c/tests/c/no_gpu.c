@@ -262,6 +262,37 @@ int main(int argc, char **argv) {
                PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
     }
 
+    /* The v-forms check their counts (NULL, a sum that overflows), then the dtype and the
+     * shape of their sum, before the handle. */
+    typedef PrepareStatus (*RowCallV)(const PrepareHandle *, const void *, void *,
+                                      const size_t *, uint32_t, size_t, int32_t, void *);
+    const struct {
+        const char *name;
+        RowCallV call;
+    } row_calls_v[] = {{"reduce_scatter_v", prepare_reduce_scatter_v},
+                       {"all_gather_v", prepare_all_gather_v}};
+    const size_t row_counts[3] = {2, 0, 5};
+    const size_t overflowing[2] = {SIZE_MAX, 1};
+    for (size_t index = 0; index < sizeof row_calls_v / sizeof row_calls_v[0]; index++) {
+        char what[64];
+        RowCallV call = row_calls_v[index].call;
+        snprintf(what, sizeof what, "%s(NULL handle)", row_calls_v[index].name);
+        expect(what, call(NULL, text, text, row_counts, 3, 4, PREPARE_DTYPE_BF16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "handle is NULL");
+        snprintf(what, sizeof what, "%s(NULL counts)", row_calls_v[index].name);
+        expect(what, call(NULL, text, text, NULL, 3, 4, PREPARE_DTYPE_BF16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "rows_per_rank is NULL");
+        snprintf(what, sizeof what, "%s(overflowing counts)", row_calls_v[index].name);
+        expect(what, call(NULL, text, text, overflowing, 2, 4, PREPARE_DTYPE_BF16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "sum to more than 2^64 - 1 rows");
+        snprintf(what, sizeof what, "%s(width 0)", row_calls_v[index].name);
+        expect(what, call(NULL, text, text, row_counts, 3, 0, PREPARE_DTYPE_BF16, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "7 rows of width 0");
+        snprintf(what, sizeof what, "%s(dtype 7)", row_calls_v[index].name);
+        expect(what, call(NULL, text, text, row_counts, 3, 4, 7, NULL),
+               PREPARE_STATUS_INVALID_ARGUMENT, "dtype 7 is not a PrepareDtype");
+    }
+
     /* The fused epilogue checks the dtype, the shape, the hidden size, eps and its operands
      * before the handle. */
     expect("all_reduce_add_rms_norm(NULL handle)",
