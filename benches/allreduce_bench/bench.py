@@ -161,12 +161,16 @@ class Bench(Timing, Report):
         if getattr(self.args, "epilogue", False):
             collective = "all_reduce_add_rms_norm"
             sizes = list(self.args.tokens) + list(self.args.decode_batches)
-            return {
-                f"{collective} {n * self.args.hidden * 2}": self.prepare.route(
-                    n * self.args.hidden * 2, collective=collective
-                )
-                for n in sorted(set(sizes))
-            }
+            routes = {}
+            for n in sorted(set(sizes)):
+                nbytes = n * self.args.hidden * 2
+                try:
+                    routes[f"{collective} {nbytes}"] = self.prepare.route(
+                        nbytes, collective=collective
+                    )
+                except Exception as exc:  # noqa: BLE001 - the route is a note, not a step
+                    routes[f"{collective} {nbytes}"] = f"unknown: {describe(exc)}"
+            return routes
         if self.args.sequence_parallel:
             routes = {}
             for collective in ("all_reduce",) + ROW_COLLECTIVES:
