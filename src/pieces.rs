@@ -197,6 +197,7 @@ pub fn time_contenders(
             chunked: id != contenders.nccl,
             shape,
             staging,
+            epilogue: None,
         })
         .collect();
     // One size: `[entry][rank][round]` is each candidate's only size.

@@ -5,7 +5,7 @@
 //! ranks start it together. Samples are microseconds per operation; every rank's samples are
 //! gathered, so every rank returns the same matrix.
 
-use crate::collective::{Collectives, EntryId, Operands};
+use crate::collective::{Collectives, EntryId, EpilogueMessage, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, Event, Graph, Stream};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::shape::Shape;
@@ -348,7 +348,7 @@ fn gather(runtime: &Runtime, local: &[Vec<f32>], step: &str) -> Result<Samples, 
 
 /// One thing to time: an entry at a message size, on the registered buffer into the out-of-place
 /// output, or on operands of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Timed {
     /// The entry.
     pub id: EntryId,
@@ -366,6 +366,10 @@ pub struct Timed {
     /// The staging buffer of a reduce-scatter's or all-gather's pieces (`chunked` with a
     /// `shape`, [`Collectives::enqueue_rows_in_pieces`]).
     pub staging: Option<CallerMemory>,
+    /// The whole call of an `all_reduce_add_rms_norm` entry (x, residual, weight, normed,
+    /// rows x hidden, eps), enqueued as given ([`Collectives::enqueue_epilogue`]); the other
+    /// fields but `id` are then unused.
+    pub epilogue: Option<EpilogueMessage>,
 }
 
 impl From<(EntryId, usize)> for Timed {
@@ -377,6 +381,7 @@ impl From<(EntryId, usize)> for Timed {
             chunked: false,
             shape: None,
             staging: None,
+            epilogue: None,
         }
     }
 }
@@ -389,6 +394,11 @@ impl Timed {
         stream: &mut Stream,
         ops: u32,
     ) -> Result<Graph, RuntimeError> {
+        if let Some(message) = &self.epilogue {
+            return collectives.capture_with(stream, ops, |stream| {
+                collectives.enqueue_epilogue(runtime, stream, self.id, message)
+            });
+        }
         if let Some(shape) = self.shape {
             let message = collectives.row_message(runtime.world(), shape)?;
             if let (true, Some(operands), Some(staging)) =

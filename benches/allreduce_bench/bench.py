@@ -158,6 +158,19 @@ class Bench(Timing, Report):
 
     def prepare_routes(self):
         """Where prepare routes each size's full message, by collective."""
+        if getattr(self.args, "epilogue", False):
+            collective = "all_reduce_add_rms_norm"
+            sizes = list(self.args.tokens) + list(self.args.decode_batches)
+            routes = {}
+            for n in sorted(set(sizes)):
+                nbytes = n * self.args.hidden * 2
+                try:
+                    routes[f"{collective} {nbytes}"] = self.prepare.route(
+                        nbytes, collective=collective
+                    )
+                except Exception as exc:  # noqa: BLE001 - the route is a note, not a step
+                    routes[f"{collective} {nbytes}"] = f"unknown: {describe(exc)}"
+            return routes
         if self.args.sequence_parallel:
             routes = {}
             for collective in ("all_reduce",) + ROW_COLLECTIVES:
@@ -292,6 +305,11 @@ class Bench(Timing, Report):
     def run(self):
         args = self.args
         self.describe_run()
+        if args.epilogue:
+            from .epilogue import run_epilogue
+
+            run_epilogue(self)
+            return
         if args.sequence_parallel:
             from .sequence_parallel import run_steps
 

@@ -19,6 +19,11 @@ STEP_CONTENDERS = ("torch_all_reduce", "torch_sequence_parallel", "prepare_all_r
                    "prepare_sequence_parallel")
 # Decode (1 to 64 tokens) and prefill sizes.
 DEFAULT_TOKENS = "1,2,4,8,16,32,64,256,1024,4096"
+# The fused all-reduce + residual add + RMSNorm against its peers, at decode sizes.
+EPILOGUE_CONTENDERS = ("torch_nccl_rms_norm", "torch_nccl_triton", "prepare_fused",
+                       "flashinfer_fp32_acc", "flashinfer_bf16_acc")
+EPILOGUE_TOKENS = "1,2,4,8,16,32,64"
+DECODE_BATCHES = "1,2,4,8,16,32,64"
 MULTICAST_OFF = {"1", "true", "TRUE"}
 
 
@@ -51,7 +56,7 @@ def parse_sizes(text):
 
 def parse_contenders(text):
     names = [part.strip() for part in text.split(",") if part.strip()]
-    known = CONTENDERS + STEP_CONTENDERS
+    known = CONTENDERS + STEP_CONTENDERS + EPILOGUE_CONTENDERS
     unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
@@ -77,6 +82,9 @@ def parse_tokens(text):
 def default_contenders(args):
     """The contenders a run takes when none are named: those its collective has, the prepare
     ones only with a package."""
+    if args.epilogue:
+        return [name for name in EPILOGUE_CONTENDERS
+                if args.prepare or not name.startswith("prepare")]
     if args.sequence_parallel:
         return [name for name in STEP_CONTENDERS
                 if args.prepare or not name.startswith("prepare")]
@@ -128,10 +136,26 @@ def parse_args(argv):
         "--sizes",
     )
     parser.add_argument(
+        "--epilogue",
+        action="store_true",
+        help="time the all-reduce + residual add + RMSNorm (NCCL then torch's rms_norm, NCCL "
+        "then a Triton add + RMSNorm, prepare's all_reduce_add_rms_norm, FlashInfer's "
+        "allreduce_fusion) at --tokens x --hidden bf16 and in the decode emulation "
+        "(--decode-batches), instead of --sizes",
+    )
+    parser.add_argument(
         "--tokens",
         type=parse_tokens,
-        default=parse_tokens(DEFAULT_TOKENS),
-        help=f"token counts of the sequence-parallel step (default {DEFAULT_TOKENS})",
+        default=None,
+        help=f"token counts of the sequence-parallel step (default {DEFAULT_TOKENS}) or of "
+        f"--epilogue (default {EPILOGUE_TOKENS})",
+    )
+    parser.add_argument(
+        "--decode-batches",
+        type=parse_tokens,
+        default=parse_tokens(DECODE_BATCHES),
+        help=f"--epilogue's decode emulation: 61 layers x 2 calls of batch x hidden in one "
+        f"graph per batch (default {DECODE_BATCHES})",
     )
     parser.add_argument(
         "--hidden", type=int, default=7168, help="hidden width of that step (default 7168)"
@@ -167,11 +191,17 @@ def parse_args(argv):
         help="seconds any one step may take before the run is ended (default 300)",
     )
     args = parser.parse_args(argv)
-    if args.sequence_parallel:
+    if args.epilogue and args.sequence_parallel:
+        parser.error("--epilogue and --sequence-parallel are two runs; give one")
+    if args.tokens is None:
+        args.tokens = parse_tokens(EPILOGUE_TOKENS if args.epilogue else DEFAULT_TOKENS)
+    if args.sequence_parallel or args.epilogue:
         args.collective = "all_reduce"
     if args.contenders is None:
         args.contenders = default_contenders(args)
-    if args.sequence_parallel:
+    if args.epilogue:
+        allowed, what = EPILOGUE_CONTENDERS, "the epilogue"
+    elif args.sequence_parallel:
         allowed, what = STEP_CONTENDERS, "the sequence-parallel step"
     elif args.collective != "all_reduce":
         allowed, what = ROW_CONTENDERS, f"the {args.collective}"
@@ -190,6 +220,8 @@ def parse_args(argv):
         ("--pause-us", args.pause_us >= 0, "must not be negative"),
         ("--timeout", args.timeout > 0, "must be positive"),
         ("--hidden", args.hidden >= 1, "must be at least 1"),
+        ("--hidden", not args.epilogue or args.hidden % 8 == 0,
+         "must be a multiple of 8 with --epilogue"),
     ]
     for flag, within, bound in bounds:
         if not within:

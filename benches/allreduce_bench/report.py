@@ -19,6 +19,9 @@ def shape_text(row):
 
 def what_is_timed(args):
     """What one timed operation is, for the notes."""
+    if getattr(args, "epilogue", False):
+        return ("call (tokens x hidden: the all-reduce, residual add and RMSNorm; decode rows: "
+                "per step of 61 x 2 calls)")
     if getattr(args, "sequence_parallel", False):
         return "step (tokens x hidden: the partial sum to its RMSNorm on every rank)"
     return operation(getattr(args, "collective", "all_reduce"))

@@ -204,9 +204,15 @@ class Timing:
         return self.time_contenders(nbytes, bound, contenders, state["pristine"],
                                     state["reference"], rows)
 
-    def time_contenders(self, nbytes, bound, contenders, pristine, reference, rows=None):
+    def time_contenders(self, nbytes, bound, contenders, pristine, reference, rows=None,
+                        fixed_ops=None, check=None, note=None):
         """Every contender bound to `bound`, checked against `reference` and timed against
-        the others on `pristine`: one row each, in `contenders` order."""
+        the others on `pristine`: one row each, in `contenders` order. `check(contender,
+        pristine, reference)` counts a contender's differing elements on this rank (a number,
+        or one per output; `check_exact` by default) and `note(label, name, counts)` words a
+        mismatch; no check without a reference. With `fixed_ops` every replay holds that many
+        ops (no calibration)."""
+        check = self.check_exact if check is None else check
         torch = self.torch
         label = format_bytes(nbytes)
         rows = {} if rows is None else rows
@@ -249,9 +255,12 @@ class Timing:
                 rows[name] = self.error_row(nbytes, contender, f"graph capture: {error}")
                 continue
 
+            if reference is None:
+                live.append(contender)
+                continue
             self.kick(f"{label}: {name} exactness check")
             try:
-                local = (self.check_exact(contender, pristine, reference), None)
+                local = (check(contender, pristine, reference), None)
             except Exception as exc:
                 local = (None, describe(exc))
             outcome = self.agree(local)
@@ -262,9 +271,13 @@ class Timing:
                 rows[name] = self.error_row(nbytes, contender, f"exactness check: {text}")
                 continue
             mismatched = [count for count, _ in outcome]
-            exact[name] = all(count == 0 for count in mismatched)
+            contender.mismatched = mismatched
+            exact[name] = all(
+                (count if isinstance(count, int) else sum(count)) == 0 for count in mismatched
+            )
             if not exact[name]:
                 self.notes.append(
+                    note(label, name, mismatched) if note is not None else
                     f"{label} {name}: not bit-exact against the fp32 rank-order reference "
                     f"(mismatched elements per rank: {mismatched})"
                 )
@@ -272,7 +285,8 @@ class Timing:
 
         if live:
             try:
-                ops = self.calibrate(live, pristine)
+                ops = ([fixed_ops] * len(live) if fixed_ops is not None
+                       else self.calibrate(live, pristine))
             except Exception as exc:
                 raise Fatal(f"{label}: calibration: {describe(exc)}") from exc
             timed = []

@@ -8,6 +8,10 @@
 //! rounds with a barrier before every sample; per round the slowest rank counts, and a
 //! candidate's figure is the median over rounds (`crate::timing`, `crate::tune`).
 
+mod epilogue;
+
+pub use epilogue::EpilogueBuffers;
+
 use super::{bench_shape, bus_gbps, DecodeRow, DecodeShape, RowsWidth, ServingRow, SizeRow};
 use crate::collective::{Collectives, Operands, RowMessage};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
@@ -217,9 +221,26 @@ impl<'a> Bench<'a> {
                 ..Timed::from((id, elements))
             })
             .collect();
+        let mut rows = self.time_bucket(bucket, bytes, &live)?;
+        for row in &mut rows {
+            row.shape = shape.map(RowsWidth::from);
+        }
+        Ok(Some(rows))
+    }
+
+    /// `live` (every live entry of `bucket`, in the bucket's order, each at the message of
+    /// `bytes`) timed against each other, a row per candidate of the bucket, the tuned choice
+    /// marked.
+    fn time_bucket(
+        &mut self,
+        bucket: usize,
+        bytes: u64,
+        live: &[Timed],
+    ) -> Result<Vec<SizeRow>, BenchError> {
+        let (ladder, collectives) = (self.ladder, self.collectives);
         let group = self
             .timer
-            .time_operands(self.runtime, collectives, &live, self.timing)?;
+            .time_operands(self.runtime, collectives, live, self.timing)?;
         let mut timed = group.samples.into_iter().zip(group.ops);
         let mut ops_of = Vec::new();
         let candidates: Vec<CandidateSamples> = collectives
@@ -259,11 +280,7 @@ impl<'a> Bench<'a> {
             },
         )?;
         let chosen = self.chosen[bucket].clone();
-        let mut rows = self.rows(&decision, bytes, &ops_of, |profile| profile == chosen);
-        for row in &mut rows {
-            row.shape = shape.map(RowsWidth::from);
-        }
-        Ok(Some(rows))
+        Ok(self.rows(&decision, bytes, &ops_of, |profile| profile == chosen))
     }
 
     /// The shape a reduce-scatter or all-gather of `bytes` in `bucket` is timed at
@@ -395,6 +412,8 @@ impl<'a> Bench<'a> {
                 speedup_vs_nccl: None,
                 excluded: None,
                 chosen,
+                form: None,
+                exact: None,
             };
             match &candidate.outcome {
                 CandidateOutcome::Timed { sizes, .. } => {
@@ -492,6 +511,7 @@ impl<'a> Bench<'a> {
             chunked: false,
             shape,
             staging: None,
+            epilogue: None,
         };
         let (input, output) = (
             CallerMemory::whole(&buffers.input),
@@ -587,6 +607,9 @@ impl<'a> Bench<'a> {
             tuned_us,
             nccl_us,
             speedup: nccl_us / tuned_us,
+            unfused_profile: None,
+            unfused_us: None,
+            speedup_vs_unfused: None,
         }))
     }
 }

@@ -2,12 +2,14 @@
 //! every contender's figures, the serving paths and the decode emulation's step times;
 //! written as JSON and drawn as SVG plots (`plot`).
 
+pub mod epilogue;
 mod measure;
 pub mod plot;
 mod shape;
+mod targets;
 pub mod text;
 
-pub use measure::{default_sizes, Bench, BenchError, ServingBuffers};
+pub use measure::{default_sizes, Bench, BenchError, EpilogueBuffers, ServingBuffers};
 pub use shape::{bench_shape, RowsWidth, BENCH_WIDTH};
 
 #[cfg(test)]
@@ -95,6 +97,14 @@ pub struct SizeRow {
     pub excluded: Option<String>,
     /// Whether it is the tuned choice for this size.
     pub chosen: bool,
+    /// What an `all_reduce_add_rms_norm` candidate runs ([`epilogue::Form`]); none for the
+    /// other collectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub form: Option<targets::Form>,
+    /// Whether its outputs at this size equalled the reference on every rank, checked once
+    /// before timing (`all_reduce_add_rms_norm`); none where not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<bool>,
 }
 
 /// How far the tuned choice is behind the fastest contender at one message size.
@@ -161,6 +171,16 @@ pub struct DecodeRow {
     pub nccl_us: f64,
     /// `nccl_us / tuned_us`.
     pub speedup: f64,
+    /// `all_reduce_add_rms_norm`: the fastest candidate of the bucket that runs an all-reduce
+    /// kernel, then `add_rms_norm` (prepare unfused), timed in the same rounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfused_profile: Option<String>,
+    /// Its median microseconds per token step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfused_us: Option<f64>,
+    /// `unfused_us / tuned_us`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_vs_unfused: Option<f64>,
 }
 
 /// The decode model emulated.
@@ -216,6 +236,10 @@ pub struct BenchReport {
     /// The serving path at every size a bucket covers, sizes ascending.
     #[serde(default)]
     pub serving: Vec<ServingRow>,
+    /// `all_reduce_add_rms_norm`: per size the figures the speed targets read
+    /// ([`epilogue::summarize`]), sizes ascending; empty for the other collectives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub epilogue: Vec<targets::EpilogueSize>,
 }
 
 fn all_reduce() -> Collective {

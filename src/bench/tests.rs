@@ -18,6 +18,8 @@ fn row(bytes: u64, profile: &str, median_us: Option<f64>, chosen: bool) -> SizeR
         speedup_vs_nccl: None,
         excluded: median_us.is_none().then(|| "dropped".to_owned()),
         chosen,
+        form: None,
+        exact: None,
     }
 }
 
@@ -138,6 +140,7 @@ fn a_report_names_its_collective_and_an_older_one_is_an_all_reduce() {
         decode_shape: None,
         decode: Vec::new(),
         serving: Vec::new(),
+        epilogue: Vec::new(),
     };
     let mut json = serde_json::to_value(&report).expect("a report serializes");
     assert_eq!(json["collective"], "reduce_scatter");
@@ -247,6 +250,7 @@ fn rows_report(collective: Collective) -> BenchReport {
         decode_shape: None,
         decode: Vec::new(),
         serving: Vec::new(),
+        epilogue: Vec::new(),
     }
 }
 

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use prepare::bench::{
-    default_sizes, largest_choice_gap, text, Bench, BenchError, BenchReport, DecodeRow,
-    DecodeShape, ServingRow, SizeRow,
+    default_sizes, epilogue, largest_choice_gap, text, Bench, BenchReport, DecodeRow, DecodeShape,
+    ServingRow, SizeRow,
 };
 use prepare::collective::Collectives;
 use prepare::ladder::Collective;
@@ -34,8 +34,22 @@ pub struct Args {
     /// Message sizes (`8K,256K,4M,64M`, or bytes); by default every bucket's smallest and
     /// largest message, the powers of two between, and twice and four times the largest bucket
     /// (above the ladder: NCCL on the whole message against the pieces).
-    #[arg(long, value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, value_name = "LIST", conflicts_with = "tokens")]
     sizes: Option<Vec<u64>>,
+    /// Sizes as tokens x `--hidden` (`all_reduce` and `all_reduce_add_rms_norm`); the fused
+    /// all-reduce + RMSNorm is timed at rows x hidden, by default 1, 2, 4, ... while the
+    /// message fits the ladder.
+    #[arg(long, value_delimiter = ',', value_parser = parse_tokens, value_name = "LIST")]
+    tokens: Option<Vec<u64>>,
+    /// Elements per row of `--tokens` and of the fused all-reduce + RMSNorm's sizes: a multiple
+    /// of 8 from 8 to 16777216.
+    #[arg(long, default_value_t = prepare::bench::epilogue::DEFAULT_HIDDEN, value_name = "N", value_parser = parse_hidden)]
+    hidden: u64,
+    /// An all-reduce package's bench.json from this machine: beside each size of a package of
+    /// `all_reduce_add_rms_norm`, its tuned choice at the same bytes and the fused call's time
+    /// over it.
+    #[arg(long, value_name = "FILE")]
+    all_reduce_bench: Option<PathBuf>,
     /// Interleaved rounds per size.
     #[arg(long, default_value_t = 25, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=10_000))]
     rounds: u32,
@@ -77,6 +91,36 @@ fn parse_batch(text: &str) -> Result<usize, String> {
         .ok_or_else(|| {
             format!(
                 "`{}` is not a batch size from 0 to 65536",
+                prepare::files::quoted(text)
+            )
+        })
+}
+
+/// A token count: 1 to 65536 rows.
+fn parse_tokens(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|tokens| (1..=65_536).contains(tokens))
+        .ok_or_else(|| {
+            format!(
+                "`{}` is not a token count from 1 to 65536",
+                prepare::files::quoted(text)
+            )
+        })
+}
+
+/// A hidden size the norm takes: a multiple of 8 up to 2^24.
+fn parse_hidden(text: &str) -> Result<u64, String> {
+    use prepare::collective::{HIDDEN_MULTIPLE, MAX_HIDDEN};
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&hidden| hidden > 0 && hidden % HIDDEN_MULTIPLE == 0 && hidden <= MAX_HIDDEN)
+        .ok_or_else(|| {
+            format!(
+                "`{}` is not a hidden size: a multiple of {HIDDEN_MULTIPLE} from \
+                 {HIDDEN_MULTIPLE} to {MAX_HIDDEN}",
                 prepare::files::quoted(text)
             )
         })
@@ -144,7 +188,12 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         }
         None => None,
     };
-    let sizes = args.sizes.clone().unwrap_or_else(|| default_sizes(ladder));
+    let plan = Plan::of(args, ladder)?;
+    let all_reduce_bench = args
+        .all_reduce_bench
+        .as_deref()
+        .map(read_all_reduce_bench)
+        .transpose()?;
     let runtime = args.target.start_rank(&package)?;
     let leader = runtime.rank() == 0;
     // Lines name the paths given: escaped for the terminal.
@@ -208,17 +257,54 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
             ..TimingOptions::default()
         },
     )
-    .map_err(bench_failure)?;
+    .map_err(Failure::bench)?;
     log(text::heading(
         ladder.collective,
         ladder.dtype,
         runtime.world(),
         &ladder.name,
     ));
-    let rows = time_sizes(&mut bench, ladder.collective, &sizes, &log)?;
-    let serving = time_serving(&mut bench, &sizes, &log)?;
-    let shape = DecodeShape::default();
-    let decode = emulate_decode(&mut bench, ladder, &shape, &args.batches, &log)?;
+    let gpus: Vec<String> = runtime
+        .records()
+        .iter()
+        .map(|record| record.gpu_name.clone())
+        .collect();
+    let (rows, serving, shape, decode, epilogue) = match &plan {
+        Plan::Sizes(sizes) => {
+            let rows = time_sizes(&mut bench, ladder.collective, sizes, &log)?;
+            let serving = time_serving(&mut bench, sizes, &log)?;
+            let shape = DecodeShape::default();
+            let decode = emulate_decode(&mut bench, ladder, &shape, &args.batches, &log)?;
+            (rows, serving, shape, decode, Vec::new())
+        }
+        Plan::Epilogue { tokens, hidden } => {
+            if let Some((path, report)) = &all_reduce_bench {
+                epilogue::check_against(report, runtime.world(), &gpus)
+                    .with_context(|| format!("{} cannot stand beside this run", path.display()))
+                    .map_err(Failure::refused)?;
+            }
+            let shape = DecodeShape {
+                hidden: *hidden as usize,
+                ..DecodeShape::default()
+            };
+            let measured = super::bench_epilogue::run(
+                &mut bench,
+                ladder,
+                tokens,
+                &shape,
+                &args.batches,
+                all_reduce_bench.as_ref().map(|(_, report)| report),
+                &log,
+            )?;
+            (
+                measured.sizes,
+                measured.serving,
+                shape,
+                measured.decode,
+                measured.summary,
+            )
+        }
+    };
 
     if let (true, Some(dir)) = (leader, &args.out) {
         let report = BenchReport {
@@ -226,11 +312,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
             collective: ladder.collective,
             package: package.identity().to_owned(),
             world_size: runtime.world(),
-            gpus: runtime
-                .records()
-                .iter()
-                .map(|record| record.gpu_name.clone())
-                .collect(),
+            gpus,
             nccl_version: prepare::runtime::nccl_version().map_err(Failure::runtime)?,
             driver_version: prepare::runtime::driver_version(),
             rounds: args.rounds,
@@ -238,6 +320,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
             decode_shape: (!decode.is_empty()).then_some(shape),
             decode,
             serving,
+            epilogue,
         };
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot make {}", dir.display()))
@@ -262,6 +345,74 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         .map_err(Failure::runtime)
 }
 
+/// What a run times: message sizes, or for the fused all-reduce + RMSNorm tokens x hidden.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Plan {
+    Sizes(Vec<u64>),
+    Epilogue { tokens: Vec<u64>, hidden: u64 },
+}
+
+impl Plan {
+    /// The sizes `args` ask of a package of `ladder`; flags that do not apply to its
+    /// collective are refused by name.
+    fn of(args: &Args, ladder: &prepare::ladder::Ladder) -> Result<Plan, Failure> {
+        let collective = ladder.collective;
+        let element_bytes = ladder.dtype.size_bytes();
+        if args.all_reduce_bench.is_some() && collective != Collective::AllReduceAddRmsNorm {
+            return Err(Failure::usage(anyhow::anyhow!(
+                "--all-reduce-bench goes with a package of all_reduce_add_rms_norm; this one is \
+                 of {collective}"
+            )));
+        }
+        match (collective, &args.sizes, &args.tokens) {
+            (Collective::AllReduceAddRmsNorm, Some(_), _) => Err(Failure::usage(anyhow::anyhow!(
+                "a package of all_reduce_add_rms_norm is timed at --tokens x --hidden; --sizes \
+                 does not apply"
+            ))),
+            (Collective::AllReduceAddRmsNorm, None, tokens) => Ok(Plan::Epilogue {
+                tokens: tokens.clone().unwrap_or_else(|| {
+                    epilogue::default_tokens(ladder, args.hidden, element_bytes)
+                }),
+                hidden: args.hidden,
+            }),
+            (Collective::AllReduce, None, Some(tokens)) => Ok(Plan::Sizes(
+                tokens
+                    .iter()
+                    .map(|&tokens| tokens * args.hidden * element_bytes)
+                    .collect(),
+            )),
+            (_, None, Some(_)) => Err(Failure::usage(anyhow::anyhow!(
+                "--tokens goes with a package of all_reduce or all_reduce_add_rms_norm; this \
+                 one is of {collective}: give --sizes"
+            ))),
+            (_, sizes, _) => Ok(Plan::Sizes(
+                sizes.clone().unwrap_or_else(|| default_sizes(ladder)),
+            )),
+        }
+    }
+}
+
+/// The most bytes an all-reduce package's bench.json may hold.
+const BENCH_REPORT: prepare::files::Limit = prepare::files::Limit::new(64 << 20, "a bench report");
+
+/// An all-reduce package's bench.json, read whole before anything runs.
+fn read_all_reduce_bench(path: &std::path::Path) -> Result<(PathBuf, BenchReport), Failure> {
+    let bytes = prepare::files::read_limited(path, BENCH_REPORT)
+        .with_context(|| format!("cannot read --all-reduce-bench {}", path.display()))
+        .map_err(Failure::refused)?;
+    let report: BenchReport = serde_json::from_slice(&bytes)
+        .with_context(|| format!("--all-reduce-bench {} is not a bench.json", path.display()))
+        .map_err(Failure::refused)?;
+    if report.collective != Collective::AllReduce {
+        return Err(Failure::refused(anyhow::anyhow!(
+            "--all-reduce-bench {} is a bench of {}, not of all_reduce",
+            path.display(),
+            report.collective
+        )));
+    }
+    Ok((path.to_path_buf(), report))
+}
+
 /// Every candidate against the others at each size, a line each.
 fn time_sizes(
     bench: &mut Bench,
@@ -272,7 +423,7 @@ fn time_sizes(
     let mut rows = Vec::new();
     log(text::size_columns(collective));
     for &bytes in sizes {
-        let Some(timed) = bench.time_size(bytes).map_err(bench_failure)? else {
+        let Some(timed) = bench.time_size(bytes).map_err(Failure::bench)? else {
             log(text::above_ladder_line(collective, bytes));
             continue;
         };
@@ -304,7 +455,7 @@ fn time_serving(
     sizes: &[u64],
     log: &dyn Fn(String),
 ) -> Result<Vec<ServingRow>, Failure> {
-    let buffers = bench.serving_buffers(sizes).map_err(bench_failure)?;
+    let buffers = bench.serving_buffers(sizes).map_err(Failure::bench)?;
     let mut serving = Vec::new();
     log(format!(
         "serving path of the chosen candidate (us): zero copy, zero copy in place, any tensor, \
@@ -312,7 +463,10 @@ fn time_serving(
         "bytes", "bucket", "chosen", "zero_cp", "zc_inpl", "any", "any_inpl", "extra"
     ));
     for &bytes in sizes {
-        let Some(row) = bench.time_serving(bytes, &buffers).map_err(bench_failure)? else {
+        let Some(row) = bench
+            .time_serving(bytes, &buffers)
+            .map_err(Failure::bench)?
+        else {
             continue;
         };
         log(format!(
@@ -358,7 +512,7 @@ fn emulate_decode(
             log(format!("{batch:>6}: above the last bucket; skipped"));
             continue;
         }
-        let Some(row) = bench.time_decode(batch, shape).map_err(bench_failure)? else {
+        let Some(row) = bench.time_decode(batch, shape).map_err(Failure::bench)? else {
             continue;
         };
         log(format!(
@@ -368,12 +522,4 @@ fn emulate_decode(
         decode.push(row);
     }
     Ok(decode)
-}
-
-/// A choice that differs between ranks is the input refused; the rest failed at run time.
-fn bench_failure(error: BenchError) -> Failure {
-    match error {
-        BenchError::OtherChoice { .. } => Failure::refused(error),
-        _ => Failure::runtime(error),
-    }
 }

@@ -28,6 +28,15 @@ impl Failure {
         Failure::Runtime(error.into())
     }
 
+    /// A bench's failure: a choice that differs between ranks is the input refused; the rest
+    /// failed at run time.
+    pub fn bench(error: prepare::bench::BenchError) -> Failure {
+        match error {
+            prepare::bench::BenchError::OtherChoice { .. } => Failure::refused(error),
+            _ => Failure::runtime(error),
+        }
+    }
+
     /// A serving handle's failure: packages that do not fit these ranks are refused input; the
     /// rest (driver, NCCL, a peer missing, ranks disagreeing) failed at run time.
     pub fn serving(error: prepare::serve::ServeError) -> Failure {

@@ -2,6 +2,7 @@
 //! result. Failures carry the exit code they map to.
 
 mod bench;
+mod bench_epilogue;
 mod check;
 mod exactness;
 mod export;

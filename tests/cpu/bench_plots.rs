@@ -70,6 +70,8 @@ fn report() -> BenchReport {
                     speedup_vs_nccl: None,
                     excluded,
                     chosen: false,
+                    form: None,
+                    exact: None,
                 }
             })
             .collect();
@@ -101,6 +103,9 @@ fn report() -> BenchReport {
                 tuned_us,
                 nccl_us,
                 speedup: nccl_us / tuned_us,
+                unfused_profile: None,
+                unfused_us: None,
+                speedup_vs_unfused: None,
             }
         })
         .collect();
@@ -117,6 +122,7 @@ fn report() -> BenchReport {
         decode_shape: Some(shape),
         decode,
         serving: Vec::new(),
+        epilogue: Vec::new(),
     }
 }
 
@@ -380,6 +386,8 @@ fn wide_report(count: usize) -> BenchReport {
                 speedup_vs_nccl: None,
                 excluded: None,
                 chosen: index == if bytes < KIB * KIB { 0 } else { count - 1 },
+                form: None,
+                exact: None,
             });
         }
         bytes *= 4;
