@@ -58,9 +58,8 @@ fn form(profile: &Profile) -> EpilogueForm {
 /// 1 MiB beyond; the two-shot everywhere.
 fn fused_up_to(fused: FusedForm, world: u32) -> u64 {
     match fused {
-        FusedForm::OneShotPushLl => MIB,
         FusedForm::OneShotPushSimple if world == 2 => 3 * MIB,
-        FusedForm::OneShotPushSimple => MIB,
+        FusedForm::OneShotPushLl | FusedForm::OneShotPushSimple => MIB,
         FusedForm::TwoShot => u64::MAX,
     }
 }
