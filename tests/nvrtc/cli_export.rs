@@ -79,13 +79,17 @@ fn every_shipped_ladder_exports_for_each_of_its_targets_and_shows() {
             assert_eq!((code, stderr.as_str()), (0, ""), "{out}");
 
             let package = open_package(&scratch.path().join(&out)).unwrap();
-            let summary = format!(
+            let mut summary = format!(
                 "Exported `{}` for {arch} to {out}\n  identity  {}\n  kernels   {}\n  buckets   {}\n",
                 ladder.name,
                 package.identity(),
                 package.kernels().count(),
                 ladder.buckets.len()
             );
+            // An all-reduce + RMSNorm ladder's profiles, by what they run.
+            for (form, ids) in prepare::ladder::epilogue_forms(&ladder) {
+                summary.push_str(&format!("  {}: {}\n", form.describe(), ids.join(", ")));
+            }
             assert_eq!(stdout, summary);
             assert_eq!(package.ladder(), &ladder);
             assert_eq!(
