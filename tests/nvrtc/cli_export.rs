@@ -2,6 +2,7 @@
 //! targets. Skips when NVRTC is missing unless `PREPARE_REQUIRE_NVRTC=1`, which CI sets so that
 //! these tests can never pass by skipping.
 
+use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -88,7 +89,7 @@ fn every_shipped_ladder_exports_for_each_of_its_targets_and_shows() {
             );
             // An all-reduce + RMSNorm ladder's profiles, by what they run.
             for (form, ids) in prepare::ladder::epilogue_forms(&ladder) {
-                summary.push_str(&format!("  {}: {}\n", form.describe(), ids.join(", ")));
+                let _ = writeln!(summary, "  {}: {}", form.describe(), ids.join(", "));
             }
             assert_eq!(stdout, summary);
             assert_eq!(package.ladder(), &ladder);
