@@ -4,6 +4,8 @@
 //! exact bytes. An optional soak repeats collectives so that faults (a peer killed or stopped) can be seen to
 //! end every other rank within the timeout.
 
+mod epilogue;
+
 use crate::collective::{Collectives, Operands};
 use crate::device::DropReason;
 use crate::gpu::driver::{CallerMemory, DeviceBuffer};
@@ -210,6 +212,9 @@ fn check_pieces(
     }
     if collectives.has_rows() {
         return check_row_pieces(runtime, collectives, &live, seed, log);
+    }
+    if collectives.collective() == Collective::AllReduceAddRmsNorm {
+        return epilogue::check_epilogue_pieces(runtime, collectives, &live, seed, log);
     }
     let dtype = ladder.dtype;
     let elements = 2 * collectives.piece_elements() + 3;

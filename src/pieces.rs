@@ -2,10 +2,13 @@
 //! the largest bucket's largest message, each by its bucket's winner
 //! ([`Collectives::enqueue_chunked`]; a reduce-scatter's or all-gather's through a staging
 //! buffer of one piece, [`Collectives::enqueue_rows_in_pieces`]; cut by the collective's plan,
-//! [`crate::shape::pieces`]).
+//! [`crate::shape::pieces`]; an `all_reduce_add_rms_norm`'s in runs of whole rows,
+//! [`epilogue_pieces`], [`Collectives::enqueue_epilogue_in_pieces`]).
 //! Start-up selection times both at twice the largest
 //! bucket's message and decides as it does for a bucket, NCCL being the baseline to beat by the
 //! margin; `prepare bench` times both at every size above the ladder.
+
+use std::ops::Range;
 
 use crate::collective::{rank_order_applies, Collectives, EntryId, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory};
@@ -51,12 +54,6 @@ impl Contenders {
         winner: &str,
         exact_only: bool,
     ) -> Result<Contenders, String> {
-        if ladder.collective == Collective::AllReduceAddRmsNorm {
-            return Err(format!(
-                "pieces of {} are not built, so NCCL takes the whole message",
-                ladder.collective
-            ));
-        }
         let last = ladder
             .buckets
             .len()
@@ -98,9 +95,29 @@ impl Contenders {
     }
 }
 
+/// The pieces of an `all_reduce_add_rms_norm` of `shape` (rows x hidden, the same on every
+/// rank) above the largest bucket, in pieces of at most `piece` elements: consecutive runs of
+/// `piece / hidden` whole rows, the last one shorter, each a message of its own whose every
+/// operand but the weight starts that many rows in. The norm is per row, so the pieces give the
+/// whole message's bits. `None` when one row is more than a piece (or `piece` is 0): NCCL then
+/// takes the message whole.
+pub fn epilogue_pieces(shape: Shape, piece: u64) -> Option<Vec<Range<u64>>> {
+    let per_piece = piece / shape.width();
+    if per_piece == 0 {
+        return None;
+    }
+    Some(
+        (0..shape.rows())
+            .step_by(usize::try_from(per_piece).unwrap_or(usize::MAX))
+            .map(|start| start..(start + per_piece).min(shape.rows()))
+            .collect(),
+    )
+}
+
 /// Input and output buffers for timing messages above the ladder, allocated for the timing and
 /// freed with it; the input is zeroed. A reduce-scatter's or all-gather's also has the staging
-/// buffer of one piece that its pieces go through.
+/// buffer of one piece that its pieces go through, an `all_reduce_add_rms_norm`'s a zeroed
+/// residual as long as the message in its place.
 #[derive(Debug)]
 pub struct PieceBuffers {
     input: DeviceBuffer,
@@ -125,15 +142,21 @@ impl PieceBuffers {
             output: allocate(bytes)?,
             staging: if collectives.has_rows() {
                 Some(allocate(piece.max(16))?)
+            } else if collectives.collective() == Collective::AllReduceAddRmsNorm {
+                Some(allocate(bytes)?)
             } else {
                 None
             },
         };
         let stream = runtime.stream();
-        stream
-            .fill_u8(&buffers.input, 0..bytes, 0)
-            .and_then(|()| stream.synchronize())
-            .map_err(RuntimeError::driver(rank))?;
+        let zeroed = std::iter::once(&buffers.input)
+            .chain(buffers.staging.as_ref().filter(|_| !collectives.has_rows()));
+        for buffer in zeroed {
+            stream
+                .fill_u8(buffer, 0..buffer.len_bytes(), 0)
+                .map_err(RuntimeError::driver(rank))?;
+        }
+        stream.synchronize().map_err(RuntimeError::driver(rank))?;
         Ok(buffers)
     }
 
@@ -145,7 +168,8 @@ impl PieceBuffers {
         }
     }
 
-    /// The staging buffer of a reduce-scatter's or all-gather's pieces.
+    /// The staging buffer of a reduce-scatter's or all-gather's pieces; an
+    /// `all_reduce_add_rms_norm`'s residual.
     pub fn staging(&self) -> Option<CallerMemory> {
         self.staging.as_ref().map(CallerMemory::whole)
     }
@@ -338,6 +362,83 @@ mod tests {
         // Rows that do not fill the elements: as many as fit.
         assert_eq!(timing_shape(10_000, 1 << 20, 2).elements(), 8192);
         assert_eq!(timing_shape(5, 1, 4).width(), 1);
+    }
+
+    #[test]
+    fn an_epilogue_goes_in_runs_of_whole_rows_the_last_shorter() {
+        let shape = Shape::new(10, 8).unwrap();
+        assert_eq!(
+            epilogue_pieces(shape, 24),
+            Some(vec![0..3, 3..6, 6..9, 9..10])
+        );
+        assert_eq!(epilogue_pieces(shape, 31), epilogue_pieces(shape, 24));
+        let whole: Range<u64> = 0..10;
+        assert_eq!(epilogue_pieces(shape, 80), Some(vec![whole.clone()]));
+        assert_eq!(epilogue_pieces(shape, 1 << 20), Some(vec![whole]));
+        // A row larger than a piece, or no bucket: no pieces.
+        assert_eq!(epilogue_pieces(shape, 7), None);
+        assert_eq!(epilogue_pieces(shape, 0), None);
+        assert_eq!(epilogue_pieces(Shape::new(0, 8).unwrap(), 8), Some(vec![]));
+    }
+
+    proptest::proptest! {
+        /// The pieces are consecutive runs of whole rows covering the message once, each within
+        /// a piece and all but the last as long as a piece holds; done piece by piece through
+        /// the plan (each piece's rows of every rank's x and of the residual, with the whole
+        /// weight), the epilogue's reference gives the whole message's `normed` and residual
+        /// bit for bit: a row's outputs do not depend on the rows beside it.
+        #[test]
+        fn epilogue_pieces_give_the_whole_message_s_reference(
+            rows in 0u64..120,
+            groups in 1u64..6,
+            world in 2usize..=8,
+            piece_rows in 1u64..6,
+            extra in 0u64..8,
+            residual in proptest::bool::ANY,
+            seed in 0u64..1000,
+        ) {
+            use crate::reference::{random_rank_inputs, reference_epilogue, EpilogueInputs};
+            let dtype = crate::ladder::Dtype::Bf16;
+            let hidden = 8 * groups;
+            let shape = Shape::new(rows, hidden).unwrap();
+            let piece = piece_rows * hidden + extra;
+            let pieces = epilogue_pieces(shape, piece).expect("a row fits a piece");
+            let mut next = 0;
+            for (index, run) in pieces.iter().enumerate() {
+                proptest::prop_assert_eq!(run.start, next);
+                proptest::prop_assert!((run.end - run.start) * hidden <= piece);
+                if index + 1 < pieces.len() {
+                    proptest::prop_assert_eq!(run.end - run.start, piece_rows);
+                }
+                proptest::prop_assert!(run.end > run.start);
+                next = run.end;
+            }
+            proptest::prop_assert_eq!(next, rows);
+            let elements = shape.elements() as usize;
+            let x = random_rank_inputs(dtype, seed, world, elements);
+            let residual_in = random_rank_inputs(dtype, seed + 1, 1, elements).remove(0);
+            let weight = random_rank_inputs(dtype, seed + 2, 1, hidden as usize).remove(0);
+            let whole = |rows: &Range<u64>| {
+                let bytes = (rows.start * hidden * 2) as usize..(rows.end * hidden * 2) as usize;
+                let views: Vec<&[u8]> = x.iter().map(|x| &x[bytes.clone()]).collect();
+                let inputs = EpilogueInputs {
+                    residual: residual.then(|| &residual_in[bytes.clone()]),
+                    weight: &weight,
+                    eps: 1e-6,
+                };
+                let part = Shape::new(rows.end - rows.start, hidden).unwrap();
+                reference_epilogue(dtype, part, &views, &inputs).unwrap().swap_remove(0)
+            };
+            let expected = whole(&(0..rows));
+            let (mut normed, mut residual_out) = (Vec::new(), Vec::new());
+            for run in &pieces {
+                let outputs = whole(run);
+                normed.extend(outputs.normed);
+                residual_out.extend(outputs.residual_out);
+            }
+            proptest::prop_assert_eq!(normed, expected.normed);
+            proptest::prop_assert_eq!(residual_out, expected.residual_out);
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use crate::collective::{Collectives, EntryId, EpilogueMessage, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, Event, Graph, Stream};
+use crate::ladder::Collective;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::shape::Shape;
 
@@ -364,7 +365,9 @@ pub struct Timed {
     /// ([`crate::collective::startup_shape`]).
     pub shape: Option<Shape>,
     /// The staging buffer of a reduce-scatter's or all-gather's pieces (`chunked` with a
-    /// `shape`, [`Collectives::enqueue_rows_in_pieces`]).
+    /// `shape`, [`Collectives::enqueue_rows_in_pieces`]); for an `all_reduce_add_rms_norm` on
+    /// `operands`, the residual, as long as the message (`chunked`: in pieces of whole rows,
+    /// [`Collectives::enqueue_epilogue_in_pieces`]).
     pub staging: Option<CallerMemory>,
     /// The whole call of an `all_reduce_add_rms_norm` entry (x, residual, weight, normed,
     /// rows x hidden, eps), enqueued as given ([`Collectives::enqueue_epilogue`]); the other
@@ -423,6 +426,19 @@ impl Timed {
                 self.operands,
                 ops,
             );
+        }
+        if let (Some(operands), Some(residual), Collective::AllReduceAddRmsNorm) =
+            (self.operands, self.staging, collectives.collective())
+        {
+            let message =
+                collectives.startup_epilogue_message(self.elements, operands, residual)?;
+            return collectives.capture_with(stream, ops, |stream| {
+                if self.chunked {
+                    collectives.enqueue_epilogue_in_pieces(runtime, stream, &message, self.id)
+                } else {
+                    collectives.enqueue_epilogue(runtime, stream, self.id, &message)
+                }
+            });
         }
         match self.operands {
             None => collectives.capture(runtime, stream, self.id, self.elements, ops),

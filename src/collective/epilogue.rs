@@ -12,7 +12,7 @@ use super::{Collectives, EntryId, Input, Launch, Operands};
 use crate::abi::LaunchParams;
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory, Geometry, Stream};
 use crate::ladder::EpilogueForm;
-use crate::runtime::{Runtime, RuntimeError};
+use crate::runtime::{OperandError, Runtime, RuntimeError};
 
 impl Collectives {
     /// The residual and weight start-up's checks write before each run of
@@ -57,7 +57,59 @@ impl Collectives {
         elements: usize,
         operands: Operands,
     ) -> Result<(), RuntimeError> {
-        let (residual, weight) = self.epilogue_buffers().ok_or_else(|| RuntimeError::Setup {
+        let (residual, _) = self.epilogue_buffers().ok_or_else(|| RuntimeError::Setup {
+            rank: self.rank,
+            message: "the package holds no add_rms_norm kernel".to_owned(),
+        })?;
+        let message =
+            self.startup_epilogue_message(elements, operands, CallerMemory::whole(residual))?;
+        self.enqueue_epilogue(runtime, stream, id, &message)
+    }
+
+    /// Enqueues `message`, a message above the largest bucket, in pieces of whole rows
+    /// ([`crate::pieces::epilogue_pieces`]), each one call of entry `id` (a candidate of the
+    /// largest bucket) on its rows: every operand but the weight offset by the same rows, so a
+    /// row's bits are those of the whole message. Every check comes before the first piece (a
+    /// refusal after some would leave the peers waiting): the operands, a row no larger than a
+    /// piece, and `normed` and the residual each `x` itself or apart from it.
+    pub fn enqueue_epilogue_in_pieces(
+        &self,
+        runtime: &Runtime,
+        stream: &Stream,
+        message: &EpilogueMessage,
+        id: EntryId,
+    ) -> Result<(), RuntimeError> {
+        check_epilogue(self.dtype, message).map_err(self.operand_error())?;
+        let piece = self.piece_elements() as u64;
+        let pieces = crate::pieces::epilogue_pieces(message.shape, piece).ok_or_else(|| {
+            self.operand_error()(OperandError::RowLargerThanPiece {
+                hidden: message.shape.width(),
+                piece,
+            })
+        })?;
+        if !message.may_go_in_pieces() {
+            return Err(self.operand_error()(OperandError::PartlyOverlapping {
+                what: "an all_reduce_add_rms_norm in pieces (of normed or the residual and x)"
+                    .to_owned(),
+            }));
+        }
+        for rows in pieces {
+            let part = message.rows(rows, self.element_bytes);
+            self.enqueue_epilogue(runtime, stream, id, &part)?;
+        }
+        Ok(())
+    }
+
+    /// The message start-up times an entry on at `elements` (the start-up shape,
+    /// [`epilogue_startup_shape`]) on operands of its own: `x` and `normed` from `operands`,
+    /// `residual` as long as the message, and the package's weight.
+    pub fn startup_epilogue_message(
+        &self,
+        elements: usize,
+        operands: Operands,
+        residual: CallerMemory,
+    ) -> Result<EpilogueMessage, RuntimeError> {
+        let (_, weight) = self.epilogue_buffers().ok_or_else(|| RuntimeError::Setup {
             rank: self.rank,
             message: "the package holds no add_rms_norm kernel".to_owned(),
         })?;
@@ -65,15 +117,14 @@ impl Collectives {
         let size = self.element_bytes;
         let bytes = shape.elements() * size;
         let part = |memory: CallerMemory| CallerMemory::prefix(&memory, bytes);
-        let message = EpilogueMessage {
+        Ok(EpilogueMessage {
             x: part(operands.input),
-            residual: Some(CallerMemory::prefix(residual, bytes)),
+            residual: Some(part(residual)),
             weight: CallerMemory::prefix(weight, shape.width() * size),
             normed: part(operands.output),
             shape,
             eps: STARTUP_EPS,
-        };
-        self.enqueue_epilogue(runtime, stream, id, &message)
+        })
     }
 
     /// The fused kernel of entry `id`: one launch, the message's operands placed as the

@@ -2,6 +2,8 @@
 //! shape start-up runs it at, and the `add_rms_norm` kernel with start-up's own operands
 //! ([`super::epilogue`] enqueues them).
 
+use std::ops::Range;
+
 use crate::abi::{ALIGNMENT_BYTES, PARAMS_BYTES};
 use crate::gpu::driver::{
     CallerMemory, DeviceBuffer, DeviceMemory as _, LoadedKernel, ModuleImage,
@@ -43,6 +45,34 @@ pub struct EpilogueMessage {
     pub shape: Shape,
     /// Added to the mean of squares: 0 or more.
     pub eps: f32,
+}
+
+impl EpilogueMessage {
+    /// Rows `rows` of the message as a message of their own: `x`, the residual and `normed`
+    /// each starting that many rows in, the weight as it is.
+    #[must_use]
+    pub fn rows(&self, rows: Range<u64>, element_bytes: u64) -> EpilogueMessage {
+        let row_bytes = self.shape.width() * element_bytes;
+        let (offset, bytes) = (rows.start * row_bytes, (rows.end - rows.start) * row_bytes);
+        let part = |memory: CallerMemory| CallerMemory::prefix(&memory.offset(offset), bytes);
+        EpilogueMessage {
+            x: part(self.x),
+            residual: self.residual.map(part),
+            normed: part(self.normed),
+            shape: Shape::new(rows.end - rows.start, self.shape.width())
+                .expect("a width of at least one"),
+            ..*self
+        }
+    }
+
+    /// Whether the message may go in pieces of whole rows ([`crate::pieces::epilogue_pieces`]):
+    /// `normed` and the residual are each `x` itself or lie apart from it, so no piece writes
+    /// what a later piece still reads.
+    pub fn may_go_in_pieces(&self) -> bool {
+        let apart =
+            |other: &CallerMemory| other.address() == self.x.address() || !overlaps(other, &self.x);
+        apart(&self.normed) && self.residual.as_ref().is_none_or(apart)
+    }
 }
 
 /// The shape start-up checks and times a message of `elements` at: rows of
@@ -298,6 +328,53 @@ mod tests {
             }),
             "the weight at 0x3008 is not 16-byte aligned, as the norm's kernels need"
         );
+    }
+
+    #[test]
+    fn a_run_of_rows_moves_every_operand_but_the_weight_by_the_same_rows() {
+        // 4 x 16 bf16: 32 bytes a row; rows 1 and 2.
+        let part = message().rows(1..3, 2);
+        assert_eq!(part.shape, Shape::new(2, 16).unwrap());
+        assert_eq!((part.x.address(), part.x.len_bytes()), (0x1020, 64));
+        let residual = part.residual.expect("a residual");
+        assert_eq!((residual.address(), residual.len_bytes()), (0x2020, 64));
+        assert_eq!(
+            (part.normed.address(), part.normed.len_bytes()),
+            (0x4020, 64)
+        );
+        assert_eq!(
+            (part.weight.address(), part.weight.len_bytes()),
+            (0x3000, 32)
+        );
+        assert_eq!(check_epilogue(Dtype::Bf16, &part), Ok(()));
+        let empty = message().rows(4..4, 2);
+        assert_eq!((empty.shape.rows(), empty.x.len_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn pieces_need_normed_and_the_residual_over_x_or_apart_from_it() {
+        assert!(message().may_go_in_pieces());
+        let over_x = EpilogueMessage {
+            normed: at(0x1000, 128),
+            residual: Some(at(0x1000, 128)),
+            ..message()
+        };
+        assert!(over_x.may_go_in_pieces());
+        let normed_a_row_in = EpilogueMessage {
+            normed: at(0x1020, 128),
+            ..message()
+        };
+        assert!(!normed_a_row_in.may_go_in_pieces());
+        let residual_a_row_before = EpilogueMessage {
+            residual: Some(at(0x0FE0, 128)),
+            ..message()
+        };
+        assert!(!residual_a_row_before.may_go_in_pieces());
+        assert!(EpilogueMessage {
+            residual: None,
+            ..message()
+        }
+        .may_go_in_pieces());
     }
 
     #[test]

@@ -112,6 +112,17 @@ pub enum OperandError {
         /// The largest hidden size taken.
         largest: u64,
     },
+    /// An all-reduce + RMSNorm above the ladder whose one row is more than a piece.
+    #[error(
+        "a row of {hidden} elements is more than a piece of {piece} elements (the largest \
+         bucket's message), so the message cannot go in pieces of whole rows"
+    )]
+    RowLargerThanPiece {
+        /// The hidden size (the message's width).
+        hidden: u64,
+        /// Elements of a piece.
+        piece: u64,
+    },
     /// An all-reduce + RMSNorm operand of another length than its shape gives it.
     #[error(
         "the {operand} holds {holds} bytes, but {what} of a message of {rows} x {hidden} takes \

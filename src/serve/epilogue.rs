@@ -1,8 +1,8 @@
 //! The handle's all-reduce + residual add + RMSNorm: `x` (rows x hidden on every rank), the
 //! residual (rows x hidden, the same on every rank, overwritten with the sum plus itself) or
 //! none, the weight (hidden) and eps, giving `normed` on every rank. Routed by the bytes of
-//! `x` like the all-reduce: the bucket's winner, fused or not, and above the ladder NCCL's
-//! all-reduce then `add_rms_norm`.
+//! `x` like the all-reduce: the bucket's winner, fused or not, and above the ladder pieces of
+//! whole rows or NCCL's all-reduce then `add_rms_norm`, whichever start-up timed faster.
 //!
 //! Every operand is checked before anything is enqueued (`prepare::collective::check_epilogue`):
 //! a hidden size no kernel takes, an operand of the wrong length, a negative or NaN eps,
@@ -12,6 +12,7 @@ use super::{Handle, ServeError, Served};
 use crate::collective::{EpilogueMessage, HIDDEN_MULTIPLE, MAX_HIDDEN};
 use crate::gpu::driver::Stream;
 use crate::ladder::{Collective, Dtype};
+use crate::pieces::epilogue_pieces;
 use crate::runtime::{OperandError, RuntimeError};
 use crate::shape::Shape;
 
@@ -121,9 +122,11 @@ impl Handle {
         Ok((served, shape))
     }
 
-    /// Routes `message` by the bytes of `x`: the bucket's winner, or NCCL's all-reduce then
-    /// `add_rms_norm` above the ladder (pieces of whole rows are not built) and where a plain
-    /// NCCL winner must sum in rank order.
+    /// Routes `message` by the bytes of `x`: the bucket's winner; above the ladder, pieces of
+    /// whole rows through the candidate start-up timed fastest in pieces, where the choice says
+    /// so, a row fits a piece and `normed` and the residual are each `x` or apart from it;
+    /// otherwise, and where a plain NCCL winner must sum in rank order, NCCL's all-reduce then
+    /// `add_rms_norm`.
     fn enqueue_epilogue(
         &self,
         served: &Served,
@@ -136,6 +139,29 @@ impl Handle {
                 Some(id) if !served.rank_ordered.contains(&id) => served
                     .collectives
                     .enqueue_epilogue(&self.runtime, stream, id, message)?,
+                None if served.rank_ordered.is_empty()
+                    && message.may_go_in_pieces()
+                    && epilogue_pieces(
+                        message.shape,
+                        served.collectives.piece_elements() as u64,
+                    )
+                    .is_some() =>
+                {
+                    match served.pieces {
+                        Some(id) => served.collectives.enqueue_epilogue_in_pieces(
+                            &self.runtime,
+                            stream,
+                            message,
+                            id,
+                        )?,
+                        None => served.collectives.enqueue_nccl_epilogue(
+                            &self.runtime,
+                            stream,
+                            message,
+                            served.selection.choice.policy.exact_only,
+                        )?,
+                    }
+                }
                 _ => served.collectives.enqueue_nccl_epilogue(
                     &self.runtime,
                     stream,

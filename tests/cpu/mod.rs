@@ -28,6 +28,7 @@ mod reference_kernels_on_host;
 mod robustness;
 mod schemas;
 mod select;
+mod shipped_epilogue_ladders;
 mod shipped_ladders;
 mod shipped_row_ladders;
 mod validate_fixtures;

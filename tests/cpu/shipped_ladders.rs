@@ -2,7 +2,9 @@
 //! described devices: RTX PRO 6000 runs every GB202 catalog, GB10 only the ordinary one (the
 //! refusal names it), H200 runs the H200 catalogs and no GB202 one; the GB10 reduce-scatter
 //! catalogs are NCCL only, exact by default, and run on GB10 alone; the H200 and GB202
-//! reduce-scatter and all-gather catalogs are one-shot kernels beside NCCL, exact by default.
+//! reduce-scatter and all-gather catalogs are one-shot kernels beside NCCL, exact by default; the
+//! H200 all-reduce + RMSNorm catalogs fit an H200 with every launch resident and within the peer
+//! memory rule (tests/cpu/shipped_epilogue_ladders.rs judges their shape).
 
 use prepare::device::{
     check_candidate_residency, check_export_target, check_package_fits, required_residency,
@@ -64,6 +66,15 @@ pub(super) const ROWS: [&str; 13] = [
     "h200_nvlink_tp8_reduce_scatter",
     "h200_nvlink_tp8_reduce_scatter_fp32",
 ];
+/// All-reduce + residual add + RMSNorm catalogs: H200 at 2, 4 and 8 ranks in bf16 and fp16.
+pub(super) const EPILOGUE: [&str; 6] = [
+    "h200_nvlink_tp2_all_reduce_add_rms_norm",
+    "h200_nvlink_tp2_all_reduce_add_rms_norm_fp16",
+    "h200_nvlink_tp4_all_reduce_add_rms_norm",
+    "h200_nvlink_tp4_all_reduce_add_rms_norm_fp16",
+    "h200_nvlink_tp8_all_reduce_add_rms_norm",
+    "h200_nvlink_tp8_all_reduce_add_rms_norm_fp16",
+];
 /// TensorFold's reduce-scatter: 2,048 x 4,096 fp32.
 const TENSORFOLD_MESSAGE: u64 = 2048 * 4096 * 4;
 
@@ -85,9 +96,14 @@ pub(super) fn row_catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
     ROWS.into_iter().map(|name| (name, ladder(name)))
 }
 
+/// The all-reduce + residual add + RMSNorm catalogs, by name.
+pub(super) fn epilogue_catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
+    EPILOGUE.into_iter().map(|name| (name, ladder(name)))
+}
+
 /// Every catalog with custom kernels, of every collective, by name.
 fn kernel_catalogs() -> impl Iterator<Item = (&'static str, Ladder)> {
-    catalogs().chain(row_catalogs())
+    catalogs().chain(row_catalogs()).chain(epilogue_catalogs())
 }
 
 /// The collective, dtype and world a row catalog's name says: `<machine>_tp<world>_<collective>`
@@ -273,7 +289,7 @@ fn targets_are_the_architecture_rule() {
     for name in H200 {
         assert_eq!(ladder(name).targets, vec![Arch::Sm90], "{name}");
     }
-    for (name, ladder) in row_catalogs() {
+    for (name, ladder) in row_catalogs().chain(epilogue_catalogs()) {
         let expected = if name.starts_with("gb202_") {
             vec![Arch::Sm120, Arch::Sm121]
         } else {
@@ -332,7 +348,7 @@ fn gb10_is_told_to_use_the_ordinary_catalog() {
 fn h200_runs_the_h200_catalogs_and_no_gb202_one() {
     let device = h200();
     let h200_rows = ROWS.into_iter().filter(|name| name.starts_with("h200_"));
-    for name in H200.into_iter().chain(h200_rows) {
+    for name in H200.into_iter().chain(h200_rows).chain(EPILOGUE) {
         assert_eq!(check_package_fits(&ladder(name), &device), Ok(()), "{name}");
     }
     for name in GB202.into_iter().chain(["gb202_pcie_tp4_all_gather"]) {
@@ -461,6 +477,7 @@ fn every_shipped_ladder_is_named_here() {
         .chain(TWINS)
         .chain(GB10_REDUCE_SCATTER)
         .chain(ROWS)
+        .chain(EPILOGUE)
         .collect();
     named.sort_unstable();
     assert_eq!(shipped, named);
@@ -477,6 +494,9 @@ fn every_shipped_ladder_is_named_here() {
             (collective, dtype, world),
             "{name}"
         );
+    }
+    for (name, ladder) in epilogue_catalogs() {
+        assert_eq!(ladder.collective, Collective::AllReduceAddRmsNorm, "{name}");
     }
 }
 

@@ -230,3 +230,49 @@ fn the_handle_runs_the_epilogue_through_every_candidate_and_nccl_above_the_ladde
         );
     }
 }
+
+/// `prepare check` of an all-reduce + RMSNorm package at two ranks whose largest bucket holds
+/// a fused and a separate custom candidate: above the ladder, a message of two pieces of whole
+/// rows and three rows more through each, `normed` apart from `x` and over it, equals
+/// `reference_epilogue` on every rank (`normed` and the overwritten residual), `x` kept.
+#[test]
+#[ignore = "needs GPUs"]
+fn the_epilogue_above_the_ladder_is_exact_in_pieces_of_whole_rows_on_every_rank() {
+    use super::support::{check_on_two_gpus, printed, written_ladder};
+    require_gpus!(2);
+    let fixture = crate::support::repository::root()
+        .join("tests/fixtures/ladders/valid/epilogue_package.json");
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    value["profiles"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"id": "fused_two_shot", "algorithm": "rsag"}));
+    let last = value["buckets"].as_array_mut().unwrap().last_mut().unwrap();
+    last["candidates"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, serde_json::json!("fused_two_shot"));
+    let (_ladder_dir, written) = written_ladder(
+        "epilogue_pieces.json",
+        serde_json::to_vec_pretty(&value).unwrap(),
+    );
+    let (_package_dir, package) = export_file(&written);
+    let output = check_on_two_gpus(&package, 60, &[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{}", printed(&output));
+    assert!(output.status.success(), "prepare check failed");
+    for rank in 0..2 {
+        for profile in ["fused_two_shot", "rsag_push"] {
+            let prefix = format!("[rank {rank}] {profile} in pieces, ");
+            let suffix = " all_reduce_add_rms_norm, normed apart and over x: equals the \
+                          epilogue's reference";
+            assert!(
+                stdout
+                    .lines()
+                    .any(|line| line.starts_with(&prefix) && line.ends_with(suffix)),
+                "rank {rank}, {profile}: {stdout}"
+            );
+        }
+    }
+}

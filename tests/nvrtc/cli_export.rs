@@ -2,6 +2,7 @@
 //! targets. Skips when NVRTC is missing unless `PREPARE_REQUIRE_NVRTC=1`, which CI sets so that
 //! these tests can never pass by skipping.
 
+use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -79,13 +80,17 @@ fn every_shipped_ladder_exports_for_each_of_its_targets_and_shows() {
             assert_eq!((code, stderr.as_str()), (0, ""), "{out}");
 
             let package = open_package(&scratch.path().join(&out)).unwrap();
-            let summary = format!(
+            let mut summary = format!(
                 "Exported `{}` for {arch} to {out}\n  identity  {}\n  kernels   {}\n  buckets   {}\n",
                 ladder.name,
                 package.identity(),
                 package.kernels().count(),
                 ladder.buckets.len()
             );
+            // An all-reduce + RMSNorm ladder's profiles, by what they run.
+            for (form, ids) in prepare::ladder::epilogue_forms(&ladder) {
+                let _ = writeln!(summary, "  {}: {}", form.describe(), ids.join(", "));
+            }
             assert_eq!(stdout, summary);
             assert_eq!(package.ladder(), &ladder);
             assert_eq!(
