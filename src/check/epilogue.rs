@@ -6,6 +6,7 @@
 use super::CheckError;
 use crate::collective::{epilogue_startup_shape, Collectives, EntryId, EpilogueMessage};
 use crate::gpu::driver::CallerMemory;
+use crate::ladder::Collective;
 use crate::qualify::mismatch;
 use crate::reference::{random_rank_inputs, reference_epilogue, EpilogueInputs};
 use crate::runtime::{Runtime, RuntimeError};
@@ -99,11 +100,23 @@ pub(super) fn check_epilogue_pieces(
             };
             let normed = if over_x { &x_buffer } else { &normed_buffer };
             stream.read(normed, 0, &mut got).map_err(driver)?;
-            if let Some(found) = mismatch(rank, dtype, &got, &expected.normed) {
+            if let Some(found) = mismatch(
+                rank,
+                dtype,
+                &got,
+                &expected.normed,
+                Collective::AllReduceAddRmsNorm.reference(),
+            ) {
                 return Err(not_exact("normed", found));
             }
             stream.read(&residual_buffer, 0, &mut got).map_err(driver)?;
-            if let Some(found) = mismatch(rank, dtype, &got, &expected.residual_out) {
+            if let Some(found) = mismatch(
+                rank,
+                dtype,
+                &got,
+                &expected.residual_out,
+                Collective::AllReduceAddRmsNorm.reference(),
+            ) {
                 return Err(not_exact("the residual", found));
             }
             if !over_x {
