@@ -27,11 +27,14 @@
 
 #define PREPARE_MAX_RANKS 8
 #define PREPARE_MAX_BLOCKS 1024
-// Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end), and
-// the step flags of the double-buffered kernels (two sets: a second phase has its own).
-#define PREPARE_SIGNAL_SETS 6
-// signals[set][source_rank][block]
+// Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end), the
+// step flags of the double-buffered kernels (two sets: a second phase has its own), then two
+// sets that together hold the shape lines (prepare_sync.cuh: the start barrier's shape check).
+#define PREPARE_SIGNAL_SETS 8
+// signals[set][source_rank][block]; the shape lines: 16 bytes per (source rank, block) from set
+// PREPARE_SHAPE_SET, signals[PREPARE_SHAPE_SET][0][0] + 2 * (source_rank * MAX_BLOCKS + block).
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
+#define PREPARE_SHAPE_SET 6
 #define PREPARE_STATE_WORDS (1 + 3 * PREPARE_MAX_BLOCKS)
 // Launches of double-buffered kernels so far, one copy per block number: block b reads
 // state[PREPARE_STATE_LAUNCH_WORDS + b].
@@ -40,11 +43,18 @@
 #define PREPARE_STATE_ARRIVAL_WORDS (1 + 2 * PREPARE_MAX_BLOCKS)
 
 // Abort word: 0 while healthy; otherwise PREPARE_ABORT_FLAG | (reason << 32) | rank, where
-// rank is the peer that did not arrive (PEER_TIMEOUT) or this rank (INVALID_LAUNCH).
+// rank is the peer that did not arrive (PEER_TIMEOUT), this rank (INVALID_LAUNCH), or the peer
+// whose message has another shape than this rank's (SHAPE_MISMATCH).
 #define PREPARE_ABORT_FLAG 0x8000000000000000ull
 #define PREPARE_ABORT_PEER_TIMEOUT 1ull
 // The parameters or geometry break this contract (world, rank, alignment, sizes, cluster).
 #define PREPARE_ABORT_INVALID_LAUNCH 2ull
+// A peer's launch of the same message has another shape (elements, rows): nothing of the
+// message was read or written (prepare_sync.cuh: the start barrier's shape check).
+#define PREPARE_ABORT_SHAPE_MISMATCH 3ull
+// The shape words carry their message's element count and rows below 2^48 (more than any
+// memory holds) and, above those, a tag of the launch's epoch.
+#define PREPARE_SHAPE_BITS 48
 // Every pointer in the parameters and `scratch_offset` are multiples of this.
 #define PREPARE_ALIGNMENT_BYTES 16
 // The fused epilogue's sum of squares of a row: lane l of PREPARE_NORM_LANES sums, from +0, the

@@ -7,6 +7,9 @@
 // so no launch can overwrite data a peer's previous launch still reads; epochs are unique per
 // launch and block, so a stale flag never matches. Every spin ends at the deadline: the waiting
 // thread records PEER_TIMEOUT and the whole block returns together after its __syncthreads.
+// The start barrier also checks that every rank passed the same message (shape_line): a
+// rank whose peer's elements or rows differ records SHAPE_MISMATCH and returns before any data
+// moves.
 #pragma once
 
 #include "prepare_abi.cuh"
@@ -230,7 +233,8 @@ struct BlockFlags {
     u64 deadline;
     // The abort word was set before this launch: return without touching anything.
     int stopped;
-    // A wait in this launch passed the deadline.
+    // A wait in this launch passed the deadline, or the start barrier found a peer's shape
+    // another than this rank's.
     int timed_out;
 };
 
@@ -253,8 +257,57 @@ __device__ __forceinline__ bool block_begin(const LaunchParams& params, BlockFla
     return begin_counted(params, flags, params.state + 1 + blockIdx.x);
 }
 
+// The start barrier's shape check. A launch's shape line is two words: the message's element
+// count (its larger side: a reduce-scatter's input, an all-gather's output, an all-reduce's
+// message; with the rows it fixes the width) and its rows (an all-reduce's 1), each in the low
+// PREPARE_SHAPE_BITS bits below a tag of the block's epoch (bit 63 and the epoch's low 15
+// bits: no word is zero, consecutive epochs' words differ). The thread that raises the start
+// flag at a peer first stores the line there, at (this rank, this block) of the peer's shape
+// lines, as one 16-byte store; while it waits for the peer's flag it loads the peer's line from
+// its own signals in the same poll (issued before the flag's acquiring load, so the two cost
+// one round trip), until both words carry this epoch's tag. A peer's line holds this launch's
+// words or its previous launch's, never a later one's (as for the flag: the peer ends this
+// launch only after a later barrier or launch this rank joins once its start barrier passed),
+// so a tagged line is this launch's.
+__device__ __forceinline__ u64 shape_tag(u64 epoch) {
+    return (0x8000ull | (epoch & 0x7fffull)) << PREPARE_SHAPE_BITS;
+}
+
+__device__ __forceinline__ void shape_line(const LaunchParams& params, u64 epoch,
+                                           unsigned int (&words)[4]) {
+    const u64 mask = (1ull << PREPARE_SHAPE_BITS) - 1;
+    const u64 tag = shape_tag(epoch);
+    const u64 larger = params.input_elements > params.output_elements ? params.input_elements
+                                                                       : params.output_elements;
+    const u64 elements = tag | (larger & mask);
+    const u64 rows = tag | (params.rows & mask);
+    words[0] = static_cast<unsigned int>(elements);
+    words[1] = static_cast<unsigned int>(elements >> 32);
+    words[2] = static_cast<unsigned int>(rows);
+    words[3] = static_cast<unsigned int>(rows >> 32);
+}
+
+__device__ __forceinline__ unsigned int* shape_line_address(u64* signals, unsigned int source,
+                                                            unsigned int block) {
+    return reinterpret_cast<unsigned int*>(
+        signals + static_cast<u64>(PREPARE_SHAPE_SET) * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS +
+        2 * (static_cast<u64>(source) * PREPARE_MAX_BLOCKS + block));
+}
+
+// Whether both words of a shape line carry the tag of `epoch`.
+__device__ __forceinline__ bool shape_line_tagged(const unsigned int (&words)[4], u64 epoch) {
+    const unsigned int tag = static_cast<unsigned int>(shape_tag(epoch) >> 32);
+    return (words[1] & 0xffff0000u) == tag && (words[3] & 0xffff0000u) == tag;
+}
+
+__device__ __forceinline__ bool shape_lines_equal(const unsigned int (&a)[4],
+                                                  const unsigned int (&b)[4]) {
+    return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
 // A barrier between this block and the same-numbered block of every peer. Every thread of the
-// block calls it; false (the same in every thread) means a peer timed out: return at once.
+// block calls it; false (the same in every thread) means a peer timed out, or (the start
+// barrier) passed another shape: return at once.
 template <int N>
 __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockFlags& flags,
                                               unsigned int set) {
@@ -262,7 +315,30 @@ __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockF
     // st.release.sys then carries them to the peers (release is cumulative through bar.sync).
     __syncthreads();
     const unsigned int peer = threadIdx.x;
-    if (peer < N && peer != params.rank) {
+    if (peer < N && peer != params.rank && set == kSetStart) {
+        unsigned int mine[4];
+        shape_line(params, flags.epoch, mine);
+        store_line_volatile(shape_line_address(params.signals[peer], params.rank, blockIdx.x),
+                            mine);
+        store_release_system(signal_word(params.signals[peer], set, params.rank, blockIdx.x),
+                             flags.epoch);
+        const u64* flag = signal_word(params.signals[params.rank], set, peer, blockIdx.x);
+        const unsigned int* line =
+            shape_line_address(params.signals[params.rank], peer, blockIdx.x);
+        unsigned int theirs[4];
+        const bool arrived = spin_until(flags.deadline, [&] {
+            load_line_volatile(line, theirs);
+            return load_acquire_system(flag) == flags.epoch &&
+                   shape_line_tagged(theirs, flags.epoch);
+        });
+        if (!arrived) {
+            record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
+            flags.timed_out = 1;
+        } else if (!shape_lines_equal(mine, theirs)) {
+            record_abort(params.state, PREPARE_ABORT_SHAPE_MISMATCH, peer);
+            flags.timed_out = 1;
+        }
+    } else if (peer < N && peer != params.rank) {
         store_release_system(signal_word(params.signals[peer], set, params.rank, blockIdx.x),
                              flags.epoch);
         if (!wait_flag(signal_word(params.signals[params.rank], set, peer, blockIdx.x), flags.epoch,

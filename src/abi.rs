@@ -56,8 +56,15 @@ pub const MAX_RANKS: usize = 8;
 /// Blocks a kernel may launch.
 pub const MAX_BLOCKS: usize = 1024;
 /// Flag sets per rank: the barriers' and the double-buffered kernels' step flags (two sets: a
-/// second phase has its own).
-pub const SIGNAL_SETS: usize = 6;
+/// second phase has its own), then two sets that together hold the shape lines.
+pub const SIGNAL_SETS: usize = 8;
+/// The first set of the shape lines: from word `SHAPE_SET * MAX_RANKS * MAX_BLOCKS` of a rank's
+/// signals, two words per (source rank, block), `2 * (source * MAX_BLOCKS + block)` on, that
+/// source's shape as its start barrier last sent it (see [`ABORT_SHAPE_MISMATCH`]).
+pub const SHAPE_SET: usize = 6;
+/// Bits of a shape word that carry its count (the element count, the rows); those above are the
+/// tag of the launch's epoch.
+pub const SHAPE_BITS: u32 = 48;
 /// 64-bit signal words per rank.
 pub const SIGNAL_WORDS: usize = SIGNAL_SETS * MAX_RANKS * MAX_BLOCKS;
 /// Bytes of signal flags per rank (peer-mapped, like the buffer).
@@ -76,6 +83,10 @@ pub const ABORT_FLAG: u64 = 1 << 63;
 pub const ABORT_PEER_TIMEOUT: u64 = 1;
 /// Abort reason: the parameters or geometry break the contract (the low bits name this rank).
 pub const ABORT_INVALID_LAUNCH: u64 = 2;
+/// Abort reason: a peer's launch of the same message has another shape, its element count (the
+/// larger side) or its rows (the low bits name that peer); the start barrier found it before
+/// anything was read or written.
+pub const ABORT_SHAPE_MISMATCH: u64 = 3;
 /// Every pointer in [`LaunchParams`] and its `scratch_offset` are multiples of this.
 pub const ALIGNMENT_BYTES: u64 = 16;
 /// Lanes of the fused epilogue's sum of squares: lane `l` sums the squares of a row's elements
@@ -322,6 +333,18 @@ mod tests {
         assert_eq!(
             define_value(&defines, "PREPARE_ABORT_INVALID_LAUNCH"),
             ABORT_INVALID_LAUNCH
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_ABORT_SHAPE_MISMATCH"),
+            ABORT_SHAPE_MISMATCH
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_SHAPE_SET"),
+            SHAPE_SET as u64
+        );
+        assert_eq!(
+            define_value(&defines, "PREPARE_SHAPE_BITS"),
+            u64::from(SHAPE_BITS)
         );
         assert_eq!(
             define_value(&defines, "PREPARE_ALIGNMENT_BYTES"),

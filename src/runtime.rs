@@ -93,8 +93,8 @@ pub enum RuntimeError {
     /// A rank holds other bytes where every rank must hold the same.
     #[error(transparent)]
     Disagreement(#[from] agree::Disagreement),
-    /// A kernel gave up waiting for a peer (or found its launch invalid) and left its abort
-    /// word, which names the rank.
+    /// A kernel gave up waiting for a peer (or found its launch invalid, or a peer's message of
+    /// another shape) and left its abort word, which names the rank.
     #[error("rank {rank}: {step}: {abort}")]
     Aborted {
         /// This rank.

@@ -104,7 +104,8 @@ pub enum ServeError {
         /// The peer that did not arrive.
         peer: u32,
     },
-    /// A kernel stopped for another reason (an invalid launch); the handle is unusable.
+    /// A kernel stopped for another reason (an invalid launch, ranks that disagree on the
+    /// message's shape); the handle is unusable.
     #[error("rank {rank}: a collective stopped: {abort}; this handle is unusable")]
     Aborted {
         /// This rank.

@@ -604,3 +604,48 @@ fn the_epilogue_kernel_gives_the_reference_and_its_mirror_is_the_reference() {
     // Every type, four hidden sizes, with a residual and without.
     assert_eq!(checked.len(), 3 * 4 * 2, "{checked:?}");
 }
+
+/// Whether the harness's `shapes` mode runs `spec`: every kernel that begins with the start
+/// barrier but the copy engine's, whose start barrier is the same code (block_barrier).
+fn checked_by_the_shapes_mode(spec: &KernelSpec) -> bool {
+    Mutation::ShapeCheckSkipped.kernels().contains(&spec.name)
+        && !spec.name.starts_with("all_reduce_one_shot_copy_engine_")
+}
+
+/// Ranks that disagree on their message (one rank's rows one more, one rank's width another,
+/// one rank with rows 0; an all-reduce's element count), at every world 2 to 8 and in every
+/// type, for every reduce-scatter, all-gather and fused two-shot kernel and the all-reduce
+/// kernels that begin with the start barrier: every rank ends with the shape-mismatch abort
+/// naming a peer of another shape, well before the deadline, and nothing is written (operands,
+/// their guards, the registered buffer past the message, its scratch and the guard after it).
+#[test]
+fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
+    let (verdicts, text) = verdicts(
+        shared(Build::Checked),
+        &["shapes"],
+        ("refused", "not refused"),
+        checked_by_the_shapes_mode,
+    );
+    assert!(failed(&verdicts).is_empty(), "{text}");
+}
+
+/// With the start barrier's comparison of the shape lines planted away, the `shapes` mode says
+/// so for exactly the kernels it runs that the mutation touches, each of them.
+#[test]
+fn a_skipped_shape_check_is_caught() {
+    let mutation = Mutation::ShapeCheckSkipped;
+    let directory = tempfile::tempdir().unwrap();
+    let binary = build_mutated(directory.path(), mutation, 3);
+    let (verdicts, text) = verdicts(
+        &binary,
+        &["shapes", "2", "3"],
+        ("refused", "not refused"),
+        checked_by_the_shapes_mode,
+    );
+    let expected: Vec<String> = mutation
+        .kernels()
+        .into_iter()
+        .filter(|name| !name.starts_with("all_reduce_one_shot_copy_engine_"))
+        .collect();
+    assert_eq!(failed(&verdicts), expected, "{text}");
+}

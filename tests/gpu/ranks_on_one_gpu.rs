@@ -578,6 +578,19 @@ fn row_collectives_are_exact_at_every_world_on_one_gpu() {
     }
 }
 
+/// Ranks that disagree on rows or width (tests/gpu/one_gpu/shapes.rs): every reduce-scatter and
+/// all-gather kernel at 2, 4 and 8 ranks stops on every rank with the shape-mismatch abort
+/// naming a peer of another shape, well before the deadline, writing nothing.
+#[test]
+#[ignore = "needs GPUs"]
+fn ranks_that_disagree_on_the_shape_abort_on_one_gpu() {
+    let _gpu = gpu_lock();
+    let (_driver, [device]) = require_gpus!(1);
+    if let Err(report) = super::one_gpu::shapes::check_disagreeing_shapes(&device) {
+        panic!("{report}");
+    }
+}
+
 /// Batch invariance: rows in messages on both sides of every bucket boundary of every shipped
 /// sm_90 ladder, and in pieces above it, the same bytes in every message and candidate.
 #[test]

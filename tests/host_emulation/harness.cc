@@ -38,6 +38,10 @@
 //                everywhere (invariance.h); one line per kernel entry, as exactness
 //   fused        the fused one-shot all-reduce + add + RMSNorm kernels, as quick runs them (fused.h)
 //   two_shot [full]  the fused two-shot's checks of the quick mode (or of the full mode) alone
+//   shapes [W..] every kernel that begins with the start barrier, at worlds W.. (2..8), its
+//                ranks disagreeing on the shape: each rank's abort word names a peer of another
+//                shape, nothing is written; one line per kernel entry, `<entry>: refused` or
+//                `<entry>: not refused (...)` (shapes.h)
 //   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
 //                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
@@ -683,6 +687,8 @@ void operands(const std::vector<unsigned>& worlds) {
 #include "fused.h"
 // The fused two-shot's checks (two_shot_mode, two_shot_exactness, two_shot_invariance).
 #include "two_shot.h"
+// Ranks that disagree on the shape (shapes_mode).
+#include "shapes.h"
 
 }  // namespace
 
@@ -769,6 +775,11 @@ int main(int argc, char** argv) {
         fused_mode(false);
     } else if (mode == "two_shot") {
         two_shot_mode(argc > 2 && std::string(argv[2]) == "full");
+    } else if (mode == "shapes") {
+        std::vector<unsigned> worlds;
+        for (int i = 2; i < argc; ++i)
+            worlds.push_back(static_cast<unsigned>(std::atoi(argv[i])));
+        shapes_mode(worlds.empty() ? std::vector<unsigned>{2, 3, 4, 5, 6, 7, 8} : worlds);
     } else if (mode == "norm") {
         for_each_dtype([] { norm_checks(); });
     } else if (mode == "rank_order") {

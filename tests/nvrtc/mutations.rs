@@ -45,7 +45,7 @@ fn compiled_cubins(
 
 #[test]
 fn every_mutation_patches_real_text_in_the_files_it_names() {
-    for mutation in Mutation::ALL {
+    for mutation in Mutation::ALL.into_iter().chain(Mutation::OF_THE_CHECKS) {
         let files = apply(mutation);
         assert!(!files.is_empty(), "{mutation} patches nothing");
         let names: Vec<&str> = files.iter().map(|(file, _)| file.as_str()).collect();
@@ -53,6 +53,7 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             Mutation::NoStartBarrier => &["all_reduce_one_shot.cu"],
             Mutation::NoLineWait | Mutation::NoStepWait => &["prepare_double_buffer.cuh"],
             Mutation::NoCopyStart => &["all_reduce_one_shot_copy_engine.cu"],
+            Mutation::ShapeCheckSkipped => &["prepare_sync.cuh"],
             Mutation::DropTail | Mutation::RowBoundaryOffByOne => &["prepare_layout.cuh"],
             Mutation::RowOutOfOrder => &["reduce_scatter.cu"],
             Mutation::SkipRowPeer => &["all_gather.cu"],
@@ -117,7 +118,7 @@ fn every_mutation_builds_and_changes_exactly_the_kernels_it_touches() {
     assert!(!others.is_empty());
     let dir = tempfile::tempdir().unwrap();
 
-    for mutation in Mutation::ALL {
+    for mutation in Mutation::ALL.into_iter().chain(Mutation::OF_THE_CHECKS) {
         let package = mutated_package(mutation, &ladder, Arch::Sm90, dir.path());
         assert_eq!(package, dir.path().join(mutation.name()));
         let mutated = package_cubins(&package);

@@ -65,6 +65,11 @@ pub enum Mutation {
     /// [`Mutation::ALL`]: the host emulation's exactness mode runs smaller messages only, and
     /// the batch-invariance checks, which run larger ones, are the tests meant to catch it.
     SizeDependentOrder,
+    /// The start barrier takes a peer's shape line without comparing it with this rank's, so
+    /// ranks that disagree on rows or width go on to move data. Every sum stays right when the
+    /// ranks agree: in [`Mutation::OF_THE_CHECKS`], caught by the host emulation's `shapes`
+    /// mode, not by its exactness mode.
+    ShapeCheckSkipped,
 }
 
 /// One exact text replacement in one kernel source or header.
@@ -234,6 +239,26 @@ const ROW_BOUNDARY_OFF_BY_ONE: &[Patch] = &[Patch {
     replace: "return q * (rows / N) + min_u64(q, rows % N + 1);",
 }];
 
+const SHAPE_CHECK_SKIPPED: &[Patch] = &[Patch {
+    file: "prepare_sync.cuh",
+    find: "} else if (!shape_lines_equal(mine, theirs)) {",
+    replace: "} else if (false) {",
+}];
+
+/// Every kernel that begins with the start barrier (block_barrier's shape check), by algorithm.
+const START_BARRIER_KERNELS: &[&str] = &[
+    "all_gather_one_shot_pull",
+    "all_gather_one_shot_push",
+    "all_reduce_add_rms_norm_two_shot",
+    "all_reduce_one_shot_copy_engine",
+    "all_reduce_one_shot_pull",
+    "all_reduce_one_shot_push",
+    "all_reduce_rsag_pull",
+    "all_reduce_rsag_push",
+    "reduce_scatter_one_shot_pull",
+    "reduce_scatter_one_shot_push",
+];
+
 const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
 
 impl Mutation {
@@ -256,6 +281,10 @@ impl Mutation {
         Mutation::RowBoundaryOffByOne,
     ];
 
+    /// The mutations of a bad-input check: every sum stays right, so each is caught by the mode
+    /// that feeds its check bad input, not by the exactness mode.
+    pub const OF_THE_CHECKS: [Mutation; 1] = [Mutation::ShapeCheckSkipped];
+
     /// Its name, as tests report it.
     pub fn name(self) -> &'static str {
         match self {
@@ -275,6 +304,7 @@ impl Mutation {
             Mutation::ShortRankRows => "short_rank_rows",
             Mutation::RowBoundaryOffByOne => "row_boundary_off_by_one",
             Mutation::SizeDependentOrder => "size_dependent_order",
+            Mutation::ShapeCheckSkipped => "shape_check_skipped",
         }
     }
 
@@ -323,6 +353,7 @@ impl Mutation {
                 &Dtype::ALL,
             ),
             Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
+            Mutation::ShapeCheckSkipped => (START_BARRIER_KERNELS, &Dtype::ALL),
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
                 (NORMS, &Dtype::ALL)
             }
@@ -378,6 +409,7 @@ impl Mutation {
             Mutation::ShortRankRows => SHORT_RANK_ROWS,
             Mutation::RowBoundaryOffByOne => ROW_BOUNDARY_OFF_BY_ONE,
             Mutation::SizeDependentOrder => SIZE_DEPENDENT_ORDER,
+            Mutation::ShapeCheckSkipped => SHAPE_CHECK_SKIPPED,
         }
     }
 }

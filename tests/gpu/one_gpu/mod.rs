@@ -15,6 +15,7 @@ mod checks;
 pub mod invariance;
 mod norm;
 pub mod rows;
+pub mod shapes;
 mod two_shot;
 
 use std::collections::HashMap;
