@@ -1,69 +1,82 @@
-//! The fused two-shot all-reduce + residual add + RMSNorm
-//! (kernels/all_reduce_add_rms_norm_two_shot.cu) on one GPU, every rank a stream of it, as the
-//! row kernels (rows.rs): loaded by its `KernelSpec` at 2, 4 and 8 ranks and in every type, at
-//! rows 0, 1, world - 1, world + 1 and 65 of hidden 8, 7,168 and 16,384, with a residual and
-//! without, `normed` over x (this rank's registered input region) and apart, eagerly with one
-//! rank late and in a graph of every rank replayed twice. Ordinary rows take every rank's x;
-//! rows of zeros and of any bits (NaN, infinities, signed zeros, subnormals) are rank 0's, every
-//! other rank adding -0, so they reach the norm as they are. Every rank's `normed` and
-//! `residual_out` must be [`reference_epilogue`]'s bytes, the bytes after them still poison,
-//! and x kept unless `normed` is over it.
+//! The fused all-reduce + residual add + RMSNorm kernels on one GPU, every rank a stream of it,
+//! as the row kernels (rows.rs): the one-shot push `ll` and `simple`
+//! (kernels/all_reduce_add_rms_norm_one_shot.cu) and the two-shot
+//! (kernels/all_reduce_add_rms_norm_two_shot.cu), each loaded by its `KernelSpec` at 2, 4 and 8
+//! ranks and in every type, at rows 0, 1, world - 1, world + 1 and 64 of hidden 8, 7,168 and
+//! 16,384, with a residual and without, `normed` over x and apart (two of those four a shape,
+//! every four in two shapes), eagerly with one rank late and in a graph of every rank replayed
+//! twice. x is where the kernel reads it: the rank's registered input region for the two-shot,
+//! local memory for the one-shot (whose input region, which it must not touch, is poisoned).
+//! Ordinary rows take every rank's x; rows of zeros and of any bits (NaN, infinities, signed
+//! zeros, subnormals) are rank 0's, every other rank adding -0, so they reach the norm as they
+//! are. Every rank's `normed` and `residual_out` must be [`reference_epilogue`]'s bytes, the
+//! bytes after them still poison, and x kept unless `normed` is over it. The same run with a
+//! planted mutation must fail in every kernel it touches.
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use prepare::abi::PARAMS_BYTES;
 use prepare::compile::SourceOverrides;
-use prepare::gpu::abort::Abort;
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Event, Geometry, Graph, Kernel, LoadedKernel, Module,
-    ModuleImage, Stream,
+    Device, DeviceBuffer, DeviceMemory, Geometry, LoadedKernel, Module, ModuleImage,
 };
 use prepare::kernels::{
-    kernel_for, scratch_bytes, KernelSpec, LaunchParams, MAX_BLOCKS, MAX_RANKS, SIGNAL_BYTES,
-    STATE_ARRIVAL_WORDS, STATE_WORDS,
+    input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams,
 };
-use prepare::ladder::{Arch, Collective, Dtype, Profile};
+use prepare::ladder::{Collective, Dtype, Profile};
 use prepare::reference::{reference_epilogue, EpilogueInputs, EpilogueOutputs, SplitMix64};
 use prepare::shape::Shape;
 
-use super::checks::{check_connections, HELPERS};
 use super::norm::row_data;
-use super::{compile, dtype_name, gpu_lock, DEADLINE, GUARD_BYTES, POISON, WAIT};
-use crate::gpu::support::{compile_ptx, require_gpus, WORLDS};
-use crate::support::one_gpu::{judge_abort, Verdict};
+use super::ranks::Ranks;
+use super::{compile, dtype_name, gpu_lock, DEADLINE, GUARD_BYTES, POISON, REGION_POISON, WAIT};
+use crate::gpu::support::{require_gpus, WORLDS};
+use crate::support::mutations::{overrides, Mutation};
 
 /// Blocks and threads of every launch: eight ranks' blocks fit one to a multiprocessor.
 const BLOCKS: u32 = 8;
 const THREADS: u32 = 256;
-/// How long the late rank waits before its kernel starts.
-const LATE: std::time::Duration = std::time::Duration::from_micros(30);
-/// Replays of each graph.
-const REPLAYS: usize = 2;
 const HIDDENS: [u64; 3] = [8, 7168, 16_384];
+/// The (residual, `normed` over x) combinations; shape i runs two of them, i % 2 and i % 2 + 2,
+/// one with a residual and one without.
+const RUNS: [(bool, bool); 4] = [(true, false), (true, true), (false, false), (false, true)];
 
-/// The shapes the kernel is checked at.
+/// The shapes every fused kernel is checked at.
 fn shapes(world: usize) -> Vec<Shape> {
     let world = world as u64;
-    let mut rows = vec![0, 1, world - 1, world + 1, 65];
+    let mut rows = vec![0, 1, world - 1, world + 1, 64];
     rows.dedup();
     rows.into_iter()
         .flat_map(|rows| HIDDENS.map(|hidden| Shape::new(rows, hidden).unwrap()))
         .collect()
 }
 
-/// The table's fused two-shot for `dtype` at `world` ranks.
-fn two_shot(dtype: Dtype, world: usize) -> KernelSpec {
-    let profile: Profile =
-        serde_json::from_value(serde_json::json!({ "id": "two_shot", "algorithm": "rsag" }))
-            .unwrap();
-    kernel_for(
-        &profile,
-        Collective::AllReduceAddRmsNorm,
-        dtype,
-        world as u32,
-    )
-    .expect("the table has the fused two-shot")
+/// The table's fused kernels for `dtype` at `world` ranks: the one-shot `ll` and `simple` and
+/// the two-shot, as their profiles name them.
+fn fused_kernels(dtype: Dtype, world: usize) -> Vec<KernelSpec> {
+    [
+        serde_json::json!({
+            "id": "one_shot_ll", "algorithm": "one_shot", "transfer": "push", "protocol": "ll"
+        }),
+        serde_json::json!({
+            "id": "one_shot_simple", "algorithm": "one_shot", "transfer": "push",
+            "protocol": "simple"
+        }),
+        serde_json::json!({ "id": "two_shot", "algorithm": "rsag" }),
+    ]
+    .into_iter()
+    .map(|profile| {
+        let profile: Profile = serde_json::from_value(profile).unwrap();
+        kernel_for(
+            &profile,
+            Collective::AllReduceAddRmsNorm,
+            dtype,
+            world as u32,
+        )
+        .unwrap_or_else(|| panic!("the table has no fused kernel for {}", profile.id))
+    })
+    .collect()
 }
 
 /// One shape's operands: every rank's x, the residual and the weight.
@@ -113,13 +126,10 @@ fn operands(dtype: Dtype, world: usize, shape: Shape, seed: u64) -> Operands {
     }
 }
 
-/// One rank's memory and stream.
+/// One rank's operands (its stream and registered memory are the `Ranks`').
 struct Rank {
-    stream: Stream,
-    /// The registered buffer: x in the input region, then the scratch.
-    buffer: DeviceBuffer,
-    signals: DeviceBuffer,
-    state: DeviceBuffer,
+    /// x where a kernel that reads it locally finds it, and its guard.
+    local: DeviceBuffer,
     /// The residual, updated in place, and its guard.
     residual: DeviceBuffer,
     /// `normed` apart from x, and its guard.
@@ -130,59 +140,83 @@ struct Rank {
     residual_source: DeviceBuffer,
 }
 
-/// Every rank of one world on one GPU, with the fused two-shot of one type loaded.
-struct TwoShotWorld<'a> {
-    device: &'a Device,
-    dtype: Dtype,
-    size: usize,
-    ranks: Vec<Rank>,
-    /// The input region of every rank's buffer; the scratch follows it.
-    region_bytes: usize,
+/// A fused kernel, loaded, and where its scratch lies in every rank's buffer (each kernel a
+/// region of its own, as a package places the double-buffered kernels' regions).
+struct Fused {
+    spec: KernelSpec,
     kernel: LoadedKernel,
-    _module: Module,
-    _helpers: Module,
-    sleep: Kernel,
-    fork: Event,
-    joins: Vec<Event>,
+    scratch_offset: u64,
 }
 
-/// One launch on every rank.
+impl Fused {
+    fn local(&self) -> bool {
+        input_access(&self.spec) == Some(InputAccess::Local)
+    }
+}
+
+/// Every rank of one world on one GPU, with the fused kernels of one type loaded.
+struct FusedWorld<'a> {
+    world: Ranks<'a>,
+    dtype: Dtype,
+    ranks: Vec<Rank>,
+    /// The input region of every rank's buffer; the scratch regions follow it.
+    region_bytes: usize,
+    kernels: Vec<Fused>,
+    _modules: Vec<Module>,
+}
+
+/// One launch of a kernel on every rank.
 #[derive(Clone, Copy)]
-struct Run {
+struct Run<'k> {
+    kernel: &'k Fused,
     residual: bool,
-    /// `normed` over x, in the registered input region.
+    /// `normed` over x: where the kernel reads x.
     over_x: bool,
 }
 
-impl<'a> TwoShotWorld<'a> {
-    fn new(device: &'a Device, dtype: Dtype, world: usize) -> TwoShotWorld<'a> {
-        check_connections(world);
+impl<'a> FusedWorld<'a> {
+    /// Every rank of `world` with the fused kernels of `dtype` compiled from `sources` (cached
+    /// under `key`) and loaded.
+    fn new(
+        device: &'a Device,
+        dtype: Dtype,
+        world: usize,
+        sources: &SourceOverrides,
+        key: &str,
+    ) -> FusedWorld<'a> {
         let largest = shapes(world)
             .iter()
             .map(|shape| (shape.elements() * dtype.size_bytes()) as usize)
             .max()
             .unwrap_or(0);
-        let spec = two_shot(dtype, world);
+        let specs = fused_kernels(dtype, world);
         let region_bytes = (largest + GUARD_BYTES).next_multiple_of(256);
-        let scratch = scratch_bytes(&spec, largest as u64) as usize;
-        let compiled = compile(
-            std::slice::from_ref(&spec),
-            world as u32,
-            &SourceOverrides::new(),
-            "embedded",
-        )
-        .unwrap_or_else(|error| panic!("the fused two-shot does not compile: {error}"));
-        let module = device
-            .load_module(ModuleImage::Cubin(&compiled[0].cubin))
-            .unwrap();
-        let kernel = module.load(&spec.name, false, PARAMS_BYTES).unwrap();
+        let compiled = compile(&specs, world as u32, sources, key)
+            .unwrap_or_else(|error| panic!("the fused kernels do not compile: {error}"));
+        let mut modules = Vec::new();
+        let mut kernels = Vec::new();
+        let mut offset = region_bytes;
+        for spec in specs {
+            let cubin = &compiled
+                .iter()
+                .find(|kernel| kernel.name == spec.name)
+                .expect("every kernel compiled")
+                .cubin;
+            let module = device.load_module(ModuleImage::Cubin(cubin)).unwrap();
+            let kernel = module.load(&spec.name, false, PARAMS_BYTES).unwrap();
+            let scratch = scratch_bytes(&spec, largest as u64) as usize;
+            kernels.push(Fused {
+                spec,
+                kernel,
+                scratch_offset: offset as u64,
+            });
+            offset = (offset + scratch).next_multiple_of(256);
+            modules.push(module);
+        }
         let hidden = *HIDDENS.iter().max().unwrap() as usize * dtype.size_bytes() as usize;
         let ranks = (0..world)
             .map(|_| Rank {
-                stream: device.new_stream().unwrap(),
-                buffer: device.allocate(region_bytes + scratch).unwrap(),
-                signals: device.allocate(SIGNAL_BYTES as usize).unwrap(),
-                state: device.allocate(STATE_WORDS * 8).unwrap(),
+                local: device.allocate(largest + GUARD_BYTES).unwrap(),
                 residual: device.allocate(largest + GUARD_BYTES).unwrap(),
                 normed: device.allocate(largest + GUARD_BYTES).unwrap(),
                 weight: device.allocate(hidden).unwrap(),
@@ -190,47 +224,20 @@ impl<'a> TwoShotWorld<'a> {
                 residual_source: device.allocate(largest.max(16)).unwrap(),
             })
             .collect();
-        let helpers = device
-            .load_module(ModuleImage::Ptx(&compile_ptx(HELPERS, Arch::Sm90.name())))
-            .unwrap();
-        let this = TwoShotWorld {
-            device,
+        FusedWorld {
+            world: Ranks::new(device, world, offset),
             dtype,
-            size: world,
             ranks,
             region_bytes,
-            kernel,
-            _module: module,
-            sleep: helpers.kernel("one_gpu_sleep", 8).unwrap(),
-            _helpers: helpers,
-            fork: device.new_event(false).unwrap(),
-            joins: (0..world)
-                .map(|_| device.new_event(false).unwrap())
-                .collect(),
-        };
-        this.reset();
-        this
-    }
-
-    /// Zeroes every rank's signals, state and buffer together (no launch in flight).
-    fn reset(&self) {
-        for rank in &self.ranks {
-            rank.stream.synchronize_within(WAIT).unwrap();
-        }
-        for rank in &self.ranks {
-            for memory in [&rank.signals, &rank.state, &rank.buffer] {
-                rank.stream
-                    .fill_u8(memory, 0..memory.len_bytes(), 0)
-                    .unwrap();
-            }
-            rank.stream.synchronize_within(WAIT).unwrap();
+            kernels,
+            _modules: modules,
         }
     }
 
     /// Writes a shape's operands to every rank's sources and weight.
     fn load(&self, operands: &Operands) {
-        for (rank, memory) in self.ranks.iter().enumerate() {
-            let stream = &memory.stream;
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+            let stream = &registered.stream;
             if operands.shape.elements() > 0 {
                 stream.write(&memory.x, 0, &operands.x[rank]).unwrap();
                 stream
@@ -242,51 +249,55 @@ impl<'a> TwoShotWorld<'a> {
         }
     }
 
-    /// Queues `run` on every rank, `late` starting late: the outputs and the input region
-    /// poisoned, x and the residual copied in, then the kernel.
-    fn enqueue(&self, operands: &Operands, run: Run, late: Option<usize>) {
-        let bytes = (operands.shape.elements() * self.dtype.size_bytes()) as usize;
-        let mut buffers = [0_u64; MAX_RANKS];
-        let mut signals = [0_u64; MAX_RANKS];
-        for (peer, memory) in self.ranks.iter().enumerate() {
-            buffers[peer] = memory.buffer.address();
-            signals[peer] = memory.signals.address();
+    /// Where rank `rank` holds x for `run`'s kernel: its registered input region, or local
+    /// memory.
+    fn x_of(&self, run: Run<'_>, rank: usize) -> &DeviceBuffer {
+        if run.kernel.local() {
+            &self.ranks[rank].local
+        } else {
+            &self.world.ranks[rank].buffer
         }
-        for (rank, memory) in self.ranks.iter().enumerate() {
-            let stream = &memory.stream;
-            for target in [&memory.residual, &memory.normed] {
+    }
+
+    /// Queues `run` on every rank, `late` starting late: the outputs, x's place and the input
+    /// region poisoned, x and the residual copied in, then the kernel.
+    fn enqueue(&self, operands: &Operands, run: Run<'_>, late: Option<usize>) {
+        let bytes = (operands.shape.elements() * self.dtype.size_bytes()) as usize;
+        let (buffers, signals) = self.world.peers();
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+            let stream = &registered.stream;
+            for target in [&memory.residual, &memory.normed, &memory.local] {
                 stream
                     .fill_u8(target, 0..target.len_bytes(), POISON)
                     .unwrap();
             }
+            let region = if run.kernel.local() {
+                REGION_POISON
+            } else {
+                POISON
+            };
             stream
-                .fill_u8(&memory.buffer, 0..self.region_bytes, POISON)
+                .fill_u8(&registered.buffer, 0..self.region_bytes, region)
                 .unwrap();
-            if late == Some(rank) {
-                let wait = (LATE.as_nanos() as u64).to_ne_bytes();
-                stream
-                    .launch(&self.sleep, Geometry::new(1, 32).unwrap(), &wait)
-                    .unwrap();
-            }
+            self.world.wait_if_late(rank, late);
+            let x = self.x_of(run, rank);
             if bytes > 0 {
-                stream
-                    .copy_device(&memory.buffer, 0, &memory.x, 0, bytes)
-                    .unwrap();
+                stream.copy_device(x, 0, &memory.x, 0, bytes).unwrap();
                 stream
                     .copy_device(&memory.residual, 0, &memory.residual_source, 0, bytes)
                     .unwrap();
             }
             let normed = if run.over_x {
-                memory.buffer.address()
+                x.address()
             } else {
                 memory.normed.address()
             };
             let params = LaunchParams {
                 buffers,
                 signals,
-                state: memory.state.address(),
+                state: registered.state.address(),
                 output: normed,
-                input: memory.buffer.address(),
+                input: x.address(),
                 input_elements: operands.shape.elements(),
                 output_elements: operands.shape.elements(),
                 rows: operands.shape.rows(),
@@ -299,15 +310,15 @@ impl<'a> TwoShotWorld<'a> {
                 weight: memory.weight.address(),
                 normed,
                 eps: operands.eps,
-                scratch_offset: self.region_bytes as u64,
+                scratch_offset: run.kernel.scratch_offset,
                 timeout_ns: DEADLINE.as_nanos() as u64,
                 rank: rank as u32,
-                world: self.size as u32,
+                world: self.world.size() as u32,
                 ..LaunchParams::all_reduce(0)
             };
             stream
                 .launch_loaded(
-                    &self.kernel,
+                    &run.kernel.kernel,
                     Geometry::new(BLOCKS, THREADS).unwrap(),
                     &params.to_bytes(),
                 )
@@ -315,78 +326,41 @@ impl<'a> TwoShotWorld<'a> {
         }
     }
 
-    fn arrivals(&self) -> Vec<Vec<u64>> {
-        self.ranks
-            .iter()
-            .map(|rank| {
-                let mut words = vec![0_u64; MAX_BLOCKS];
-                rank.stream
-                    .read(&rank.state, STATE_ARRIVAL_WORDS * 8, &mut words)
-                    .unwrap();
-                words
-            })
-            .collect()
-    }
-
     /// Judges a finished run: the abort words, then every rank's outputs and the bytes after
-    /// them, and x where it is kept, against `expected` (each rank's outputs).
+    /// them, x where it is kept, and a local kernel's input region where x would be untouched, against
+    /// `expected` (each rank's outputs).
     fn judge(
         &self,
         operands: &Operands,
-        run: Run,
+        run: Run<'_>,
         before: &[Vec<u64>],
         expected: &[EpilogueOutputs],
     ) -> Result<(), String> {
-        for rank in &self.ranks {
-            rank.stream
-                .synchronize_within(WAIT)
-                .map_err(|error| error.to_string())?;
-        }
-        for (rank, memory) in self.ranks.iter().enumerate() {
-            let mut word = [0_u64];
-            memory.stream.read(&memory.state, 0, &mut word).unwrap();
-            if let Some(abort) = Abort::decode(word[0]) {
-                let verdict = judge_abort(
-                    before,
-                    &self.arrivals(),
-                    BLOCKS as usize,
-                    &vec![true; self.size],
-                    DEADLINE.as_nanos() as u64,
-                );
-                self.reset();
-                return Err(match verdict {
-                    Verdict::KernelAborted => format!("rank {rank} aborted: {abort}"),
-                    Verdict::NotCoScheduled { never, late } => format!(
-                        "not co-scheduled: {} block(s) never began, {} late",
-                        never.len(),
-                        late.len()
-                    ),
-                });
-            }
-        }
+        self.world.finished(before, BLOCKS as usize)?;
         let element = self.dtype.size_bytes() as usize;
         let bytes = operands.shape.elements() as usize * element;
         let differs = |found: &[u8], wanted: &[u8]| {
             (0..bytes / element)
                 .find(|&e| found[e * element..][..element] != wanted[e * element..][..element])
         };
-        for (rank, memory) in self.ranks.iter().enumerate() {
-            let read = |buffer: &DeviceBuffer, guard: usize| {
-                let mut found = vec![0_u8; bytes + guard];
-                memory.stream.read(buffer, 0, &mut found).unwrap();
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+            let stream = &registered.stream;
+            let read = |buffer: &DeviceBuffer, length: usize| {
+                let mut found = vec![0_u8; length];
+                stream.read(buffer, 0, &mut found).unwrap();
                 found
             };
-            // The input region, with a guard's worth of it after the message.
-            let region = read(&memory.buffer, GUARD_BYTES);
+            // x's place, with a guard's worth of it after the message.
+            let x = read(self.x_of(run, rank), bytes + GUARD_BYTES);
             let normed = if run.over_x {
-                region.clone()
+                x.clone()
             } else {
-                read(&memory.normed, GUARD_BYTES)
+                read(&memory.normed, bytes + GUARD_BYTES)
             };
             if let Some(index) = differs(&normed, &expected[rank].normed) {
                 return Err(format!("rank {rank}: normed element {index} differs"));
             }
-            let residual = read(&memory.residual, GUARD_BYTES);
+            let residual = read(&memory.residual, bytes + GUARD_BYTES);
             if run.residual {
                 if let Some(index) = differs(&residual, &expected[rank].residual_out) {
                     return Err(format!("rank {rank}: residual_out element {index} differs"));
@@ -397,125 +371,169 @@ impl<'a> TwoShotWorld<'a> {
             let past_outputs = normed[bytes..]
                 .iter()
                 .chain(&residual[bytes..])
-                .chain(&region[bytes..])
+                .chain(&x[bytes..])
                 .any(|&byte| byte != POISON);
             if past_outputs {
                 return Err(format!("rank {rank}: wrote past its outputs"));
             }
-            if !run.over_x && region[..bytes] != operands.x[rank][..] {
+            if !run.over_x && x[..bytes] != operands.x[rank][..] {
                 return Err(format!("rank {rank}: x changed"));
+            }
+            // Where x would lie in the input region, and its guard.
+            if run.kernel.local()
+                && read(&registered.buffer, bytes + GUARD_BYTES)
+                    .iter()
+                    .any(|&byte| byte != REGION_POISON)
+            {
+                return Err(format!("rank {rank}: wrote its registered input region"));
             }
         }
         Ok(())
     }
 
-    /// `run` eagerly with rank `late` late, then captured in one graph of every rank and
-    /// replayed [`REPLAYS`] times, each judged.
+    /// `run` eagerly with rank `late` late, then in a graph of every rank replayed, each judged.
     fn check(
         &self,
         operands: &Operands,
-        run: Run,
+        run: Run<'_>,
         late: usize,
         expected: &[EpilogueOutputs],
     ) -> Result<(), String> {
-        let before = self.arrivals();
-        self.enqueue(operands, run, Some(late));
-        self.judge(operands, run, &before, expected)
-            .map_err(|why| format!("eager: {why}"))?;
-        let (stream, graph) = self.capture(operands, run, Some(late));
-        for replay in 0..REPLAYS {
-            let before = self.arrivals();
-            graph.launch().unwrap();
-            stream
-                .synchronize_within(WAIT)
-                .map_err(|error| error.to_string())?;
-            self.judge(operands, run, &before, expected)
-                .map_err(|why| format!("graph replay {replay}: {why}"))?;
-        }
-        Ok(())
-    }
-
-    /// `run` on every rank captured into one graph, each rank's stream a branch of it.
-    fn capture(&self, operands: &Operands, run: Run, late: Option<usize>) -> (Stream, Graph) {
-        let mut stream = self.device.new_stream().unwrap();
-        let graph = stream
-            .capture(|capturing| {
-                capturing.record(&self.fork)?;
-                for rank in &self.ranks {
-                    rank.stream.wait_for(&self.fork)?;
-                }
-                self.enqueue(operands, run, late);
-                for (rank, join) in self.ranks.iter().zip(&self.joins) {
-                    rank.stream.record(join)?;
-                    capturing.wait_for(join)?;
-                }
-                Ok::<(), prepare::gpu::driver::DriverError>(())
+        self.world
+            .eager_then_graph(late, &|late| self.enqueue(operands, run, late), &|before| {
+                self.judge(operands, run, before, expected)
             })
-            .unwrap();
-        (stream, graph)
     }
+}
+
+/// Each fused kernel's verdicts at one world and type: (entry name, runs exact, runs, seconds).
+type Tally = Vec<(String, usize, usize, f64)>;
+
+/// Every fused kernel of `dtype` at `world` ranks, compiled from `sources` (cached under
+/// `key`), at every shape and two runs a shape: the tally, and every failed run named.
+fn check_fused_kernels(
+    device: &Device,
+    dtype: Dtype,
+    world: usize,
+    sources: &SourceOverrides,
+    key: &str,
+) -> (Tally, Vec<String>) {
+    let fused_world = FusedWorld::new(device, dtype, world, sources, key);
+    let mut tally: Tally = fused_world
+        .kernels
+        .iter()
+        .map(|kernel| (kernel.spec.name.clone(), 0, 0, 0.0))
+        .collect();
+    let mut failures = Vec::new();
+    for (index, shape) in shapes(world).into_iter().enumerate() {
+        let operands = operands(dtype, world, shape, 100 + index as u64);
+        fused_world.load(&operands);
+        let views: Vec<&[u8]> = operands.x.iter().map(Vec::as_slice).collect();
+        let expected = [true, false].map(|residual| {
+            let epilogue = EpilogueInputs {
+                residual: residual.then_some(operands.residual.as_slice()),
+                weight: &operands.weight,
+                eps: operands.eps,
+            };
+            reference_epilogue(dtype, shape, &views, &epilogue).unwrap()
+        });
+        for (kernel, entry) in fused_world.kernels.iter().zip(&mut tally) {
+            for variant in [index % 2, index % 2 + 2] {
+                let (residual, over_x) = RUNS[variant];
+                let run = Run {
+                    kernel,
+                    residual,
+                    over_x,
+                };
+                let late = (index + variant) % world;
+                let started = Instant::now();
+                let outcome =
+                    fused_world.check(&operands, run, late, &expected[usize::from(!residual)]);
+                entry.2 += 1;
+                entry.3 += started.elapsed().as_secs_f64();
+                match outcome {
+                    Ok(()) => entry.1 += 1,
+                    Err(why) => failures.push(format!(
+                        "{} at {world} ranks: {} x {}, residual {residual}, normed over x \
+                         {over_x}: {why}",
+                        kernel.spec.name,
+                        shape.rows(),
+                        shape.width()
+                    )),
+                }
+            }
+        }
+    }
+    (tally, failures)
 }
 
 #[test]
 #[ignore = "needs a GPU"]
-fn the_fused_two_shot_gives_the_reference_on_every_rank_on_one_gpu() {
+fn every_fused_kernel_gives_the_reference_on_every_rank_on_one_gpu() {
     let _lock = gpu_lock();
     let (_driver, [device]) = require_gpus!(1);
-    let mut table =
-        String::from("| world | dtype | runs exact | time |\n| --- | --- | --- | --- |\n");
+    let started = Instant::now();
+    let mut table = String::from(
+        "| world | dtype | kernel | runs exact | time |\n| --- | --- | --- | --- | --- |\n",
+    );
     let mut failures = Vec::new();
     for world in WORLDS {
         for dtype in Dtype::ALL {
-            let two_shot_world = TwoShotWorld::new(&device, dtype, world);
-            let started = Instant::now();
-            let (mut passed, mut runs) = (0, 0);
-            for (index, shape) in shapes(world).into_iter().enumerate() {
-                let operands = operands(dtype, world, shape, 100 + index as u64);
-                two_shot_world.load(&operands);
-                let views: Vec<&[u8]> = operands.x.iter().map(Vec::as_slice).collect();
-                for (variant, (residual, over_x)) in
-                    [(true, false), (true, true), (false, false), (false, true)]
-                        .into_iter()
-                        .enumerate()
-                {
-                    let epilogue = EpilogueInputs {
-                        residual: residual.then_some(operands.residual.as_slice()),
-                        weight: &operands.weight,
-                        eps: operands.eps,
-                    };
-                    let expected = reference_epilogue(dtype, shape, &views, &epilogue).unwrap();
-                    let run = Run { residual, over_x };
-                    runs += 1;
-                    let late = (index + variant) % world;
-                    match two_shot_world.check(&operands, run, late, &expected) {
-                        Ok(()) => passed += 1,
-                        Err(why) => {
-                            let line = format!(
-                                "{world} ranks, {}: {} x {}, residual {residual}, normed over x \
-                                 {over_x}: {why}",
-                                dtype_name(dtype),
-                                shape.rows(),
-                                shape.width()
-                            );
-                            eprintln!("{line}");
-                            failures.push(line);
-                        }
-                    }
-                }
+            let (tally, failed) =
+                check_fused_kernels(&device, dtype, world, &SourceOverrides::new(), "embedded");
+            for (name, passed, runs, seconds) in tally {
+                let _ = writeln!(
+                    table,
+                    "| {world} | {} | {name} | {passed} of {runs} | {seconds:.1} s |",
+                    dtype_name(dtype)
+                );
             }
-            let _ = writeln!(
-                table,
-                "| {world} | {} | {passed} of {runs} | {:.1} s |",
-                dtype_name(dtype),
-                started.elapsed().as_secs_f64()
-            );
+            for line in &failed {
+                eprintln!("{line}");
+            }
+            failures.extend(failed);
         }
     }
-    eprintln!("{table}");
+    eprintln!("{table}\nin {:.1} s", started.elapsed().as_secs_f64());
     assert!(
         failures.is_empty(),
         "{table}\n{} failure(s):\n{}",
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The residual added to the sum before it is rounded (`Mutation::ResidualBeforeRounding`),
+/// planted in the fused kernels: at 2, 4 and 8 ranks every fused kernel of every type it touches
+/// gives some wrong output in the runs of
+/// [`every_fused_kernel_gives_the_reference_on_every_rank_on_one_gpu`], and nothing else goes
+/// wrong (no abort, no write past the outputs).
+#[test]
+#[ignore = "needs a GPU"]
+fn the_residual_added_before_the_sum_is_rounded_is_caught_in_every_fused_kernel_on_one_gpu() {
+    let _lock = gpu_lock();
+    let (_driver, [device]) = require_gpus!(1);
+    let mutation = Mutation::ResidualBeforeRounding;
+    let touched = mutation.kernels();
+    let sources = overrides(mutation);
+    let mut problems = Vec::new();
+    for world in WORLDS {
+        for dtype in [Dtype::Bf16, Dtype::Fp16] {
+            let (tally, failures) =
+                check_fused_kernels(&device, dtype, world, &sources, mutation.name());
+            for (name, passed, runs, _) in tally {
+                assert!(touched.contains(&name), "{mutation} does not touch {name}");
+                if passed == runs {
+                    problems.push(format!("{name} at {world} ranks: every run exact"));
+                }
+            }
+            // A wrong element is the mutation's doing; anything else is not.
+            problems.extend(
+                failures
+                    .into_iter()
+                    .filter(|line| !(line.contains(" element ") && line.ends_with(" differs"))),
+            );
+        }
+    }
+    assert!(problems.is_empty(), "{mutation}:\n{}", problems.join("\n"));
 }
