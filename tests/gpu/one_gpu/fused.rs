@@ -236,7 +236,7 @@ impl<'a> FusedWorld<'a> {
 
     /// Writes a shape's operands to every rank's sources and weight.
     fn load(&self, operands: &Operands) {
-        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.members).enumerate() {
             let stream = &registered.stream;
             if operands.shape.elements() > 0 {
                 stream.write(&memory.x, 0, &operands.x[rank]).unwrap();
@@ -255,7 +255,7 @@ impl<'a> FusedWorld<'a> {
         if run.kernel.local() {
             &self.ranks[rank].local
         } else {
-            &self.world.ranks[rank].buffer
+            &self.world.members[rank].buffer
         }
     }
 
@@ -264,7 +264,7 @@ impl<'a> FusedWorld<'a> {
     fn enqueue(&self, operands: &Operands, run: Run<'_>, late: Option<usize>) {
         let bytes = (operands.shape.elements() * self.dtype.size_bytes()) as usize;
         let (buffers, signals) = self.world.peers();
-        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.members).enumerate() {
             let stream = &registered.stream;
             for target in [&memory.residual, &memory.normed, &memory.local] {
                 stream
@@ -343,7 +343,7 @@ impl<'a> FusedWorld<'a> {
             (0..bytes / element)
                 .find(|&e| found[e * element..][..element] != wanted[e * element..][..element])
         };
-        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.members).enumerate() {
             let stream = &registered.stream;
             let read = |buffer: &DeviceBuffer, length: usize| {
                 let mut found = vec![0_u8; length];

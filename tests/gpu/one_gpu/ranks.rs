@@ -15,6 +15,9 @@ use super::{DEADLINE, WAIT};
 use crate::gpu::support::compile_ptx;
 use crate::support::one_gpu::{judge_abort, Verdict};
 
+/// Judges a finished run from the arrival words before it.
+type Judge<'j> = dyn Fn(&[Vec<u64>]) -> Result<(), String> + 'j;
+
 /// How long the late rank waits before its kernel starts.
 const LATE: std::time::Duration = std::time::Duration::from_micros(30);
 /// Replays of each graph.
@@ -32,7 +35,7 @@ pub(super) struct RankMemory {
 /// Every rank of one world on one GPU.
 pub(super) struct Ranks<'a> {
     pub device: &'a Device,
-    pub ranks: Vec<RankMemory>,
+    pub members: Vec<RankMemory>,
     _helpers: Module,
     sleep: Kernel,
     fork: Event,
@@ -43,7 +46,7 @@ impl<'a> Ranks<'a> {
     /// `world` ranks, each with a registered buffer of `buffer_bytes`, all zeroed.
     pub fn new(device: &'a Device, world: usize, buffer_bytes: usize) -> Ranks<'a> {
         check_connections(world);
-        let ranks = (0..world)
+        let members = (0..world)
             .map(|_| RankMemory {
                 stream: device.new_stream().unwrap(),
                 buffer: device.allocate(buffer_bytes).unwrap(),
@@ -56,7 +59,7 @@ impl<'a> Ranks<'a> {
             .unwrap();
         let this = Ranks {
             device,
-            ranks,
+            members,
             sleep: helpers.kernel("one_gpu_sleep", 8).unwrap(),
             _helpers: helpers,
             fork: device.new_event(false).unwrap(),
@@ -69,16 +72,16 @@ impl<'a> Ranks<'a> {
     }
 
     pub fn size(&self) -> usize {
-        self.ranks.len()
+        self.members.len()
     }
 
     /// Zeroes every rank's signals, state and buffer together (no launch in flight): after an
     /// abort, the only way the kernels are usable again.
     pub fn reset(&self) {
-        for rank in &self.ranks {
+        for rank in &self.members {
             rank.stream.synchronize_within(WAIT).unwrap();
         }
-        for rank in &self.ranks {
+        for rank in &self.members {
             for memory in [&rank.signals, &rank.state, &rank.buffer] {
                 rank.stream
                     .fill_u8(memory, 0..memory.len_bytes(), 0)
@@ -92,7 +95,7 @@ impl<'a> Ranks<'a> {
     pub fn peers(&self) -> ([u64; MAX_RANKS], [u64; MAX_RANKS]) {
         let mut buffers = [0_u64; MAX_RANKS];
         let mut signals = [0_u64; MAX_RANKS];
-        for (peer, memory) in self.ranks.iter().enumerate() {
+        for (peer, memory) in self.members.iter().enumerate() {
             buffers[peer] = memory.buffer.address();
             signals[peer] = memory.signals.address();
         }
@@ -103,7 +106,7 @@ impl<'a> Ranks<'a> {
     pub fn wait_if_late(&self, rank: usize, late: Option<usize>) {
         if late == Some(rank) {
             let wait = (LATE.as_nanos() as u64).to_ne_bytes();
-            self.ranks[rank]
+            self.members[rank]
                 .stream
                 .launch(&self.sleep, Geometry::new(1, 32).unwrap(), &wait)
                 .unwrap();
@@ -112,7 +115,7 @@ impl<'a> Ranks<'a> {
 
     /// Every rank's arrival words.
     pub fn arrivals(&self) -> Vec<Vec<u64>> {
-        self.ranks
+        self.members
             .iter()
             .map(|rank| {
                 let mut words = vec![0_u64; MAX_BLOCKS];
@@ -128,12 +131,12 @@ impl<'a> Ranks<'a> {
     /// against the arrivals from `before` (of `blocks` blocks a launch), is an error (the
     /// kernel's, or not co-scheduled), after which every rank is reset.
     pub fn finished(&self, before: &[Vec<u64>], blocks: usize) -> Result<(), String> {
-        for rank in &self.ranks {
+        for rank in &self.members {
             rank.stream
                 .synchronize_within(WAIT)
                 .map_err(|error| error.to_string())?;
         }
-        for (rank, memory) in self.ranks.iter().enumerate() {
+        for (rank, memory) in self.members.iter().enumerate() {
             let mut word = [0_u64];
             memory.stream.read(&memory.state, 0, &mut word).unwrap();
             if let Some(abort) = Abort::decode(word[0]) {
@@ -165,11 +168,11 @@ impl<'a> Ranks<'a> {
         let graph = stream
             .capture(|capturing| {
                 capturing.record(&self.fork)?;
-                for rank in &self.ranks {
+                for rank in &self.members {
                     rank.stream.wait_for(&self.fork)?;
                 }
                 enqueue(late);
-                for (rank, join) in self.ranks.iter().zip(&self.joins) {
+                for (rank, join) in self.members.iter().zip(&self.joins) {
                     rank.stream.record(join)?;
                     capturing.wait_for(join)?;
                 }
@@ -186,7 +189,7 @@ impl<'a> Ranks<'a> {
         &self,
         late: usize,
         enqueue: &dyn Fn(Option<usize>),
-        judge: &dyn Fn(&[Vec<u64>]) -> Result<(), String>,
+        judge: &Judge<'_>,
     ) -> Result<(), String> {
         let before = self.arrivals();
         enqueue(Some(late));

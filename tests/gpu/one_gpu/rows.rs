@@ -178,7 +178,7 @@ impl<'a> RowWorld<'a> {
 
     fn places<'r>(&'r self, run: &Run<'_>, rank: usize) -> Places<'r> {
         let me = &self.ranks[rank];
-        let buffer = &self.world.ranks[rank].buffer;
+        let buffer = &self.world.members[rank].buffer;
         let element = self.dtype.size_bytes();
         let owned = run
             .shape
@@ -228,7 +228,7 @@ impl<'a> RowWorld<'a> {
         let element = self.dtype.size_bytes() as usize;
         let kernel = &self.kernels[&run.spec.name];
         let (buffers, signals) = self.world.peers();
-        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.ranks).enumerate() {
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.members).enumerate() {
             let places = self.places(run, rank);
             let stream = &registered.stream;
             for target in [&memory.whole, &memory.own] {
@@ -296,7 +296,7 @@ impl<'a> RowWorld<'a> {
     ) -> Result<(), String> {
         self.world.finished(before, run.blocks as usize)?;
         let element = self.dtype.size_bytes() as usize;
-        for (rank, memory) in self.world.ranks.iter().enumerate() {
+        for (rank, memory) in self.world.members.iter().enumerate() {
             let places = self.places(run, rank);
             let (output, offset) = places.output;
             let bytes = places.output_elements as usize * element;
@@ -375,7 +375,7 @@ impl RowWorld<'_> {
         let elements = shape.elements() as usize;
         let inputs = random_rank_inputs(self.dtype, seed, world, elements);
         for (rank, input) in inputs.iter().enumerate().filter(|_| elements > 0) {
-            let stream = &self.world.ranks[rank].stream;
+            let stream = &self.world.members[rank].stream;
             stream.write(&self.ranks[rank].source, 0, input).unwrap();
             stream.synchronize_within(WAIT).unwrap();
         }
