@@ -4,10 +4,11 @@
 //
 // Block b owns a contiguous run of rows (block_rows: rows / blocks each, one more for the first
 // rows % blocks blocks). It writes this rank's part of its rows into its peer slot of every
-// peer's scratch, waits for every peer's part of the same rows, writes their rank-ordered sum,
-// rounded once, into `normed` (its own space: rows x hidden of this rank), then, after a block
-// barrier, runs add_rms_norm_row on each of its rows: residual_out = round(sum + residual) into
-// `residual`, and the normalised row times `weight` into `normed`. So a row's bits are the
+// peer's scratch, waits for every peer's part of the same rows, and from their rank-ordered
+// fp32 sum writes (store_fused_sum) residual_out = round(round(sum) + residual) into `residual`,
+// or without a residual the sum, rounded once, into `normed` (its own space: rows x hidden of
+// this rank); then, after a block barrier, runs add_rms_norm_row on each of its rows from there
+// (fused_norm_of_row): the normalised row times `weight` into `normed`. So a row's bits are the
 // all-reduce's sum followed by the add_rms_norm kernel, whatever block, grid or message it is
 // in. Peers touch this rank's scratch only, never `x`, `residual` or `normed`.
 //
@@ -36,7 +37,8 @@
 // all resident at once; the pointers and scratch_offset 16-byte aligned; the scratch zeroed
 // before the first launch and used by no other kernel. `normed` may be `x` (each element is
 // read by the thread that then writes its sum, and the epilogue reads only its block's rows
-// after the barrier); the residual may be `x` too.
+// after the barrier); the residual may be `x` too (each element read by the thread that then
+// writes residual_out there).
 #include "prepare_double_buffer.cuh"
 #include "prepare_entry.cuh"
 #include "prepare_layout.cuh"
@@ -69,8 +71,8 @@ __device__ __forceinline__ void exchange_empty_line(const LaunchParams& params,
     }
 }
 
-// After the sums of the block's rows are in `normed`: the epilogue of each of its rows, unless
-// a peer timed out.
+// After the sums of the block's rows are stored (store_fused_sum): the norm of each of its
+// rows, unless a peer timed out.
 template <typename T>
 __device__ __forceinline__ void normalise_block_rows(const LaunchParams& params,
                                                      const BlockFlags& flags,
@@ -81,11 +83,16 @@ __device__ __forceinline__ void normalise_block_rows(const LaunchParams& params,
     if (flags.timed_out) {
         return;
     }
-    const unsigned char* sums = static_cast<const unsigned char*>(params.normed);
 #pragma unroll 1
     for (u64 row = rows.first; row < rows.end; ++row) {
-        add_rms_norm_of_row<T>(params, sums, row, norm_shared);
+        fused_norm_of_row<T>(params, row, norm_shared);
     }
+}
+
+// Where the sums of a vector go: store_fused_sum.
+template <typename T>
+__device__ __forceinline__ auto fused_sums(const LaunchParams& params) {
+    return [&params](u64 v, const VectorSum<T>& sums) { store_fused_sum<T>(params, v, sums); };
 }
 
 struct FusedPushLl : LaunchCounter {
@@ -99,7 +106,7 @@ struct FusedPushLl : LaunchCounter {
             // Whole rows are whole vectors: no tail.
             const Range owned = {rows.first * row_vectors, rows.end * row_vectors, 0, 0};
             push_sum_lines<T, N>(params, flags, owned, params.input_elements,
-                                 static_cast<unsigned char*>(params.normed));
+                                 static_cast<unsigned char*>(params.normed), fused_sums<T>(params));
         }
         normalise_block_rows<T>(params, flags, rows);
         launch_end(params, flags);
@@ -114,7 +121,7 @@ struct FusedPushSimple : LaunchCounter {
         push_sum_steps<T, N>(params, flags,
                              simple_share_between(rows.first * row_vectors,
                                                   rows.end * row_vectors),
-                             static_cast<unsigned char*>(params.normed));
+                             static_cast<unsigned char*>(params.normed), fused_sums<T>(params));
         normalise_block_rows<T>(params, flags, rows);
         launch_end(params, flags);
     }

@@ -8,11 +8,13 @@
 // block b of every rank takes owned rows b, b + blocks, ... of every owner, so the
 // same-numbered blocks of the ranks share all the data they exchange. For each row it owns, the
 // owner's block
-//   1. sums the row of every rank's input region in rank order into `normed` (one rounding,
-//      prepare_element.cuh), the epilogue's own space for the sum;
-//   2. normalises it with prepare_norm.cuh's add_rms_norm_row and this rank's residual:
-//      residual_out into `residual`, the normalised row into `normed` (the unfused
-//      add_rms_norm's code, so the same bits);
+//   1. sums the row of every rank's input region in rank order, in fp32, and stores it
+//      (prepare_norm.cuh's store_fused_sum): with this rank's residual, residual_out =
+//      round(round(sum) + residual) into `residual`; without, the sum rounded once into
+//      `normed`, the epilogue's own space for it;
+//   2. normalises the row from there with prepare_norm.cuh's add_rms_norm_row
+//      (fused_norm_of_row), the normalised row into `normed` (the unfused add_rms_norm's code,
+//      so the same bits);
 //   3. copies both output rows into its scratch, at their place in the message.
 // After the gather barrier every rank copies every other owner's rows of both outputs from
 // that owner's scratch into its own `residual` and `normed`: every rank ends with the owners'
@@ -26,8 +28,9 @@
 // Fields read: buffers[q] (every rank's x, the message from byte 0: the host copies x there),
 // input_elements and output_elements (both rows x width), rows, width, residual, weight,
 // normed, eps, and what every kernel reads; `input` and `output` are checked, not read.
-// Refused as an invalid launch: what norm_launch_is_valid (prepare_norm.cuh) and every kernel
-// (prepare_sync.cuh) refuse, and counts that are not rows x width.
+// Refused as an invalid launch: what every fused kernel refuses (prepare_norm.cuh's
+// EpilogueChecks: the epilogue's and every kernel's checks, counts that are not rows x width,
+// `output` not `normed`).
 // Requirements: the world size it was compiled for; 1..1024 blocks of a multiple of 32 threads
 // (at least the world's), all resident at once; no cluster instructions; the residual the same
 // on every rank (a row is computed on its owner, with its residual) and given on every rank or
@@ -43,23 +46,6 @@
 #include "prepare_phases.cuh"
 
 namespace prepare {
-
-// The epilogue's checks and every kernel's: both sides of the message are rows x width.
-struct TwoShotEpilogueChecks {
-    template <typename T, int N>
-    __device__ __forceinline__ static bool valid(const LaunchParams& params) {
-        // The norm's checks first: they bound rows x width.
-        return norm_launch_is_valid<T>(params) && launch_is_valid<T, N>(params, gridDim.x) &&
-               params.input_elements == params.rows * params.width &&
-               params.output_elements == params.input_elements;
-    }
-};
-
-// The body of the entry: block_kernel with those checks.
-template <typename Algorithm, typename T, int N>
-__device__ __forceinline__ void two_shot_kernel(const LaunchParams& params) {
-    block_kernel<Algorithm, T, N, TwoShotEpilogueChecks>(params);
-}
 
 // Calls row_op(e), e the first element of the row, for each row of rank q's run that this
 // block takes: the owner's rows blockIdx.x, blockIdx.x + gridDim.x, ... of its run.
@@ -87,20 +73,19 @@ struct AddRmsNormTwoShot : StartBarrier {
         const Workers workers = {threadIdx.x, blockDim.x};
         unsigned char* normed = static_cast<unsigned char*>(params.normed);
         unsigned char* residual = static_cast<unsigned char*>(params.residual);
-        const unsigned char* weight = static_cast<const unsigned char*>(params.weight);
         // The residual_out region follows the normed one.
         const u64 second = message_bytes<T>(params.input_elements);
         unsigned char* scratch = params.buffers[rank] + params.scratch_offset;
         for_each_block_row(slices, rank, width, [&](u64 first) {
             const Range row = run_of<T>(first, first + width);
-            reduce_scatter_pull<T, N>(
-                params, row, workers, [&](u64 v, const Vec16& sum) { store_vector(normed, v, sum); },
-                [&](u64 e, typename T::Bits sum) { store_element<T>(normed, e, sum); });
+            // Whole rows are whole vectors: no tail element.
+            reduce_scatter_pull_lanes<T, N>(
+                params, row, workers,
+                [&](u64 v, const VectorSum<T>& sums) { store_fused_sum<T>(params, v, sums); },
+                [](u64, typename T::Bits) {});
             // The norm reads the sum by other threads than wrote it.
             __syncthreads();
-            const u64 offset = first * sizeof(typename T::Bits);
-            add_rms_norm_row<T>(normed + offset, residual != nullptr ? residual + offset : nullptr,
-                                weight, normed + offset, width, params.eps, norm_shared);
+            fused_norm_of_row<T>(params, first / width, norm_shared);
             __syncthreads();
             copy_owned<T>(normed, 0, scratch, 0, row, workers);
             if (residual != nullptr) {
@@ -130,4 +115,4 @@ struct AddRmsNormTwoShot : StartBarrier {
 
 }  // namespace prepare
 
-PREPARE_ENTRY(all_reduce_add_rms_norm_two_shot, two_shot_kernel, prepare::AddRmsNormTwoShot)
+PREPARE_ENTRY(all_reduce_add_rms_norm_two_shot, fused_kernel, prepare::AddRmsNormTwoShot)

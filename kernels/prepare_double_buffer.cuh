@@ -168,15 +168,17 @@ __device__ __forceinline__ bool receive_lines(const LaunchParams& params, BlockF
 }
 
 // Sends this thread's part of `range` (vectors and tail elements of a message of `elements`)
-// to every peer as lines, then waits for every peer's same lines and writes the rank-ordered sum
-// to `output` (indexed like the message), each element by the thread that read it, after
-// reading it. Lines 2v and 2v + 1 carry vector v; tail element e follows at 2 * vectors + e -
-// P * vectors, vectors those of a message of max(elements, 1) (an empty one sends an empty tail
-// line). A peer that times out ends the receiving (abort recorded, flags.timed_out set).
-template <typename T, int N>
+// to every peer as lines, then waits for every peer's same lines and hands each vector's
+// rank-ordered fp32 sums, not yet rounded, to store_lanes(v, sums) and writes each tail
+// element's rounded sum to `output` (indexed like the message), each element by the thread that
+// read it, after reading it. Lines 2v and 2v + 1 carry vector v; tail element e follows at
+// 2 * vectors + e - P * vectors, vectors those of a message of max(elements, 1) (an empty one
+// sends an empty tail line). A peer that times out ends the receiving (abort recorded,
+// flags.timed_out set); nothing is stored past it.
+template <typename T, int N, typename StoreLanes>
 __device__ __forceinline__ void push_sum_lines(const LaunchParams& params, BlockFlags& flags,
                                                const Range& range, u64 elements,
-                                               unsigned char* output) {
+                                               unsigned char* output, StoreLanes store_lanes_op) {
     const unsigned int rank = params.rank;
     const u64 parity = flags.epoch & 1;
     const unsigned int flag = line_flag(flags.epoch);
@@ -210,19 +212,19 @@ __device__ __forceinline__ void push_sum_lines(const LaunchParams& params, Block
                 }
                 return x;
             };
-            Vec16 sum;
+            VectorSum<T> sums;
             if constexpr (N <= 4) {
                 Vec16 x[N];
 #pragma unroll
                 for (int q = 0; q < N; ++q) {
                     x[q] = part(q);
                 }
-                sum = sum_vectors<T, N>(x);
+                sums = sum_lanes<T, N>(x);
             } else {
-                sum = sum_vectors_from<T, N>(part);
+                sums = sum_lanes_from<T, N>(part);
             }
             if (received) {
-                store_vector(output, v, sum);
+                store_lanes_op(v, sums);
             }
         },
         [&](u64 e) {
@@ -243,6 +245,17 @@ __device__ __forceinline__ void push_sum_lines(const LaunchParams& params, Block
                 store_element<T>(output, e, sum_elements<T, N>(x));
             }
         });
+}
+
+// push_sum_lines with every sum rounded into `output`.
+template <typename T, int N>
+__device__ __forceinline__ void push_sum_lines(const LaunchParams& params, BlockFlags& flags,
+                                               const Range& range, u64 elements,
+                                               unsigned char* output) {
+    push_sum_lines<T, N>(params, flags, range, elements, output,
+                         [&](u64 v, const VectorSum<T>& sums) {
+                             store_vector(output, v, sums.result());
+                         });
 }
 
 // The simple protocol: data, then one flag per step. After each step one thread per peer
@@ -319,16 +332,25 @@ __device__ __forceinline__ const unsigned char* received_byte(const LaunchParams
         phase * (N - 1) + peer_slot<N>(static_cast<unsigned int>(q), params.rank));
 }
 
-// The rank-ordered sum of one vector: this rank's part from `input` at vector `input_vector`,
-// every peer's from its peer slot of this rank's region (phase 0) at slot byte `byte`.
+// The rank-ordered fp32 sums of one vector, not yet rounded: this rank's part from `input` at
+// vector `input_vector`, every peer's from its peer slot of this rank's region (phase 0) at
+// slot byte `byte`.
 template <typename T, int N, int Phases = 1>
-__device__ __forceinline__ Vec16 sum_received_vector(const LaunchParams& params, u64 parity,
-                                                     u64 input_vector, u64 byte) {
-    return sum_vectors_from<T, N>([&](int q) {
+__device__ __forceinline__ VectorSum<T> sum_received_lanes(const LaunchParams& params,
+                                                           u64 parity, u64 input_vector,
+                                                           u64 byte) {
+    return sum_lanes_from<T, N>([&](int q) {
         return static_cast<unsigned int>(q) == params.rank
                    ? load_vector(params.input, input_vector)
                    : load_vector(received_byte<N, Phases>(params, q, byte, parity), 0);
     });
+}
+
+// The same sum, rounded.
+template <typename T, int N, int Phases = 1>
+__device__ __forceinline__ Vec16 sum_received_vector(const LaunchParams& params, u64 parity,
+                                                     u64 input_vector, u64 byte) {
+    return sum_received_lanes<T, N, Phases>(params, parity, input_vector, byte).result();
 }
 
 // The rank-ordered sum of element `e`, every peer's part at slot byte `byte` (phase 0).
@@ -423,17 +445,18 @@ __device__ __forceinline__ void send_step(const LaunchParams& params, const Simp
     raise_step_flags<N>(params, kSetStep, flag);
 }
 
-// Sums step `step` of this block's share (its flags were awaited) into `output` (indexed like
-// the message).
-template <typename T, int N>
+// Sums step `step` of this block's share (its flags were awaited): each vector's fp32 sums to
+// store_lanes(v, sums), the tail's rounded sums into `output` (indexed like the message).
+template <typename T, int N, typename StoreLanes>
 __device__ __forceinline__ void sum_step(const LaunchParams& params, const SimpleShare& share,
-                                         u64 parity, u64 step, unsigned char* output) {
+                                         u64 parity, u64 step, unsigned char* output,
+                                         StoreLanes store_lanes_op) {
     const u64 first = share.begin + step * share.step_vectors;
 #pragma unroll 1
     for (unsigned int u = 0; u < kSimpleStepVectors; ++u) {
         const u64 v = first + u * blockDim.x + threadIdx.x;
         if (v < share.end) {
-            store_vector(output, v, sum_received_vector<T, N>(params, parity, v, v * 16));
+            store_lanes_op(v, sum_received_lanes<T, N>(params, parity, v, v * 16));
         }
     }
     if (share.tail_block && step + 1 == share.steps) {
@@ -447,12 +470,14 @@ __device__ __forceinline__ void sum_step(const LaunchParams& params, const Simpl
     }
 }
 
-// Moves this block's share of the message to every peer in steps and writes the rank-ordered sum
-// of each step into `output` (indexed like the message), each element by the thread that read
-// it, after reading it. A peer that times out ends it (abort recorded, flags.timed_out set).
-template <typename T, int N>
+// Moves this block's share of the message to every peer in steps and hands each vector's
+// rank-ordered fp32 sums to store_lanes(v, sums), the tail's rounded sums into `output`
+// (indexed like the message), each element by the thread that read it, after reading it. A
+// peer that times out ends it (abort recorded, flags.timed_out set).
+template <typename T, int N, typename StoreLanes>
 __device__ __forceinline__ void push_sum_steps(const LaunchParams& params, BlockFlags& flags,
-                                               const SimpleShare& share, unsigned char* output) {
+                                               const SimpleShare& share, unsigned char* output,
+                                               StoreLanes store_lanes_op) {
     const u64 parity = flags.epoch & 1;
     // Steps fit the low 24 bits: a bucket holds at most 4 GiB, 2^28 vectors, and a step at
     // least 32 threads x 4 vectors, so a block never has more than 2^21 steps.
@@ -468,9 +493,18 @@ __device__ __forceinline__ void push_sum_steps(const LaunchParams& params, Block
             if (!wait_step_flags<N>(params, flags, kSetStep, flag_base | step)) {
                 break;
             }
-            sum_step<T, N>(params, share, parity, step - 1, output);
+            sum_step<T, N>(params, share, parity, step - 1, output, store_lanes_op);
         }
     }
+}
+
+// push_sum_steps with every sum rounded into `output`.
+template <typename T, int N>
+__device__ __forceinline__ void push_sum_steps(const LaunchParams& params, BlockFlags& flags,
+                                               const SimpleShare& share, unsigned char* output) {
+    push_sum_steps<T, N>(params, flags, share, output, [&](u64 v, const VectorSum<T>& sums) {
+        store_vector(output, v, sums.result());
+    });
 }
 
 }  // namespace prepare

@@ -42,6 +42,10 @@ struct Half {
     __device__ __forceinline__ static float lane(unsigned int word, unsigned int j) {
         return Type::to_float(j == 0 ? word & 0xffffu : word >> 16);
     }
+    // The value of an fp32 sum once rounded to the type.
+    __device__ __forceinline__ static float rounded(float value) {
+        return Type::to_float(Type::round(value));
+    }
 };
 
 // bfloat16: the upper half of an fp32.
@@ -106,6 +110,11 @@ struct Fp32 {
         const unsigned int bits = __float_as_uint(value);
         return (bits & 0x7fffffffu) > 0x7f800000u ? 0x7fffffffu : bits;
     }
+    // The sum itself: a NaN's payload is left to the rounding of whatever it is added to, which
+    // makes every NaN the canonical one.
+    __device__ __forceinline__ static float rounded(float value) {
+        return value;
+    }
 };
 
 // The rank-ordered sum of one element from each of N ranks, rank q's taken from source(q):
@@ -161,17 +170,23 @@ struct VectorSum {
     }
 };
 
-// The rank-ordered sum of a vector from each of N ranks, lane by lane, rank q's taken from
-// source(q): the one vector summing loop of every kernel.
+// The rank-ordered fp32 sums of a vector from each of N ranks, lane by lane, rank q's taken
+// from source(q), not yet rounded: the one vector summing loop of every kernel.
 template <typename T, int N, typename Source>
-__device__ __forceinline__ Vec16 sum_vectors_from(Source source) {
+__device__ __forceinline__ VectorSum<T> sum_lanes_from(Source source) {
     VectorSum<T> acc;
     acc.start(source(0));
 #pragma unroll
     for (int q = 1; q < N; ++q) {
         acc.add(source(q));
     }
-    return acc.result();
+    return acc;
+}
+
+// The same sums, rounded once.
+template <typename T, int N, typename Source>
+__device__ __forceinline__ Vec16 sum_vectors_from(Source source) {
+    return sum_lanes_from<T, N>(source).result();
 }
 
 // Sum of one element from each of N ranks, in rank order.
@@ -180,10 +195,16 @@ __device__ __forceinline__ typename T::Bits sum_elements(const typename T::Bits 
     return sum_elements_from<T, N>([&](int q) { return x[q]; });
 }
 
+// The fp32 sums of a vector from each of N ranks, lane by lane in rank order, not yet rounded.
+template <typename T, int N>
+__device__ __forceinline__ VectorSum<T> sum_lanes(const Vec16 (&x)[N]) {
+    return sum_lanes_from<T, N>([&](int q) { return x[q]; });
+}
+
 // Sum of a vector from each of N ranks, lane by lane in rank order.
 template <typename T, int N>
 __device__ __forceinline__ Vec16 sum_vectors(const Vec16 (&x)[N]) {
-    return sum_vectors_from<T, N>([&](int q) { return x[q]; });
+    return sum_lanes<T, N>(x).result();
 }
 
 __device__ __forceinline__ Vec16 load_vector(const unsigned char* base, u64 vector) {

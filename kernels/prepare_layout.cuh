@@ -260,14 +260,15 @@ __device__ __forceinline__ void scatter_owned(const LaunchParams& params,
 }
 
 // The one summing loop: the rank-ordered sum of the N sources over the part of `range` this
-// thread owns, handed to store_vector(v, sum) for whole vectors, then store_element(e, sum) for
-// tail elements. Source q holds the range from vector `first_vector` on (0 when the sources are
-// indexed like the message).
-template <typename T, int N, typename StoreVector, typename StoreElement>
-__device__ __forceinline__ void sum_owned_into(const unsigned char* const (&sources)[N],
-                                               u64 first_vector, const Range& range,
-                                               const Workers& workers, StoreVector store_vector_op,
-                                               StoreElement store_element_op) {
+// thread owns, handed to store_lanes(v, sums) for whole vectors (the fp32 sums, not yet
+// rounded: VectorSum), then store_element(e, sum) for tail elements (rounded). Source q holds
+// the range from vector `first_vector` on (0 when the sources are indexed like the message).
+template <typename T, int N, typename StoreLanes, typename StoreElement>
+__device__ __forceinline__ void sum_owned_lanes_into(const unsigned char* const (&sources)[N],
+                                                     u64 first_vector, const Range& range,
+                                                     const Workers& workers,
+                                                     StoreLanes store_lanes_op,
+                                                     StoreElement store_element_op) {
     for_each_owned(
         range, workers,
         [&](u64 v) {
@@ -276,7 +277,7 @@ __device__ __forceinline__ void sum_owned_into(const unsigned char* const (&sour
             for (int q = 0; q < N; ++q) {
                 x[q] = load_vector(sources[q], v - first_vector);
             }
-            store_vector_op(v, sum_vectors<T, N>(x));
+            store_lanes_op(v, sum_lanes<T, N>(x));
         },
         [&](u64 e) {
             typename T::Bits x[N];
@@ -286,6 +287,18 @@ __device__ __forceinline__ void sum_owned_into(const unsigned char* const (&sour
             }
             store_element_op(e, sum_elements<T, N>(x));
         });
+}
+
+// sum_owned_lanes_into with every vector's sums rounded: store_vector(v, sum).
+template <typename T, int N, typename StoreVector, typename StoreElement>
+__device__ __forceinline__ void sum_owned_into(const unsigned char* const (&sources)[N],
+                                               u64 first_vector, const Range& range,
+                                               const Workers& workers, StoreVector store_vector_op,
+                                               StoreElement store_element_op) {
+    sum_owned_lanes_into<T, N>(
+        sources, first_vector, range, workers,
+        [&](u64 v, const VectorSum<T>& sums) { store_vector_op(v, sums.result()); },
+        store_element_op);
 }
 
 // sum_owned_into, written to `output` (indexed like the message).

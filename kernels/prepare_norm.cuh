@@ -1,7 +1,9 @@
 // prepare_norm.cuh: the epilogue of all_reduce_add_rms_norm on whole rows, exact to
 // prepare::reference::epilogue: the residual add, the row's sum of squares in the pinned order,
 // and RMSNorm times the weight. prepare's unfused add_rms_norm kernel and the fused kernels
-// (whichever block owns a row) call the same code, so they give the same bits.
+// (whichever block owns a row) call the same norm, so they give the same bits; the fused kernels
+// add the residual as they store their sum (store_fused_sum), the same two roundings as the
+// unfused kernel's add on a sum read from memory.
 //
 // Per element, every step an explicitly rounded fp32 operation (`.rn`: no flag can contract or
 // flush it):
@@ -256,6 +258,49 @@ __device__ __forceinline__ void add_rms_norm_of_row(const LaunchParams& params,
     const u64 offset = row * params.width * sizeof(typename T::Bits);
     unsigned char* residual = static_cast<unsigned char*>(params.residual);
     add_rms_norm_row<T>(sum + offset, residual != nullptr ? residual + offset : nullptr,
+                        static_cast<const unsigned char*>(params.weight),
+                        static_cast<unsigned char*>(params.normed) + offset, params.width,
+                        params.eps, shared);
+}
+
+// The residual add of a fused kernel, on a vector's rank-ordered fp32 sums (VectorSum, not yet
+// rounded): each lane's sum rounded once to T, as the all-reduce's, then the residual's lane
+// added in fp32 and rounded once: residual_out, the bits add_rms_norm_row gives from that
+// rounded sum.
+template <typename T>
+__device__ __forceinline__ Vec16 add_residual(const VectorSum<T>& sums, const Vec16& residual) {
+    VectorSum<T> added;
+#pragma unroll
+    for (unsigned int i = 0; i < 4 * T::kPerWord; ++i) {
+        added.lane[i] = T::rounded(sums.lane[i]);
+    }
+    added.add(residual);
+    return added.result();
+}
+
+// Where a fused kernel puts vector v of its message's sums: with a residual, residual_out into
+// the residual (its vector v read first, by the same thread); without, the rounded sum into
+// `normed`, its space for the sum. Then fused_norm_of_row normalises the row from there.
+template <typename T>
+__device__ __forceinline__ void store_fused_sum(const LaunchParams& params, u64 v,
+                                                const VectorSum<T>& sums) {
+    if (params.residual != nullptr) {
+        unsigned char* residual = static_cast<unsigned char*>(params.residual);
+        store_vector(residual, v, add_residual<T>(sums, load_vector(residual, v)));
+    } else {
+        store_vector(static_cast<unsigned char*>(params.normed), v, sums.result());
+    }
+}
+
+// The norm of row `row` of a fused kernel once store_fused_sum wrote it: from residual_out (or
+// the sum without a residual), which needs no residual added, into `normed`. Every thread of
+// the block calls it.
+template <typename T>
+__device__ __forceinline__ void fused_norm_of_row(const LaunchParams& params, u64 row,
+                                                  NormShared& shared) {
+    const u64 offset = row * params.width * sizeof(typename T::Bits);
+    const void* rows = params.residual != nullptr ? params.residual : params.normed;
+    add_rms_norm_row<T>(static_cast<const unsigned char*>(rows) + offset, nullptr,
                         static_cast<const unsigned char*>(params.weight),
                         static_cast<unsigned char*>(params.normed) + offset, params.width,
                         params.eps, shared);

@@ -63,19 +63,32 @@ __device__ __forceinline__ RowSlices<T, N> row_slices(const LaunchParams& params
 }
 
 // Reduce-scatter, pull: this rank's slice `own`, read from every rank's registered buffer
-// (the message from byte 0), summed in rank order; the sums go to store_vector(v, sum) and
-// store_element(e, sum).
-template <typename T, int N, typename StoreVector, typename StoreElement>
-__device__ __forceinline__ void reduce_scatter_pull(const LaunchParams& params,
-                                                    const Range& own, const Workers& workers,
-                                                    StoreVector store_vector_op,
-                                                    StoreElement store_element_op) {
+// (the message from byte 0), summed in rank order; each vector's fp32 sums, not yet rounded, go
+// to store_lanes(v, sums) and tail elements' sums to store_element(e, sum).
+template <typename T, int N, typename StoreLanes, typename StoreElement>
+__device__ __forceinline__ void reduce_scatter_pull_lanes(const LaunchParams& params,
+                                                          const Range& own,
+                                                          const Workers& workers,
+                                                          StoreLanes store_lanes_op,
+                                                          StoreElement store_element_op) {
     const unsigned char* inputs[N];
 #pragma unroll
     for (int q = 0; q < N; ++q) {
         inputs[q] = params.buffers[q];
     }
-    sum_owned_into<T, N>(inputs, 0, own, workers, store_vector_op, store_element_op);
+    sum_owned_lanes_into<T, N>(inputs, 0, own, workers, store_lanes_op, store_element_op);
+}
+
+// The same, each vector's sum rounded: store_vector(v, sum).
+template <typename T, int N, typename StoreVector, typename StoreElement>
+__device__ __forceinline__ void reduce_scatter_pull(const LaunchParams& params,
+                                                    const Range& own, const Workers& workers,
+                                                    StoreVector store_vector_op,
+                                                    StoreElement store_element_op) {
+    reduce_scatter_pull_lanes<T, N>(
+        params, own, workers,
+        [&](u64 v, const VectorSum<T>& sums) { store_vector_op(v, sums.result()); },
+        store_element_op);
 }
 
 // All-gather, pull: every other rank's slice, read from that rank's buffer at `offset` (where

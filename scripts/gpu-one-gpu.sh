@@ -3,8 +3,8 @@
 # every rank of a world as a stream of GPU 0, for every shipped sm_90 ladder at its own world
 # size (2, 4 and 8), the GB202 ladders retargeted to sm_90, the planted mutations at 2, 4 and
 # 8 ranks, batch invariance (tests/gpu/one_gpu/invariance.rs), the reduce-scatter and all-gather
-# kernels at 2, 4 and 8 ranks, the epilogue's add + RMSNorm kernel, the fused two-shot
-# all-reduce + add + RMSNorm at 2, 4 and 8 ranks, and the rank-order sum (of
+# kernels at 2, 4 and 8 ranks, the epilogue's add + RMSNorm kernel, the fused kernels (and the
+# residual added before the sum is rounded, caught in them) at 2, 4 and 8 ranks, and the rank-order sum (of
 # slices and of owned runs of rows). Each test prints a table per
 # ladder: candidates run, exact, geometry (own or reduced), the multi-size sequence, the rank
 # that never launches, the time taken; per mutation and world what was caught; and per ladder
@@ -41,7 +41,8 @@ for test in \
     gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu \
     gpu::ranks_on_one_gpu::row_collectives_are_exact_at_every_world_on_one_gpu \
     gpu::one_gpu::norm::the_epilogue_kernel_gives_the_reference_on_one_gpu \
-    gpu::one_gpu::two_shot::the_fused_two_shot_gives_the_reference_on_every_rank_on_one_gpu \
+    gpu::one_gpu::fused::every_fused_kernel_gives_the_reference_on_every_rank_on_one_gpu \
+    gpu::one_gpu::fused::the_residual_added_before_the_sum_is_rounded_is_caught_in_every_fused_kernel_on_one_gpu \
     gpu::rows::the_rank_order_sum_kernel_sums_an_owned_run_given_as_the_last_slice \
     gpu::rank_order::the_rank_order_sum_kernel_gives_the_reference_sum_on_one_gpu; do
     echo "== $test" | tee -a "$log"

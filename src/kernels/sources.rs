@@ -133,9 +133,6 @@ mod tests {
             } else if spec.source == "add_rms_norm.cu" {
                 // The same, with the epilogue's checks.
                 "epilogue_kernel"
-            } else if spec.source == "all_reduce_add_rms_norm_two_shot.cu" {
-                // A block kernel with the epilogue's checks too.
-                "two_shot_kernel"
             } else if spec.source.starts_with("all_reduce_add_rms_norm_") {
                 // Block kernels with the epilogue's checks.
                 "fused_kernel"

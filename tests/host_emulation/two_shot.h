@@ -49,7 +49,7 @@ constexpr Entries two_shot_entries() {
 struct FusedTwoShot {
     template <typename T, int N>
     static void call(LaunchParams params) {
-        prepare::two_shot_kernel<prepare::AddRmsNormTwoShot, T, N>(params);
+        prepare::fused_kernel<prepare::AddRmsNormTwoShot, T, N>(params);
     }
 };
 
@@ -407,6 +407,8 @@ void two_shot_invalid_launches() {
              p.width = 12;
              p.input_elements = p.output_elements = p.rows * 12;
          }},
+        {"output not normed", 32,
+         [](LaunchParams& p) { p.output = const_cast<unsigned char*>(p.input); }},
         {"the message one element longer than its rows", 32,
          [](LaunchParams& p) { ++p.input_elements; }},
         {"normed one element longer than the message", 32,

@@ -58,9 +58,10 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             Mutation::RowOutOfOrder => &["reduce_scatter.cu"],
             Mutation::SkipRowPeer => &["all_gather.cu"],
             Mutation::ShortRankRows => &["prepare_phases.cuh"],
-            Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
-                &["prepare_norm.cuh"]
-            }
+            Mutation::SquaresOutOfOrder
+            | Mutation::NoEps
+            | Mutation::WeightSkipped
+            | Mutation::ResidualBeforeRounding => &["prepare_norm.cuh"],
             _ => &["prepare_element.cuh"],
         };
         assert_eq!(names, expected, "{mutation}");
@@ -88,6 +89,7 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
             "squares_out_of_order",
             "no_eps",
             "weight_skipped",
+            "residual_before_rounding",
             "row_out_of_order",
             "skip_row_peer",
             "short_rank_rows",

@@ -46,6 +46,11 @@ pub enum Mutation {
     NoEps,
     /// The epilogue leaves the weight out of each row's last element.
     WeightSkipped,
+    /// The fused kernels add the residual to the fp32 sum over the ranks before it is rounded
+    /// to the type, not to the rounded sum: in bf16 and fp16 (fp32's sum is its own rounding).
+    /// The unfused path has no such bug to plant: its sum reaches the epilogue through memory,
+    /// rounded.
+    ResidualBeforeRounding,
     /// `reduce_scatter_one_shot_pull_<dtype>` sums its rows in rank order rotated by one (from
     /// rank 1, rank 0 last): out of rank order at more than two ranks (two values add the same
     /// either way).
@@ -195,6 +200,12 @@ const WEIGHT_SKIPPED: &[Patch] = &[Patch {
     replace: "bits[j] = T::round(e + j == hidden - 1 ? scaled : mul_round_nearest(scaled, T::to_float(scale[j])));",
 }];
 
+const RESIDUAL_BEFORE_ROUNDING: &[Patch] = &[Patch {
+    file: "prepare_norm.cuh",
+    find: "added.lane[i] = T::rounded(sums.lane[i]);",
+    replace: "added.lane[i] = sums.lane[i];",
+}];
+
 /// The unfused epilogue, which sums no ranks: the mutations of the rank loops leave it as it is.
 const EPILOGUE: &[&str] = &["add_rms_norm"];
 /// Every kernel that runs the epilogue's norm (prepare_norm.cuh): the unfused one and the fused
@@ -202,6 +213,12 @@ const EPILOGUE: &[&str] = &["add_rms_norm"];
 /// them as they are.
 const NORMS: &[&str] = &[
     "add_rms_norm",
+    "all_reduce_add_rms_norm_one_shot_push_ll",
+    "all_reduce_add_rms_norm_one_shot_push_simple",
+    "all_reduce_add_rms_norm_two_shot",
+];
+/// The fused kernels: those that add the residual to their own sum.
+const FUSED: &[&str] = &[
     "all_reduce_add_rms_norm_one_shot_push_ll",
     "all_reduce_add_rms_norm_one_shot_push_simple",
     "all_reduce_add_rms_norm_two_shot",
@@ -263,7 +280,7 @@ const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 15] = [
+    pub const ALL: [Mutation; 16] = [
         Mutation::SkipPeer,
         Mutation::Truncate,
         Mutation::DropTail,
@@ -275,6 +292,7 @@ impl Mutation {
         Mutation::SquaresOutOfOrder,
         Mutation::NoEps,
         Mutation::WeightSkipped,
+        Mutation::ResidualBeforeRounding,
         Mutation::RowOutOfOrder,
         Mutation::SkipRowPeer,
         Mutation::ShortRankRows,
@@ -299,6 +317,7 @@ impl Mutation {
             Mutation::SquaresOutOfOrder => "squares_out_of_order",
             Mutation::NoEps => "no_eps",
             Mutation::WeightSkipped => "weight_skipped",
+            Mutation::ResidualBeforeRounding => "residual_before_rounding",
             Mutation::RowOutOfOrder => "row_out_of_order",
             Mutation::SkipRowPeer => "skip_row_peer",
             Mutation::ShortRankRows => "short_rank_rows",
@@ -357,6 +376,7 @@ impl Mutation {
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
                 (NORMS, &Dtype::ALL)
             }
+            Mutation::ResidualBeforeRounding => (FUSED, &[Dtype::Bf16, Dtype::Fp16]),
             Mutation::RowOutOfOrder => (&["reduce_scatter_one_shot_pull"], &Dtype::ALL),
             Mutation::SkipRowPeer => (&["all_gather_one_shot_pull"], &Dtype::ALL),
             Mutation::ShortRankRows | Mutation::RowBoundaryOffByOne => (
@@ -404,6 +424,7 @@ impl Mutation {
             Mutation::SquaresOutOfOrder => SQUARES_OUT_OF_ORDER,
             Mutation::NoEps => NO_EPS,
             Mutation::WeightSkipped => WEIGHT_SKIPPED,
+            Mutation::ResidualBeforeRounding => RESIDUAL_BEFORE_ROUNDING,
             Mutation::RowOutOfOrder => ROW_OUT_OF_ORDER,
             Mutation::SkipRowPeer => SKIP_ROW_PEER,
             Mutation::ShortRankRows => SHORT_RANK_ROWS,

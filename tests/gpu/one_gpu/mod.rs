@@ -12,11 +12,12 @@
 //! the kernel's failure.
 
 mod checks;
+mod fused;
 pub mod invariance;
 mod norm;
+mod ranks;
 pub mod rows;
 pub mod shapes;
-mod two_shot;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -49,6 +50,8 @@ pub const DEADLINE: Duration = Duration::from_millis(500);
 const WAIT: Duration = Duration::from_secs(60);
 /// Written over every output before a run: a NaN pattern the reference never produces.
 const POISON: u8 = 0xFF;
+/// Written over a local-input kernel's registered input region, which it must not touch.
+const REGION_POISON: u8 = 0x5A;
 /// Bytes past a message's end that must stay poison.
 const GUARD_BYTES: usize = 512;
 /// How long the late rank of a run waits before its input lands and its kernel starts.

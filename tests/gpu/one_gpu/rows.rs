@@ -10,40 +10,31 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prepare::abi::PARAMS_BYTES;
 use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::SourceOverrides;
 use prepare::device::required_residency;
-use prepare::gpu::abort::Abort;
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Driver, Event, Geometry, Graph, Kernel, LoadedKernel,
-    Module, ModuleImage, Stream,
+    Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module, ModuleImage,
 };
 use prepare::kernels::{
-    input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams, MAX_BLOCKS,
-    MAX_RANKS, SIGNAL_BYTES, STATE_ARRIVAL_WORDS, STATE_WORDS,
+    input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams,
 };
-use prepare::ladder::{Arch, Collective, Dtype, Ladder, Profile};
+use prepare::ladder::{Collective, Dtype, Ladder, Profile};
 use prepare::reference::{random_rank_inputs, reference_outputs};
 use prepare::shape::Shape;
 
-use super::checks::{check_connections, HELPERS};
-use super::{compile, dtype_name, DEADLINE, GUARD_BYTES, POISON, WAIT};
-use crate::gpu::support::{compile_ptx, WORLDS};
-use crate::support::one_gpu::{judge_abort, plan_launch, LaunchPlan, Verdict};
+use super::ranks::Ranks;
+use super::{compile, dtype_name, DEADLINE, GUARD_BYTES, POISON, REGION_POISON, WAIT};
+use crate::gpu::support::WORLDS;
+use crate::support::one_gpu::{plan_launch, LaunchPlan};
 
 /// Blocks and threads of every launch of the kernel table's check: eight ranks' blocks fit one
 /// to a multiprocessor.
 const BLOCKS: u32 = 8;
 const THREADS: u32 = 256;
-/// How long the late rank waits before its kernel starts.
-const LATE: Duration = Duration::from_micros(30);
-/// Replays of each graph.
-const REPLAYS: usize = 2;
-/// Written over a local-input kernel's registered input region, which it must not read.
-const REGION_POISON: u8 = 0x5A;
 
 /// The shapes every row kernel is checked at.
 fn shapes(world: usize) -> Vec<Shape> {
@@ -71,12 +62,8 @@ fn row_kernels(dtype: Dtype, world: usize) -> Vec<(Collective, KernelSpec)> {
     kernels
 }
 
-/// One rank's memory and stream.
+/// One rank's operands (its stream and registered memory are the `Ranks`').
 struct Rank {
-    stream: Stream,
-    buffer: DeviceBuffer,
-    signals: DeviceBuffer,
-    state: DeviceBuffer,
     /// Room for the whole message and its guard (the all-gather's output, the local
     /// reduce-scatter's input).
     whole: DeviceBuffer,
@@ -89,7 +76,7 @@ struct Rank {
 
 /// Every rank of one world on one GPU, with the row kernels of one type loaded.
 struct RowWorld<'a> {
-    device: &'a Device,
+    world: Ranks<'a>,
     dtype: Dtype,
     size: usize,
     ranks: Vec<Rank>,
@@ -97,10 +84,6 @@ struct RowWorld<'a> {
     region_bytes: usize,
     kernels: HashMap<String, LoadedKernel>,
     _modules: Vec<Module>,
-    _helpers: Module,
-    sleep: Kernel,
-    fork: Event,
-    joins: Vec<Event>,
 }
 
 /// One launch of a kernel on every rank: what each rank's parameters and memory are.
@@ -157,7 +140,6 @@ impl<'a> RowWorld<'a> {
         specs: &[KernelSpec],
         largest: usize,
     ) -> RowWorld<'a> {
-        check_connections(world);
         let region_bytes = (largest + GUARD_BYTES).next_multiple_of(256);
         let scratch = specs
             .iter()
@@ -178,54 +160,25 @@ impl<'a> RowWorld<'a> {
         }
         let ranks = (0..world)
             .map(|_| Rank {
-                stream: device.new_stream().unwrap(),
-                buffer: device.allocate(region_bytes + scratch).unwrap(),
-                signals: device.allocate(SIGNAL_BYTES as usize).unwrap(),
-                state: device.allocate(STATE_WORDS * 8).unwrap(),
                 whole: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
                 own: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
                 source: device.allocate(largest.max(16)).unwrap(),
             })
             .collect();
-        let helpers = device
-            .load_module(ModuleImage::Ptx(&compile_ptx(HELPERS, Arch::Sm90.name())))
-            .unwrap();
-        let this = RowWorld {
-            device,
+        RowWorld {
+            world: Ranks::new(device, world, region_bytes + scratch),
             dtype,
             size: world,
             ranks,
             region_bytes,
             kernels,
             _modules: modules,
-            sleep: helpers.kernel("one_gpu_sleep", 8).unwrap(),
-            _helpers: helpers,
-            fork: device.new_event(false).unwrap(),
-            joins: (0..world)
-                .map(|_| device.new_event(false).unwrap())
-                .collect(),
-        };
-        this.reset();
-        this
-    }
-
-    /// Zeroes every rank's signals, state and buffer together (no launch in flight).
-    fn reset(&self) {
-        for rank in &self.ranks {
-            rank.stream.synchronize_within(WAIT).unwrap();
-        }
-        for rank in &self.ranks {
-            for memory in [&rank.signals, &rank.state, &rank.buffer] {
-                rank.stream
-                    .fill_u8(memory, 0..memory.len_bytes(), 0)
-                    .unwrap();
-            }
-            rank.stream.synchronize_within(WAIT).unwrap();
         }
     }
 
     fn places<'r>(&'r self, run: &Run<'_>, rank: usize) -> Places<'r> {
         let me = &self.ranks[rank];
+        let buffer = &self.world.members[rank].buffer;
         let element = self.dtype.size_bytes();
         let owned = run
             .shape
@@ -241,7 +194,7 @@ impl<'a> RowWorld<'a> {
                 (&me.own, GUARD_BYTES)
             };
             Places {
-                input: if run.local() { values } else { (&me.buffer, 0) },
+                input: if run.local() { values } else { (buffer, 0) },
                 input_elements: own,
                 output: (&me.whole, GUARD_BYTES),
                 output_elements: whole,
@@ -252,7 +205,7 @@ impl<'a> RowWorld<'a> {
             let input = if run.local() {
                 (&me.whole, GUARD_BYTES)
             } else {
-                (&me.buffer, 0)
+                (buffer, 0)
             };
             Places {
                 input,
@@ -274,15 +227,10 @@ impl<'a> RowWorld<'a> {
     fn enqueue(&self, run: &Run<'_>, late: Option<usize>) {
         let element = self.dtype.size_bytes() as usize;
         let kernel = &self.kernels[&run.spec.name];
-        let mut buffers = [0_u64; MAX_RANKS];
-        let mut signals = [0_u64; MAX_RANKS];
-        for (peer, memory) in self.ranks.iter().enumerate() {
-            buffers[peer] = memory.buffer.address();
-            signals[peer] = memory.signals.address();
-        }
-        for (rank, memory) in self.ranks.iter().enumerate() {
+        let (buffers, signals) = self.world.peers();
+        for (rank, (memory, registered)) in self.ranks.iter().zip(&self.world.members).enumerate() {
             let places = self.places(run, rank);
-            let stream = &memory.stream;
+            let stream = &registered.stream;
             for target in [&memory.whole, &memory.own] {
                 stream
                     .fill_u8(target, 0..target.len_bytes(), POISON)
@@ -290,14 +238,9 @@ impl<'a> RowWorld<'a> {
             }
             let region = if run.local() { REGION_POISON } else { POISON };
             stream
-                .fill_u8(&memory.buffer, 0..self.region_bytes, region)
+                .fill_u8(&registered.buffer, 0..self.region_bytes, region)
                 .unwrap();
-            if late == Some(rank) {
-                let wait = (LATE.as_nanos() as u64).to_ne_bytes();
-                stream
-                    .launch(&self.sleep, Geometry::new(1, 32).unwrap(), &wait)
-                    .unwrap();
-            }
+            self.world.wait_if_late(rank, late);
             // A rank's input: the whole message of its source, or its own rows of it.
             let (from, bytes) = if run.gather() {
                 (
@@ -315,14 +258,14 @@ impl<'a> RowWorld<'a> {
                 // A pulled all-gather's peers read this rank's rows from its input region.
                 if run.gather() && !run.local() {
                     stream
-                        .copy_device(&memory.buffer, 0, &memory.source, from, bytes)
+                        .copy_device(&registered.buffer, 0, &memory.source, from, bytes)
                         .unwrap();
                 }
             }
             let params = LaunchParams {
                 buffers,
                 signals,
-                state: memory.state.address(),
+                state: registered.state.address(),
                 output: places.output.0.address() + places.output.1 as u64,
                 input: places.input.0.address() + places.input.1 as u64,
                 input_elements: places.input_elements,
@@ -342,19 +285,6 @@ impl<'a> RowWorld<'a> {
         }
     }
 
-    fn arrivals(&self) -> Vec<Vec<u64>> {
-        self.ranks
-            .iter()
-            .map(|rank| {
-                let mut words = vec![0_u64; MAX_BLOCKS];
-                rank.stream
-                    .read(&rank.state, STATE_ARRIVAL_WORDS * 8, &mut words)
-                    .unwrap();
-                words
-            })
-            .collect()
-    }
-
     /// Judges a finished run: the abort words, then every rank's output, the bytes around it
     /// and its input, against `expected` (each rank's output) and `inputs` (each rank's).
     fn judge(
@@ -364,36 +294,9 @@ impl<'a> RowWorld<'a> {
         expected: &[Vec<u8>],
         inputs: &[Vec<u8>],
     ) -> Result<(), String> {
-        for rank in &self.ranks {
-            rank.stream
-                .synchronize_within(WAIT)
-                .map_err(|error| error.to_string())?;
-        }
+        self.world.finished(before, run.blocks as usize)?;
         let element = self.dtype.size_bytes() as usize;
-        for (rank, memory) in self.ranks.iter().enumerate() {
-            let mut word = [0_u64];
-            memory.stream.read(&memory.state, 0, &mut word).unwrap();
-            if let Some(abort) = Abort::decode(word[0]) {
-                let everyone = vec![true; self.size];
-                let verdict = judge_abort(
-                    before,
-                    &self.arrivals(),
-                    run.blocks as usize,
-                    &everyone,
-                    DEADLINE.as_nanos() as u64,
-                );
-                self.reset();
-                return Err(match verdict {
-                    Verdict::KernelAborted => format!("rank {rank} aborted: {abort}"),
-                    Verdict::NotCoScheduled { never, late } => format!(
-                        "not co-scheduled: {} block(s) never began, {} late",
-                        never.len(),
-                        late.len()
-                    ),
-                });
-            }
-        }
-        for (rank, memory) in self.ranks.iter().enumerate() {
+        for (rank, memory) in self.world.members.iter().enumerate() {
             let places = self.places(run, rank);
             let (output, offset) = places.output;
             let bytes = places.output_elements as usize * element;
@@ -431,8 +334,7 @@ impl<'a> RowWorld<'a> {
         Ok(())
     }
 
-    /// `run` eagerly with rank `late` late, then captured in one graph of every rank and
-    /// replayed [`REPLAYS`] times, each judged.
+    /// `run` eagerly with rank `late` late, then in a graph of every rank replayed, each judged.
     fn check(
         &self,
         run: &Run<'_>,
@@ -440,42 +342,10 @@ impl<'a> RowWorld<'a> {
         expected: &[Vec<u8>],
         inputs: &[Vec<u8>],
     ) -> Result<(), String> {
-        let before = self.arrivals();
-        self.enqueue(run, Some(late));
-        self.judge(run, &before, expected, inputs)
-            .map_err(|why| format!("eager: {why}"))?;
-        let graph = self.capture(run, Some(late));
-        for replay in 0..REPLAYS {
-            let before = self.arrivals();
-            graph.1.launch().unwrap();
-            graph
-                .0
-                .synchronize_within(WAIT)
-                .map_err(|error| error.to_string())?;
-            self.judge(run, &before, expected, inputs)
-                .map_err(|why| format!("graph replay {replay}: {why}"))?;
-        }
-        Ok(())
-    }
-
-    /// `run` on every rank captured into one graph, each rank's stream a branch of it.
-    fn capture(&self, run: &Run<'_>, late: Option<usize>) -> (Stream, Graph) {
-        let mut stream = self.device.new_stream().unwrap();
-        let graph = stream
-            .capture(|capturing| {
-                capturing.record(&self.fork)?;
-                for rank in &self.ranks {
-                    rank.stream.wait_for(&self.fork)?;
-                }
-                self.enqueue(run, late);
-                for (rank, join) in self.ranks.iter().zip(&self.joins) {
-                    rank.stream.record(join)?;
-                    capturing.wait_for(join)?;
-                }
-                Ok::<(), prepare::gpu::driver::DriverError>(())
+        self.world
+            .eager_then_graph(late, &|late| self.enqueue(run, late), &|before| {
+                self.judge(run, before, expected, inputs)
             })
-            .unwrap();
-        (stream, graph)
     }
 }
 
@@ -505,7 +375,7 @@ impl RowWorld<'_> {
         let elements = shape.elements() as usize;
         let inputs = random_rank_inputs(self.dtype, seed, world, elements);
         for (rank, input) in inputs.iter().enumerate().filter(|_| elements > 0) {
-            let stream = &self.ranks[rank].stream;
+            let stream = &self.world.members[rank].stream;
             stream.write(&self.ranks[rank].source, 0, input).unwrap();
             stream.synchronize_within(WAIT).unwrap();
         }
