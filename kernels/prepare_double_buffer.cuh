@@ -115,13 +115,21 @@ __device__ __forceinline__ void send_vector_lines(unsigned char* region, u64 v, 
     store_line_volatile(line_address<N>(region, 2 * v + 1, parity, slot), high);
 }
 
+// Sends two 32-bit data words as line `line` of peer slot `slot` in a peer's region.
+template <int N>
+__device__ __forceinline__ void send_data_line(unsigned char* region, u64 line, u64 parity,
+                                               unsigned int slot, unsigned int low,
+                                               unsigned int high, unsigned int flag) {
+    const unsigned int words[4] = {low, flag, high, flag};
+    store_line_volatile(line_address<N>(region, line, parity, slot), words);
+}
+
 // Sends one 32-bit word (a tail element) as line `line` of peer slot `slot` in a peer's region.
 template <int N>
 __device__ __forceinline__ void send_word_line(unsigned char* region, u64 line, u64 parity,
                                                unsigned int slot, unsigned int value,
                                                unsigned int flag) {
-    const unsigned int words[4] = {value, flag, 0u, flag};
-    store_line_volatile(line_address<N>(region, line, parity, slot), words);
+    send_data_line<N>(region, line, parity, slot, value, 0u, flag);
 }
 
 // Waits for `count` (1 or 2) consecutive lines from `first` of `source`'s peer slot in this
@@ -167,6 +175,40 @@ __device__ __forceinline__ bool receive_lines(const LaunchParams& params, BlockF
     return true;
 }
 
+// The rank-ordered fp32 sums, not yet rounded, of vector `v`'s lanes: this rank's (`rank`) part
+// from `input` (indexed like the message), every peer's from lines `line` and `line + 1` of its
+// peer slot, which it waits for.
+// Every rank's part is received before the sum up to four ranks; beyond, each rank's part is summed as
+// it arrives, which keeps the registers to one vector. `received` goes false (and stays so: no
+// later line is awaited) when a peer timed out; the sum is then not to be stored.
+template <typename T, int N>
+__device__ __forceinline__ VectorSum<T> receive_vector_sum(const LaunchParams& params,
+                                                           BlockFlags& flags, unsigned int rank,
+                                                           const unsigned char* input, u64 v,
+                                                           u64 line, u64 parity,
+                                                           unsigned int flag, bool& received) {
+    const auto part = [&](int q) {
+        Vec16 x = {};
+        if (static_cast<unsigned int>(q) == rank) {
+            x = load_vector(input, v);
+        } else {
+            received =
+                received && receive_lines<N, 2>(params, flags, line, parity, q, flag, x.word);
+        }
+        return x;
+    };
+    if constexpr (N <= 4) {
+        Vec16 x[N];
+#pragma unroll
+        for (int q = 0; q < N; ++q) {
+            x[q] = part(q);
+        }
+        return sum_lanes<T, N>(x);
+    } else {
+        return sum_lanes_from<T, N>(part);
+    }
+}
+
 // Sends this thread's part of `range` (vectors and tail elements of a message of `elements`)
 // to every peer as lines, then waits for every peer's same lines and hands each vector's
 // rank-ordered fp32 sums, not yet rounded, to store_lanes(v, sums) and writes each tail
@@ -200,29 +242,8 @@ __device__ __forceinline__ void push_sum_lines(const LaunchParams& params, Block
     for_each_owned(
         range, workers,
         [&](u64 v) {
-            // Every rank's part received before the sum up to four ranks; beyond, each rank's
-            // part is summed as it arrives, which keeps the registers to one vector.
-            const auto part = [&](int q) {
-                Vec16 x = {};
-                if (static_cast<unsigned int>(q) == rank) {
-                    x = load_vector(input, v);
-                } else {
-                    received = received && receive_lines<N, 2>(params, flags, 2 * v, parity,
-                                                               q, flag, x.word);
-                }
-                return x;
-            };
-            VectorSum<T> sums;
-            if constexpr (N <= 4) {
-                Vec16 x[N];
-#pragma unroll
-                for (int q = 0; q < N; ++q) {
-                    x[q] = part(q);
-                }
-                sums = sum_lanes<T, N>(x);
-            } else {
-                sums = sum_lanes_from<T, N>(part);
-            }
+            const VectorSum<T> sums = receive_vector_sum<T, N>(params, flags, rank, input, v,
+                                                               2 * v, parity, flag, received);
             if (received) {
                 store_lanes_op(v, sums);
             }
@@ -256,6 +277,97 @@ __device__ __forceinline__ void push_sum_lines(const LaunchParams& params, Block
                          [&](u64 v, const VectorSum<T>& sums) {
                              store_vector(output, v, sums.result());
                          });
+}
+
+// The ll lines of a row run (prepare_layout.cuh's run_of; the row collectives): whole vector v
+// of the run takes lines 2 (v - begin_vector) and one more, as send_vector_lines; then its tail
+// elements follow, line_elements of them to a line (8 bytes, lowest element in the low bits of
+// the first data word), so a run that starts off a vector boundary, all tail, takes no more
+// lines than one that starts on one. A run with nothing in it still takes one (empty) tail line,
+// so every launch hears from every peer. A run of n elements then takes at most
+// 2 * (n / P) + 2 lines, within the all-reduce's line capacity for a message of n elements.
+template <typename T>
+__device__ __forceinline__ constexpr unsigned int line_elements() {
+    return 2 * T::kPerWord;
+}
+
+template <typename T>
+__device__ __forceinline__ u64 run_tail_lines(const Range& run) {
+    const u64 lines = (run.tail_end - run.tail_begin + line_elements<T>() - 1) / line_elements<T>();
+    return lines == 0 && run.end_vector == run.begin_vector ? 1 : lines;
+}
+
+// Block b's part of a run's lines: an equal share of its whole vectors, then an equal share of
+// its tail lines as the range's "elements" (for_each_owned hands out tail line numbers), so a
+// short run, or one all tail, still spreads over the blocks. The same on every rank.
+template <typename T>
+__device__ __forceinline__ Range block_lines(const Range& run) {
+    const u64 vectors = run.end_vector - run.begin_vector;
+    const u64 lines = run_tail_lines<T>(run);
+    const u64 vector_share = (vectors + gridDim.x - 1) / gridDim.x;
+    const u64 line_share = (lines + gridDim.x - 1) / gridDim.x;
+    const u64 vector = min_u64(blockIdx.x * vector_share, vectors);
+    const u64 line = min_u64(blockIdx.x * line_share, lines);
+    return {run.begin_vector + vector, run.begin_vector + min_u64(vector + vector_share, vectors),
+            line, min_u64(line + line_share, lines)};
+}
+
+// Calls vector_op(v, line) for each whole vector of `run` this thread takes (lines `line` and
+// `line + 1`), then line_op(first, line) for each of its tail lines (the elements from `first`,
+// as far as the run goes, in line `line`); the block's threads share the block's part.
+template <typename T, typename VectorOp, typename LineOp>
+__device__ __forceinline__ void for_each_run_line(const Range& run, VectorOp vector_op,
+                                                  LineOp line_op) {
+    const u64 vectors = run.end_vector - run.begin_vector;
+    for_each_owned(
+        block_lines<T>(run), Workers{threadIdx.x, blockDim.x},
+        [&](u64 v) { vector_op(v, 2 * (v - run.begin_vector)); },
+        [&](u64 t) { line_op(run.tail_begin + t * line_elements<T>(), 2 * vectors + t); });
+}
+
+// The tail line whose elements start at `first`, as the low half of a vector (its two data
+// words; the high half zero): load(e) for each element of the run from there (up to `end`),
+// packed as in memory; zero where the run ends. So a line's elements sum as a vector's lanes.
+template <typename T, typename Load>
+__device__ __forceinline__ Vec16 pack_line(u64 first, u64 end, Load load) {
+    Vec16 x = {};
+#pragma unroll
+    for (unsigned int i = 0; i < line_elements<T>(); ++i) {
+        if (first + i < end) {
+            x.word[i / T::kPerWord] |= static_cast<unsigned int>(load(first + i))
+                                       << (i % T::kPerWord * 16);
+        }
+    }
+    return x;
+}
+
+// Element i of a tail line held as pack_line's vector.
+template <typename T>
+__device__ __forceinline__ typename T::Bits line_element(const Vec16& x, unsigned int i) {
+    return static_cast<typename T::Bits>(x.word[i / T::kPerWord] >> (i % T::kPerWord * 16));
+}
+
+// Sends this block's part of `run` as lines, each vector or element read once:
+// load_vector_op(v) reads a whole vector of it, load_element_op(e) an element, and
+// each_peer(send) calls send(peer) with the PeerSlot of every peer it goes to.
+template <typename T, int N, typename LoadVector, typename LoadElement, typename EachPeer>
+__device__ __forceinline__ void send_run_lines(const Range& run, u64 parity, unsigned int flag,
+                                               LoadVector load_vector_op,
+                                               LoadElement load_element_op, EachPeer each_peer) {
+    for_each_run_line<T>(
+        run,
+        [&](u64 v, u64 line) {
+            const Vec16 x = load_vector_op(v);
+            each_peer([&](const PeerSlot& peer) {
+                send_vector_lines<N>(peer.region, line / 2, parity, peer.slot, x, flag);
+            });
+        },
+        [&](u64 first, u64 line) {
+            const Vec16 x = pack_line<T>(first, run.tail_end, load_element_op);
+            each_peer([&](const PeerSlot& peer) {
+                send_data_line<N>(peer.region, line, parity, peer.slot, x.word[0], x.word[1], flag);
+            });
+        });
 }
 
 // The simple protocol: data, then one flag per step. After each step one thread per peer

@@ -62,6 +62,25 @@ __device__ __forceinline__ RowSlices<T, N> row_slices(const LaunchParams& params
     return {params};
 }
 
+// Where a reduce-scatter's sum of this rank's rows goes: its output, which holds them from their
+// first element. Kept as one address, that of the message's element 0 were the output indexed
+// like the message (an integer: it may lie before the output), so that the eight-rank sums fit
+// the registers.
+template <typename T>
+struct RowOutput {
+    u64 base;
+
+    __device__ __forceinline__ RowOutput(void* output, u64 first)
+        : base(reinterpret_cast<u64>(output) - first * sizeof(typename T::Bits)) {}
+
+    __device__ __forceinline__ void operator()(u64 v, const Vec16& sum) const {
+        store_vector(reinterpret_cast<unsigned char*>(base), v, sum);
+    }
+    __device__ __forceinline__ void operator()(u64 e, typename T::Bits sum) const {
+        store_element<T>(reinterpret_cast<unsigned char*>(base), e, sum);
+    }
+};
+
 // Reduce-scatter, pull: this rank's slice `own`, read from every rank's registered buffer
 // (the message from byte 0), summed in rank order; each vector's fp32 sums, not yet rounded, go
 // to store_lanes(v, sums) and tail elements' sums to store_element(e, sum).

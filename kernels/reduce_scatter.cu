@@ -33,25 +33,6 @@
 
 namespace prepare {
 
-// Where a sum of this rank's rows goes: its output, which holds them from their first element.
-// Kept as one address, that of the message's element 0 were the output indexed like the
-// message (an integer: it may lie before the output), so that the eight-rank sums fit the
-// registers.
-template <typename T>
-struct RowOutput {
-    u64 base;
-
-    __device__ __forceinline__ RowOutput(void* output, u64 first)
-        : base(reinterpret_cast<u64>(output) - first * sizeof(typename T::Bits)) {}
-
-    __device__ __forceinline__ void operator()(u64 v, const Vec16& sum) const {
-        store_vector(reinterpret_cast<unsigned char*>(base), v, sum);
-    }
-    __device__ __forceinline__ void operator()(u64 e, typename T::Bits sum) const {
-        store_element<T>(reinterpret_cast<unsigned char*>(base), e, sum);
-    }
-};
-
 // Both begin with the start barrier: every peer's input is ready and its slots may be
 // overwritten.
 struct ReduceScatterPull : StartBarrier {

@@ -236,6 +236,27 @@ mod tests {
             3 * 16384
         );
         assert_eq!(scratch("all_gather_one_shot_push_bf16", 4, 16384), 16384);
+        // Their ll pushes: a region of their own, sized as the all-reduce's ll (a run of e
+        // elements takes no more lines than the all-reduce's message of e elements).
+        for ll in [
+            "reduce_scatter_one_shot_push_ll",
+            "all_gather_one_shot_push_ll",
+        ] {
+            for (dtype, world, bytes) in [("bf16", 4, 16384), ("fp32", 8, 18), ("bf16", 2, 1 << 20)]
+            {
+                let name = format!("{ll}_{dtype}");
+                assert!(is_double_buffered(&spec(&name, world)), "{name}");
+                assert_eq!(
+                    scratch(&name, world, bytes),
+                    scratch(
+                        &format!("all_reduce_one_shot_push_ll_{dtype}"),
+                        world,
+                        bytes
+                    ),
+                    "{name}"
+                );
+            }
+        }
         assert_eq!(scratch("all_gather_one_shot_push_fp32", 8, 18), 32);
         // The fused two-shot: the owners' normed rows, then their residual_out rows, each
         // message-sized (a rank may own every row), whatever the world.

@@ -3,12 +3,16 @@
 use super::spec::KernelSpec;
 
 /// The kernel sources, by file name.
-const SOURCES: [(&str, &str); 13] = [
+const SOURCES: [(&str, &str); 15] = [
     (
         "add_rms_norm.cu",
         include_str!("../../kernels/add_rms_norm.cu"),
     ),
     ("all_gather.cu", include_str!("../../kernels/all_gather.cu")),
+    (
+        "all_gather_double_buffered.cu",
+        include_str!("../../kernels/all_gather_double_buffered.cu"),
+    ),
     (
         "all_reduce_add_rms_norm_one_shot.cu",
         include_str!("../../kernels/all_reduce_add_rms_norm_one_shot.cu"),
@@ -52,6 +56,10 @@ const SOURCES: [(&str, &str); 13] = [
     (
         "reduce_scatter.cu",
         include_str!("../../kernels/reduce_scatter.cu"),
+    ),
+    (
+        "reduce_scatter_double_buffered.cu",
+        include_str!("../../kernels/reduce_scatter_double_buffered.cu"),
     ),
 ];
 

@@ -119,7 +119,7 @@ const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
 const ADD_RMS_NORM: &str = "add_rms_norm";
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 19] = [
+const KERNELS: [Kernel; 21] = [
     // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
     Kernel {
         name: ADD_RMS_NORM,
@@ -146,6 +146,15 @@ const KERNELS: [Kernel; 19] = [
         source: "all_gather.cu",
         cluster: false,
         scratch: Scratch::Message,
+        barriers: None,
+        input: InputAccess::Local,
+    },
+    // Pushed as ll lines into a region of its own: peers never read this rank's memory.
+    Kernel {
+        name: "all_gather_one_shot_push_ll",
+        source: "all_gather_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedLines,
         barriers: None,
         input: InputAccess::Local,
     },
@@ -297,6 +306,16 @@ const KERNELS: [Kernel; 19] = [
         barriers: None,
         input: InputAccess::Local,
     },
+    // Each owner's rows pushed to it as ll lines, into a region of its own; this rank reads only
+    // its own input, and writes each of its own rows' elements after reading it.
+    Kernel {
+        name: "reduce_scatter_one_shot_push_ll",
+        source: "reduce_scatter_double_buffered.cu",
+        cluster: false,
+        scratch: Scratch::DoubleBufferedLines,
+        barriers: None,
+        input: InputAccess::Local,
+    },
 ];
 
 impl Kernel {
@@ -423,10 +442,10 @@ pub fn epilogue_after(
 }
 
 /// The kernel of a reduce-scatter's or all-gather's profile: the one-shot, pulled or pushed,
-/// with barriers; `None` for every other profile (NCCL's, and what validation refuses for these
-/// collectives).
+/// with barriers, or pushed as ll lines; `None` for every other profile (NCCL's, and what
+/// validation refuses for these collectives).
 fn row_kernel_for(profile: &Profile, collective: Collective) -> Option<String> {
-    let transfer = match (profile.algorithm, profile.schedule, profile.protocol) {
+    let form = match (profile.algorithm, profile.schedule, profile.protocol) {
         (Algorithm::OneShot, None, None | Some(Protocol::Barrier)) => {
             match profile.transfer_or_default() {
                 Transfer::Pull => "pull",
@@ -434,9 +453,14 @@ fn row_kernel_for(profile: &Profile, collective: Collective) -> Option<String> {
                 Transfer::CopyEngine => return None,
             }
         }
+        (Algorithm::OneShot, None, Some(Protocol::Ll))
+            if profile.transfer_or_default() == Transfer::Push =>
+        {
+            "push_ll"
+        }
         _ => return None,
     };
-    Some(format!("{}_one_shot_{transfer}", collective.name()))
+    Some(format!("{}_one_shot_{form}", collective.name()))
 }
 
 /// How a kernel reads this rank's message; `None` for a name that is not a kernel of this crate.

@@ -73,10 +73,11 @@ pub enum Collective {
     /// Every rank ends with the element-wise sum of every rank's input.
     AllReduce,
     /// Every rank ends with the sum of its own run of whole rows of the message. Takes one-shot
-    /// pull and push profiles (barrier protocol) and NCCL ones, plain or `"order": "rank"`.
+    /// pull and push profiles (barrier protocol), one-shot push with `ll`, and NCCL ones, plain
+    /// or `"order": "rank"`.
     ReduceScatter,
     /// Every rank ends with every rank's rows, in rank order. Takes one-shot pull and push
-    /// profiles (barrier protocol) and plain NCCL ones.
+    /// profiles (barrier protocol), one-shot push with `ll`, and plain NCCL ones.
     AllGather,
     /// The all-reduce, then a residual added and an RMSNorm of every row (rows x hidden). Takes
     /// the all-reduce's profiles with `"epilogue": "separate"`, the fused ones
@@ -488,8 +489,8 @@ impl Order {
 pub enum Protocol {
     /// Flag barriers between phases, the start one included; scratch shared with other kernels.
     Barrier,
-    /// Flags in the data, double-buffered, no barrier; twice the bytes on the wire (all-reduce
-    /// only).
+    /// Flags in the data, double-buffered, no barrier; twice the bytes on the wire (one-shot push
+    /// only: the all-reduce, the reduce-scatter, the all-gather).
     Ll,
     /// A flag after each step of data, double-buffered, no barrier (all-reduce only).
     Simple,

@@ -111,6 +111,13 @@ fn row_catalogs_keep_the_all_reduce_s_boundaries_and_geometry_with_one_shot_and_
             if name.starts_with("gb202_") {
                 assert!(bucket.candidates.iter().any(|id| id == "nccl_4cta"), "{at}");
             }
+            // The H200 catalogs try the ll push on the small buckets, as far as the TP2
+            // all-reduce's ll goes.
+            assert_eq!(
+                bucket.candidates.iter().any(|id| id == "one_shot_push_ll"),
+                name.starts_with("h200_") && bucket.max_bytes <= MIB,
+                "{at}"
+            );
         }
         for profile in &ladder.profiles {
             assert!(
@@ -178,8 +185,9 @@ fn the_fp32_row_catalogs_are_twins_of_the_bf16_ones() {
     assert_eq!((bf16, ROWS.len() - bf16), (7, 6));
 }
 
-/// A reduce-scatter package holds its two one-shot kernels and the rank-order sum (which its
-/// NCCL path needs for uneven rows at any world); an all-gather package its two kernels alone.
+/// A reduce-scatter package holds its one-shot kernels and the rank-order sum (which its NCCL
+/// path needs for uneven rows at any world); an all-gather package its one-shot kernels alone.
+/// The one-shots are pull and push, and on H200 the push with ll.
 #[test]
 fn row_packages_hold_their_collective_s_kernels() {
     for (name, ladder) in row_catalogs() {
@@ -193,9 +201,14 @@ fn row_packages_hold_their_collective_s_kernels() {
             .map(|spec| spec.name)
             .collect();
         kernels.sort();
-        let mut expected: Vec<String> = ["pull", "push"]
+        let forms: &[&str] = if name.starts_with("h200_") {
+            &["pull", "push", "push_ll"]
+        } else {
+            &["pull", "push"]
+        };
+        let mut expected: Vec<String> = forms
             .iter()
-            .map(|transfer| format!("{collective}_one_shot_{transfer}_{dtype}"))
+            .map(|form| format!("{collective}_one_shot_{form}_{dtype}"))
             .collect();
         if collective == Collective::ReduceScatter {
             expected.insert(0, format!("nccl_rank_order_sum_{dtype}"));

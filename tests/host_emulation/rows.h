@@ -1,5 +1,6 @@
-// The row collectives (reduce_scatter.cu, all_gather.cu) on the host: included by harness.cc
-// inside its anonymous namespace, after the helpers it uses (launch_rank, Rank, CHECK,
+// The row collectives (reduce_scatter.cu, all_gather.cu, and their ll forms in
+// reduce_scatter_double_buffered.cu and all_gather_double_buffered.cu) on the host: included by
+// harness.cc inside its anonymous namespace, after the helpers it uses (launch_rank, Rank, CHECK,
 // input_value, the element conversions and accessors, scratch_bytes, random_source, Aligned).
 //
 // A message is rows x width elements; rank q owns rows [first(q), first(q) + owned(q)), rows /
@@ -67,11 +68,17 @@ const RowKernel kRowKernels[] = {
     {{"all_gather_one_shot_push", row_entries<prepare::AllGatherPush>(), Scratch::Message, false,
       true},
      true},
+    {{"all_gather_one_shot_push_ll", row_entries<prepare::AllGatherPushLl>(),
+      Scratch::DoubleBufferedLines, false, true},
+     true},
     {{"reduce_scatter_one_shot_pull", row_entries<prepare::ReduceScatterPull>(), Scratch::None,
       false, false},
      false},
     {{"reduce_scatter_one_shot_push", row_entries<prepare::ReduceScatterPush>(),
       Scratch::PeerMessageSlots, false, true},
+     false},
+    {{"reduce_scatter_one_shot_push_ll", row_entries<prepare::ReduceScatterPushLl>(),
+      Scratch::DoubleBufferedLines, false, true},
      false},
 };
 
@@ -176,9 +183,16 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
     // The input region holds the message and a row's guard; then the scratch, exactly.
     const u64 scratch_offset = round_up(max_elements * size, 16) + row_guard;
     const u64 buffer_bytes = scratch_offset + max_scratch;
+    // A double-buffered kernel's scratch is zeroed before its first launch, as the host does.
+    const bool zeroed = std::any_of(sequence.begin(), sequence.end(), [](const RowLaunch& launch) {
+        return double_buffered(launch.kernel->kernel.scratch);
+    });
     std::vector<std::unique_ptr<Aligned>> buffers(world);
-    for (auto& buffer : buffers)
+    for (auto& buffer : buffers) {
         buffer.reset(new Aligned(buffer_bytes + kBufferGuard));
+        if (zeroed)
+            std::memset(buffer->data + scratch_offset, 0, max_scratch);
+    }
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])

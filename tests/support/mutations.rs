@@ -27,9 +27,9 @@ pub enum Mutation {
     NoStartBarrier,
     /// Rank 0's contribution is added twice.
     DoubleCount,
-    /// `all_reduce_one_shot_push_ll_<dtype>` and the fused kernel of that protocol take each line
-    /// as they find it, without waiting for the launch's flag: a race that shows only when a peer
-    /// is late.
+    /// `all_reduce_one_shot_push_ll_<dtype>`, the fused kernel of that protocol and the
+    /// reduce-scatter's and all-gather's `ll` kernels take each line as they find it, without
+    /// waiting for the launch's flag: a race that shows only when a peer is late.
     NoLineWait,
     /// `all_reduce_one_shot_push_simple_<dtype>`, `all_reduce_rsag_push_simple_<dtype>` and the
     /// fused kernel of that protocol take a step without waiting for the peers' step flags: a
@@ -358,8 +358,10 @@ impl Mutation {
             }
             Mutation::NoLineWait => (
                 &[
+                    "all_gather_one_shot_push_ll",
                     "all_reduce_add_rms_norm_one_shot_push_ll",
                     "all_reduce_one_shot_push_ll",
+                    "reduce_scatter_one_shot_push_ll",
                 ],
                 &Dtype::ALL,
             ),
@@ -384,8 +386,10 @@ impl Mutation {
                     "all_gather_one_shot_pull",
                     "all_reduce_add_rms_norm_two_shot",
                     "all_gather_one_shot_push",
+                    "all_gather_one_shot_push_ll",
                     "reduce_scatter_one_shot_pull",
                     "reduce_scatter_one_shot_push",
+                    "reduce_scatter_one_shot_push_ll",
                 ],
                 &Dtype::ALL,
             ),

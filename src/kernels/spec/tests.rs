@@ -98,7 +98,7 @@ fn the_table_serves_every_collective() {
 }
 
 #[test]
-fn row_collectives_take_the_one_shot_with_barriers_only() {
+fn row_collectives_take_the_one_shot_with_barriers_and_the_push_ll_only() {
     // (algorithm, transfer, protocol, schedule) -> the algorithm's kernel, or none.
     let table = [
         ("one_shot", None, None, None, Some("one_shot_pull")),
@@ -118,7 +118,15 @@ fn row_collectives_take_the_one_shot_with_barriers_only() {
             None,
             Some("one_shot_push"),
         ),
-        ("one_shot", Some("push"), Some("ll"), None, None),
+        (
+            "one_shot",
+            Some("push"),
+            Some("ll"),
+            None,
+            Some("one_shot_push_ll"),
+        ),
+        ("one_shot", Some("pull"), Some("ll"), None, None),
+        ("one_shot", None, Some("ll"), None, None),
         ("one_shot", Some("push"), Some("simple"), None, None),
         ("one_shot", Some("copy_engine"), None, None, None),
         ("one_shot", None, None, Some("phased"), None),
@@ -153,7 +161,11 @@ fn row_collectives_take_the_one_shot_with_barriers_only() {
                 "{collective} {algorithm} {transfer:?} {protocol:?} {schedule:?}"
             );
             if let Some(spec) = spec {
-                let source = format!("{}.cu", collective.name());
+                let source = if protocol == Some("ll") {
+                    format!("{}_double_buffered.cu", collective.name())
+                } else {
+                    format!("{}.cu", collective.name())
+                };
                 assert_eq!(
                     (spec.source, spec.world, spec.cluster),
                     (source.as_str(), 5, false)
@@ -177,6 +189,8 @@ fn row_collectives_take_the_one_shot_with_barriers_only() {
     for push in [
         "reduce_scatter_one_shot_push_bf16",
         "all_gather_one_shot_push_bf16",
+        "reduce_scatter_one_shot_push_ll_bf16",
+        "all_gather_one_shot_push_ll_bf16",
     ] {
         assert_eq!(access(push), Some(InputAccess::Local), "{push}");
     }

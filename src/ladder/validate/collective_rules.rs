@@ -1,7 +1,7 @@
 //! What a reduce-scatter and an all-gather ladder take: one-shot pull and push profiles with
-//! the barrier protocol, and NCCL profiles (the rank-order one for the reduce-scatter only);
-//! no RSAG or full algorithm, no schedule, no double-buffered protocol, no copy engines, no
-//! symmetric window and no clustered bucket. The all-reduce's rules about those forms stay
+//! the barrier protocol, one-shot push with the ll protocol, and NCCL profiles (the rank-order
+//! one for the reduce-scatter only); no RSAG or full algorithm, no schedule, no simple
+//! protocol, no copy engines, no symmetric window and no clustered bucket. The all-reduce's rules about those forms stay
 //! silent on these ladders, so each problem is reported once, by the rule here.
 
 use super::diagnostic::{json_string, Diagnostic, Rule};
@@ -73,18 +73,16 @@ pub(super) fn profile_refusals(
             ),
         );
     }
-    if let Some(protocol @ (Protocol::Ll | Protocol::Simple)) = profile.protocol {
-        if profile.algorithm == Algorithm::OneShot {
-            report(
-                Rule::ProtocolNotForCollective,
-                "protocol",
-                protocol.name(),
-                format!(
-                    "\"barrier\" or no protocol field (profile {id}: collective {collective} has \
-                     no double-buffered ll or simple kernels)"
-                ),
-            );
-        }
+    if profile.protocol == Some(Protocol::Simple) && profile.algorithm == Algorithm::OneShot {
+        report(
+            Rule::ProtocolNotForCollective,
+            "protocol",
+            Protocol::Simple.name(),
+            format!(
+                "\"barrier\", \"ll\" (with \"transfer\": \"push\") or no protocol field (profile \
+                 {id}: collective {collective} has no double-buffered simple kernel)"
+            ),
+        );
     }
     if profile.transfer == Some(Transfer::CopyEngine) && profile.algorithm == Algorithm::OneShot {
         report(

@@ -109,7 +109,7 @@ rules! {
     AlgorithmNotForCollective => "algorithm_not_for_collective", Rules;
     /// `schedule` on a reduce-scatter or all-gather profile: they have no phased kernels.
     ScheduleNotForCollective => "schedule_not_for_collective", Rules;
-    /// `ll` or `simple` on a reduce-scatter or all-gather profile.
+    /// `simple` on a reduce-scatter or all-gather profile.
     ProtocolNotForCollective => "protocol_not_for_collective", Rules;
     /// `"transfer": "copy_engine"` on a reduce-scatter or all-gather profile.
     CopyEngineNotForCollective => "copy_engine_not_for_collective", Rules;

@@ -203,8 +203,8 @@ impl Checker<'_> {
                 );
             }
         }
-        // A collective without double-buffered kernels refuses them by its own rule.
-        let judged = |protocol: &Protocol| all_reduce_forms || *protocol == Protocol::Barrier;
+        // A collective without the simple protocol refuses it by its own rule.
+        let judged = |protocol: &Protocol| all_reduce_forms || *protocol != Protocol::Simple;
         if let Some(protocol) = profile.protocol.filter(judged) {
             let double_buffered = protocol != Protocol::Barrier;
             let push = profile.transfer == Some(Transfer::Push);

@@ -1,6 +1,6 @@
 //! The reduce-scatter and all-gather kernels on one GPU, every rank a stream of it, as the
 //! all-reduce's world (mod.rs) but without a ladder: each row kernel of the kernel table,
-//! loaded by its `KernelSpec`, at 2, 4 and 8 ranks and in every type, at rows 0, 1, world - 1,
+//! loaded by its `KernelSpec` (pull and push with barriers, push with `ll`), at 2, 4 and 8 ranks and in every type, at rows 0, 1, world - 1,
 //! world + 1, 2047 and 2048 of widths 1, 7 and 4096, out of place and in place, eagerly with one
 //! rank late and in a graph of every rank replayed twice. Every rank's output must be
 //! `prepare::reference::reference_outputs`'s, the bytes after it still poison, and its input
@@ -20,7 +20,8 @@ use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module, ModuleImage,
 };
 use prepare::kernels::{
-    input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams,
+    input_access, is_double_buffered, kernel_for, scratch_bytes, InputAccess, KernelSpec,
+    LaunchParams,
 };
 use prepare::ladder::{Collective, Dtype, Ladder, Profile};
 use prepare::reference::{random_rank_inputs, reference_outputs};
@@ -45,17 +46,20 @@ fn shapes(world: usize) -> Vec<Shape> {
         .collect()
 }
 
-/// The row kernels of the table: (collective, kernel), both transfers of each collective.
+/// The row kernels of the table: (collective, kernel), both transfers of each collective with
+/// barriers and the push with `ll`.
 fn row_kernels(dtype: Dtype, world: usize) -> Vec<(Collective, KernelSpec)> {
     let mut kernels = Vec::new();
     for collective in [Collective::ReduceScatter, Collective::AllGather] {
-        for transfer in ["pull", "push"] {
+        for (transfer, protocol) in [("pull", "barrier"), ("push", "barrier"), ("push", "ll")] {
             let profile: Profile = serde_json::from_value(serde_json::json!({
-                "id": transfer, "algorithm": "one_shot", "transfer": transfer
+                "id": transfer, "algorithm": "one_shot", "transfer": transfer,
+                "protocol": protocol
             }))
             .unwrap();
-            let spec = kernel_for(&profile, collective, dtype, world as u32)
-                .unwrap_or_else(|| panic!("the table has no {collective} {transfer} kernel"));
+            let spec = kernel_for(&profile, collective, dtype, world as u32).unwrap_or_else(|| {
+                panic!("the table has no {collective} {transfer} {protocol} kernel")
+            });
             kernels.push((collective, spec));
         }
     }
@@ -80,8 +84,11 @@ struct RowWorld<'a> {
     dtype: Dtype,
     size: usize,
     ranks: Vec<Rank>,
-    /// The input region of every rank's buffer; the scratch follows it.
+    /// The input region of every rank's buffer; the barrier kernels' shared scratch follows it,
+    /// then each double-buffered kernel's own region.
     region_bytes: usize,
+    /// Where each kernel's scratch starts in the buffer, by kernel name.
+    scratch_offsets: HashMap<String, u64>,
     kernels: HashMap<String, LoadedKernel>,
     _modules: Vec<Module>,
 }
@@ -141,11 +148,27 @@ impl<'a> RowWorld<'a> {
         largest: usize,
     ) -> RowWorld<'a> {
         let region_bytes = (largest + GUARD_BYTES).next_multiple_of(256);
-        let scratch = specs
+        // As the host lays them out: the barrier kernels share one region, and each
+        // double-buffered kernel has one no other kernel touches.
+        let bytes = |spec: &KernelSpec| {
+            (scratch_bytes(spec, largest as u64) as usize).next_multiple_of(256)
+        };
+        let shared = specs
             .iter()
-            .map(|spec| scratch_bytes(spec, largest as u64) as usize)
+            .filter(|spec| !is_double_buffered(spec))
+            .map(bytes)
             .max()
             .unwrap_or(0);
+        let mut scratch_offsets = HashMap::new();
+        let mut scratch = shared;
+        for spec in specs {
+            if is_double_buffered(spec) {
+                scratch_offsets.insert(spec.name.clone(), (region_bytes + scratch) as u64);
+                scratch += bytes(spec);
+            } else {
+                scratch_offsets.insert(spec.name.clone(), region_bytes as u64);
+            }
+        }
         let compiled = compile(specs, world as u32, &SourceOverrides::new(), "embedded")
             .unwrap_or_else(|error| panic!("the row kernels do not compile: {error}"));
         let mut modules = Vec::new();
@@ -171,6 +194,7 @@ impl<'a> RowWorld<'a> {
             size: world,
             ranks,
             region_bytes,
+            scratch_offsets,
             kernels,
             _modules: modules,
         }
@@ -272,7 +296,7 @@ impl<'a> RowWorld<'a> {
                 output_elements: places.output_elements,
                 rows: run.shape.rows(),
                 width: run.shape.width(),
-                scratch_offset: self.region_bytes as u64,
+                scratch_offset: self.scratch_offsets[&run.spec.name],
                 timeout_ns: DEADLINE.as_nanos() as u64,
                 rank: rank as u32,
                 world: self.size as u32,
