@@ -26,16 +26,21 @@ use crate::support::mutations::{apply, Mutation};
 use crate::support::repository::root;
 
 /// Removes the definition of `name` (a `__device__ __forceinline__` function ending with a `}`
-/// line) from `text`.
+/// line, a template's `template <...>` line above it included) from `text`.
 fn drop_function(text: &str, name: &str) -> String {
     let call = format!(" {name}(");
     let position = text
         .find(&call)
         .unwrap_or_else(|| panic!("{name} not found"));
-    let start = text[..position]
+    let mut start = text[..position]
         .rfind("\n__device__")
         .expect("a definition")
         + 1;
+    if let Some(line) = text[..start - 1].rfind('\n') {
+        if text[line + 1..start].starts_with("template <") {
+            start = line + 1;
+        }
+    }
     let end = position + text[position..].find("\n}\n").expect("an end") + 3;
     format!("{}{}", &text[..start], &text[end..])
 }
@@ -48,6 +53,7 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
             "prepare_sync.cuh",
             &[
                 "global_timer_ns",
+                "spin_until",
                 "store_release_system",
                 "load_acquire_system",
                 "load_relaxed_device",

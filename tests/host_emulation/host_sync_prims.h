@@ -1,5 +1,5 @@
-// Host versions of prepare_sync.cuh's inline-PTX primitives, with the same memory orders.
-// Spins yield, since there are far more emulated threads than cores.
+// Host versions of prepare_sync.cuh's inline-PTX primitives, with the same memory orders, and
+// of its one spin.
 __device__ __forceinline__ u64 global_timer_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -12,7 +12,6 @@ __device__ __forceinline__ void store_release_system(u64* address, u64 value) {
     std::atomic_ref<u64>(*address).store(value, std::memory_order_release);
 }
 __device__ __forceinline__ u64 load_acquire_system(const u64* address) {
-    std::this_thread::yield();
     return std::atomic_ref<u64>(*const_cast<u64*>(address)).load(std::memory_order_acquire);
 }
 __device__ __forceinline__ u64 load_relaxed_device(const u64* address) {
@@ -40,7 +39,6 @@ __device__ __forceinline__ void store_line_volatile(unsigned int* address,
 }
 __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
                                                    unsigned int (&words)[4]) {
-    std::this_thread::yield();
     for (int half = 0; half < 2; ++half) {
         const u64 value = std::atomic_ref<u64>(*reinterpret_cast<u64*>(
                                                    const_cast<unsigned int*>(address) + 2 * half))
@@ -48,4 +46,29 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
         words[2 * half] = static_cast<unsigned int>(value);
         words[2 * half + 1] = static_cast<unsigned int>(value >> 32);
     }
+}
+// prepare_sync.cuh's spin: the same polls, the same deadline and last look, but the emulated
+// threads far outnumber the cores, so a poll that finds nothing gives the core away: it yields
+// for a few polls (a short wait is seen at once), then sleeps, twice as long each time up to
+// kMaxSpinSleep, so a long wait (a late rank, a peer's launch still running) costs a wake-up
+// now and then instead of a system call every poll. No wait ends before what it waits for
+// arrives; a waiter only notices it later, by one sleep at most.
+constexpr int kSpinYields = 16;
+constexpr auto kMaxSpinSleep = std::chrono::microseconds(256);
+template <typename Poll>
+__device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
+    auto sleep = std::chrono::microseconds(1);
+    for (int polls = 0; !arrived(); ++polls) {
+        if (global_timer_ns() > deadline) {
+            return arrived();
+        }
+        if (polls < kSpinYields) {
+            std::this_thread::yield();
+        } else {
+            std::this_thread::sleep_for(sleep);
+            if (sleep < kMaxSpinSleep)
+                sleep *= 2;
+        }
+    }
+    return true;
 }
