@@ -3,7 +3,7 @@
 //! ([`Collectives::enqueue_chunked`]; a reduce-scatter's or all-gather's through a staging
 //! buffer of one piece, [`Collectives::enqueue_rows_in_pieces`]; cut by the collective's plan,
 //! [`crate::shape::pieces`]; an `all_reduce_add_rms_norm`'s in runs of whole rows,
-//! [`epilogue_pieces`], [`Collectives::enqueue_epilogue_in_pieces`]).
+//! [`crate::shape::epilogue_pieces`], [`Collectives::enqueue_epilogue_in_pieces`]).
 //! Start-up selection times both at twice the largest
 //! bucket's message and decides as it does for a bucket, NCCL being the baseline to beat by the
 //! margin; `prepare bench` times both at every size above the ladder.
@@ -15,7 +15,7 @@ use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory};
 use crate::ladder::{Collective, Ladder};
 use crate::package::Outcome;
 use crate::runtime::{Runtime, RuntimeError};
-use crate::shape::Shape;
+use crate::shape::{epilogue_pieces, Shape};
 use crate::timing::{GroupSamples, Timed, Timer, TimingOptions};
 use crate::tune::choice::{AboveLadder, AboveLadderRoute};
 use crate::tune::early_stop::keep_timing;
@@ -93,25 +93,6 @@ impl Contenders {
     pub fn all(&self) -> impl Iterator<Item = EntryId> + '_ {
         std::iter::once(self.nccl).chain(self.pieces.iter().copied())
     }
-}
-
-/// The pieces of an `all_reduce_add_rms_norm` of `shape` (rows x hidden, the same on every
-/// rank) above the largest bucket, in pieces of at most `piece` elements: consecutive runs of
-/// `piece / hidden` whole rows, the last one shorter, each a message of its own whose every
-/// operand but the weight starts that many rows in. The norm is per row, so the pieces give the
-/// whole message's bits. `None` when one row is more than a piece (or `piece` is 0): NCCL then
-/// takes the message whole.
-pub fn epilogue_pieces(shape: Shape, piece: u64) -> Option<Vec<Range<u64>>> {
-    let per_piece = piece / shape.width();
-    if per_piece == 0 {
-        return None;
-    }
-    Some(
-        (0..shape.rows())
-            .step_by(usize::try_from(per_piece).unwrap_or(usize::MAX))
-            .map(|start| start..(start + per_piece).min(shape.rows()))
-            .collect(),
-    )
 }
 
 /// Input and output buffers for timing messages above the ladder, allocated for the timing and

@@ -67,7 +67,7 @@ impl Collectives {
     }
 
     /// Enqueues `message`, a message above the largest bucket, in pieces of whole rows
-    /// ([`crate::pieces::epilogue_pieces`]), each one call of entry `id` (a candidate of the
+    /// ([`crate::shape::epilogue_pieces`]), each one call of entry `id` (a candidate of the
     /// largest bucket) on its rows: every operand but the weight offset by the same rows, so a
     /// row's bits are those of the whole message. Every check comes before the first piece (a
     /// refusal after some would leave the peers waiting): the operands, a row no larger than a
@@ -81,7 +81,7 @@ impl Collectives {
     ) -> Result<(), RuntimeError> {
         check_epilogue(self.dtype, message).map_err(self.operand_error())?;
         let piece = self.piece_elements() as u64;
-        let pieces = crate::pieces::epilogue_pieces(message.shape, piece).ok_or_else(|| {
+        let pieces = crate::shape::epilogue_pieces(message.shape, piece).ok_or_else(|| {
             self.operand_error()(OperandError::RowLargerThanPiece {
                 hidden: message.shape.width(),
                 piece,

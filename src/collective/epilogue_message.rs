@@ -65,7 +65,7 @@ impl EpilogueMessage {
         }
     }
 
-    /// Whether the message may go in pieces of whole rows ([`crate::pieces::epilogue_pieces`]):
+    /// Whether the message may go in pieces of whole rows ([`crate::shape::epilogue_pieces`]):
     /// `normed` and the residual are each `x` itself or lie apart from it, so no piece writes
     /// what a later piece still reads.
     pub fn may_go_in_pieces(&self) -> bool {

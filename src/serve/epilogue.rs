@@ -12,8 +12,8 @@ use super::{Handle, ServeError, Served};
 use crate::collective::{EpilogueMessage, HIDDEN_MULTIPLE, MAX_HIDDEN};
 use crate::gpu::driver::Stream;
 use crate::ladder::{Collective, Dtype};
-use crate::pieces::epilogue_pieces;
 use crate::runtime::{OperandError, RuntimeError};
+use crate::shape::epilogue_pieces;
 use crate::shape::Shape;
 
 impl Handle {

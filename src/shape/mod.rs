@@ -14,7 +14,7 @@ mod rank_rows;
 
 use std::ops::Range;
 
-pub use pieces::{piece_plan, ElementPieces, PiecePlan, RowPiece, RowPieces};
+pub use pieces::{epilogue_pieces, piece_plan, ElementPieces, PiecePlan, RowPiece, RowPieces};
 pub use rank_rows::RankRows;
 
 use crate::ladder::Collective;
@@ -70,6 +70,18 @@ pub enum ShapeError {
         width: u64,
         /// The world size.
         world: u32,
+        /// Elements of the largest piece.
+        piece: u64,
+    },
+    /// An all-reduce + residual add + RMSNorm above the ladder whose one row is already more
+    /// than a piece: it cannot go in pieces of whole rows.
+    #[error(
+        "all_reduce_add_rms_norm of hidden {width} cannot go in pieces of {piece} elements: one \
+         row is more than a piece"
+    )]
+    RowLargerThanPiece {
+        /// The message's width (hidden).
+        width: u64,
         /// Elements of the largest piece.
         piece: u64,
     },

@@ -5,7 +5,9 @@
 //! elements, the last one shorter. A reduce-scatter's or all-gather's rank owns a run of whole
 //! rows ([`super::owned_rows`]); a piece takes the same sub-range of every rank's run (clipped
 //! to the run's length, since the first ranks own one row more), so each rank's rows of a piece
-//! stay one contiguous run and the piece is itself a message of the shape rule.
+//! stay one contiguous run and the piece is itself a message of the shape rule. The fused
+//! all-reduce + residual add + RMSNorm is cut into consecutive runs of whole rows, every rank
+//! the same, since its norm is per row.
 
 use std::ops::Range;
 
@@ -19,6 +21,9 @@ pub enum PiecePlan {
     Elements(ElementPieces),
     /// The reduce-scatter and the all-gather: the same rows of every rank's run.
     Rows(RowPieces),
+    /// The all-reduce + residual add + RMSNorm: consecutive runs of whole rows
+    /// ([`epilogue_pieces`]).
+    WholeRows(Vec<Range<u64>>),
 }
 
 /// The pieces of a `collective` of `shape` on `world` ranks, each at most `piece` elements
@@ -38,8 +43,32 @@ pub fn piece_plan(
         Collective::ReduceScatter | Collective::AllGather => {
             RowPieces::new(collective, shape, world, piece).map(PiecePlan::Rows)
         }
-        Collective::AllReduceAddRmsNorm => Err(ShapeError::NotBuilt { collective }),
+        Collective::AllReduceAddRmsNorm => epilogue_pieces(shape, piece)
+            .map(PiecePlan::WholeRows)
+            .ok_or(ShapeError::RowLargerThanPiece {
+                width: shape.width(),
+                piece,
+            }),
     }
+}
+
+/// The pieces of an `all_reduce_add_rms_norm` of `shape` (rows x hidden, the same on every
+/// rank) above the largest bucket, in pieces of at most `piece` elements: consecutive runs of
+/// `piece / hidden` whole rows, the last one shorter, each a message of its own whose every
+/// operand but the weight starts that many rows in. The norm is per row, so the pieces give the
+/// whole message's bits. `None` when one row is more than a piece (or `piece` is 0): NCCL then
+/// takes the message whole.
+pub fn epilogue_pieces(shape: Shape, piece: u64) -> Option<Vec<Range<u64>>> {
+    let per_piece = piece / shape.width();
+    if per_piece == 0 {
+        return None;
+    }
+    Some(
+        (0..shape.rows())
+            .step_by(usize::try_from(per_piece).unwrap_or(usize::MAX))
+            .map(|start| start..(start + per_piece).min(shape.rows()))
+            .collect(),
+    )
 }
 
 /// Consecutive element ranges of a message of `elements`, each `piece` long but the last.
@@ -285,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn a_row_on_every_rank_larger_than_a_piece_or_the_fused_collective_is_refused() {
+    fn a_row_larger_than_a_piece_is_refused() {
         let shape = Shape::new(64, 1000).expect("a valid shape");
         let refused = piece_plan(Collective::ReduceScatter, shape, 4, 3999).unwrap_err();
         assert_eq!(
@@ -295,10 +324,32 @@ mod tests {
         );
         assert!(piece_plan(Collective::AllGather, shape, 4, 4000).is_ok());
         assert_eq!(
-            piece_plan(Collective::AllReduceAddRmsNorm, shape, 4, 4000),
-            Err(ShapeError::NotBuilt {
-                collective: Collective::AllReduceAddRmsNorm
+            piece_plan(Collective::AllReduceAddRmsNorm, shape, 4, 999),
+            Err(ShapeError::RowLargerThanPiece {
+                width: 1000,
+                piece: 999
             })
+        );
+        assert_eq!(
+            piece_plan(Collective::AllReduceAddRmsNorm, shape, 4, 4000),
+            Ok(PiecePlan::WholeRows(vec![
+                0..4,
+                4..8,
+                8..12,
+                12..16,
+                16..20,
+                20..24,
+                24..28,
+                28..32,
+                32..36,
+                36..40,
+                40..44,
+                44..48,
+                48..52,
+                52..56,
+                56..60,
+                60..64
+            ]))
         );
         assert_eq!(
             piece_plan(Collective::AllGather, shape, 0, 4000),
