@@ -8,14 +8,12 @@
 //! bucket's message and decides as it does for a bucket, NCCL being the baseline to beat by the
 //! margin; `prepare bench` times both at every size above the ladder.
 
-use std::ops::Range;
-
 use crate::collective::{rank_order_applies, Collectives, EntryId, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceBuffer, DeviceMemory};
 use crate::ladder::{Collective, Ladder};
 use crate::package::Outcome;
 use crate::runtime::{Runtime, RuntimeError};
-use crate::shape::{epilogue_pieces, Shape};
+use crate::shape::Shape;
 use crate::timing::{GroupSamples, Timed, Timer, TimingOptions};
 use crate::tune::choice::{AboveLadder, AboveLadderRoute};
 use crate::tune::early_stop::keep_timing;
@@ -305,7 +303,9 @@ pub fn nccl_untimed(reason: &str) -> AboveLadder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shape::epilogue_pieces;
     use crate::tune::{CandidateResult, DecisionReason};
+    use std::ops::Range;
 
     /// A decision over NCCL (first) and one candidate in pieces, won by `winner`.
     fn decision(winner: &str) -> BucketDecision {
