@@ -360,3 +360,23 @@ fn a_row_collective_s_lines_name_it_and_give_the_shape() {
         );
     }
 }
+
+/// The serving table's line: the size, the bucket, the chosen candidate, the four paths and the
+/// extra of any tensor over zero copy; a path not timed (no in-place zero copy) is NaN.
+#[test]
+fn a_serving_line_gives_every_path_and_the_extra() {
+    let row = ServingRow {
+        bytes: 4096,
+        bucket: 2,
+        profile: "one_shot_pull".to_owned(),
+        zero_copy_us: 3.25,
+        zero_copy_in_place_us: None,
+        any_tensor_us: 4.0,
+        any_tensor_in_place_us: 4.5,
+    };
+    assert_eq!(
+        text::serving_line(&row),
+        "      4096      2  one_shot_pull               3.25       NaN      4.00      4.50     +0.75"
+    );
+    assert_eq!(text::serving_heading().lines().count(), 2);
+}

@@ -3,7 +3,7 @@
 //! all-reduce + RMSNorm with each candidate's form and check), and the decode emulation's
 //! heading.
 
-use super::{bus_formula, operations, DecodeShape, SizeRow};
+use super::{bus_formula, operations, DecodeShape, ServingRow, SizeRow};
 use crate::ladder::{Collective, Dtype};
 
 /// Whether the table of sizes has a shape column: the collectives with rows.
@@ -126,5 +126,29 @@ pub fn decode_heading(collective: Collective, dtype: Dtype, shape: &DecodeShape)
         shape.layers,
         shape.all_reduces_per_layer,
         operations(collective)
+    )
+}
+
+/// The heading of the serving paths' table.
+pub fn serving_heading() -> String {
+    format!(
+        "serving path of the chosen candidate (us): zero copy, zero copy in place, any tensor, \
+         any tensor in place\n{:>10} {:>6}  {:<22} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "bytes", "bucket", "chosen", "zero_cp", "zc_inpl", "any", "any_inpl", "extra"
+    )
+}
+
+/// One size's line of the serving paths' table; `extra` is any tensor minus zero copy.
+pub fn serving_line(row: &ServingRow) -> String {
+    format!(
+        "{:>10} {:>6}  {:<22} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>+9.2}",
+        row.bytes,
+        row.bucket,
+        row.profile,
+        row.zero_copy_us,
+        row.zero_copy_in_place_us.unwrap_or(f64::NAN),
+        row.any_tensor_us,
+        row.any_tensor_in_place_us,
+        row.any_tensor_us - row.zero_copy_us,
     )
 }

@@ -457,11 +457,7 @@ fn time_serving(
 ) -> Result<Vec<ServingRow>, Failure> {
     let buffers = bench.serving_buffers(sizes).map_err(Failure::bench)?;
     let mut serving = Vec::new();
-    log(format!(
-        "serving path of the chosen candidate (us): zero copy, zero copy in place, any tensor, \
-         any tensor in place\n{:>10} {:>6}  {:<22} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "bytes", "bucket", "chosen", "zero_cp", "zc_inpl", "any", "any_inpl", "extra"
-    ));
+    log(text::serving_heading());
     for &bytes in sizes {
         let Some(row) = bench
             .time_serving(bytes, &buffers)
@@ -469,16 +465,7 @@ fn time_serving(
         else {
             continue;
         };
-        log(format!(
-            "{bytes:>10} {:>6}  {:<22} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>+9.2}",
-            row.bucket,
-            row.profile,
-            row.zero_copy_us,
-            row.zero_copy_in_place_us.unwrap_or(f64::NAN),
-            row.any_tensor_us,
-            row.any_tensor_in_place_us,
-            row.any_tensor_us - row.zero_copy_us,
-        ));
+        log(text::serving_line(&row));
         serving.push(row);
     }
     log("extra: any tensor minus zero copy".to_owned());

@@ -79,11 +79,7 @@ pub fn run(
         ));
     }
     let mut serving = Vec::new();
-    log(format!(
-        "serving path of the chosen candidate (us): zero copy, zero copy in place, any tensor, \
-         any tensor in place\n{:>10} {:>6}  {:<22} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "bytes", "bucket", "chosen", "zero_cp", "zc_inpl", "any", "any_inpl", "extra"
-    ));
+    log(text::serving_heading());
     for &rows in tokens {
         let Some(row) = bench
             .time_epilogue_serving(rows, &buffers)
@@ -91,17 +87,7 @@ pub fn run(
         else {
             continue;
         };
-        log(format!(
-            "{:>10} {:>6}  {:<22} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>+9.2}",
-            row.bytes,
-            row.bucket,
-            row.profile,
-            row.zero_copy_us,
-            row.zero_copy_in_place_us.unwrap_or(f64::NAN),
-            row.any_tensor_us,
-            row.any_tensor_in_place_us,
-            row.any_tensor_us - row.zero_copy_us,
-        ));
+        log(text::serving_line(&row));
         serving.push(row);
     }
     log("extra: any tensor minus zero copy; in place: normed over x".to_owned());
