@@ -3,7 +3,7 @@
 //! of the largest bucket that qualified, `normed` apart from `x` and over it, each rank's
 //! `normed` and overwritten residual against [`reference_epilogue`] on fresh random data.
 
-use super::CheckError;
+use super::error::CheckError;
 use crate::collective::{epilogue_startup_shape, Collectives, EntryId, EpilogueMessage};
 use crate::gpu::driver::CallerMemory;
 use crate::ladder::Collective;

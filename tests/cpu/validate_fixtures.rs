@@ -132,7 +132,7 @@ fn valid_fixtures_pass() {
 #[test]
 fn shipped_ladders_pass() {
     let files = json_files("ladders");
-    assert_eq!(files.len(), 30, "{files:?}");
+    assert_eq!(files.len(), 36, "{files:?}");
     for path in files {
         let ladder = assert_valid(&path);
         assert_eq!(ladder.name, stem(&path), "a ladder is named for its file");

@@ -38,10 +38,9 @@
 //                everywhere (invariance.h); one line per kernel entry, as exactness
 //   fused        the fused one-shot all-reduce + add + RMSNorm kernels, as quick runs them (fused.h)
 //   two_shot [full]  the fused two-shot's checks of the quick mode (or of the full mode) alone
-//   shapes [W..] every kernel that begins with the start barrier, at worlds W.. (2..8), its
-//                ranks disagreeing on the shape: each rank's abort word names a peer of another
-//                shape, nothing is written; one line per kernel entry, `<entry>: refused` or
-//                `<entry>: not refused (...)` (shapes.h)
+//   shapes [W..] every kernel that begins with the start barrier, at worlds W.. (2..8), its ranks
+//                disagreeing on the shape: each rank's abort word names a peer of another shape,
+//                nothing written; a line per entry, `<entry>: refused` or `not refused` (shapes.h)
 //   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
 //                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
