@@ -625,7 +625,6 @@ fn checked_by_the_shapes_mode(spec: &KernelSpec) -> bool {
 /// naming a peer of another shape, well before the deadline, and nothing is written (operands,
 /// their guards, the registered buffer past the message, its scratch and the guard after it).
 #[test]
-#[ignore = "the shapes mode does not finish on the merged tree (it ran past 25 minutes); to be found and mended"]
 fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
     let (verdicts, text) = verdicts(
         shared(Build::Checked),
@@ -639,7 +638,6 @@ fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
 /// With the start barrier's comparison of the shape lines planted away, the `shapes` mode says
 /// so for exactly the kernels it runs that the mutation touches, each of them.
 #[test]
-#[ignore = "the shapes mode does not finish on the merged tree (it ran past 25 minutes); to be found and mended"]
 fn a_skipped_shape_check_is_caught() {
     let mutation = Mutation::ShapeCheckSkipped;
     let directory = tempfile::tempdir().unwrap();

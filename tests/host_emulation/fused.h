@@ -113,7 +113,7 @@ struct FusedLaunch {
 
 struct FusedOptions {
     std::vector<bool> present;  // ranks that launch at all
-    u64 timeout_ns = 10'000'000'000ull;
+    u64 timeout_ns = kHealthyTimeoutNs;
     bool expect_success = true;     // check outputs (else only report abort words)
     bool expect_untouched = false;  // normed and the residual as they were (an invalid launch)
     std::chrono::milliseconds last_rank_late{0};

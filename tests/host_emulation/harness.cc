@@ -303,7 +303,7 @@ enum class Operands {
 struct Options {
     std::vector<bool> present;  // ranks that launch at all
     Operands operands = Operands::Registered;
-    u64 timeout_ns = 10'000'000'000ull;
+    u64 timeout_ns = kHealthyTimeoutNs;
     u64 extra_offset = 0;  // input region beyond the largest message
     // When not 0, double-buffered regions are sized for messages up to this many elements alone,
     // as the host sizes them for a bucket's largest message (every launch must be smaller).

@@ -149,7 +149,7 @@ std::vector<Output> all_reduce_rows(std::vector<Rank>& ranks, const RowMessage& 
                 params.scratch_offset = double_buffered(piece.kernel->scratch)
                                             ? own_offsets[piece.kernel - kKernels]
                                             : shared_offset;
-                params.timeout_ns = 10'000'000'000ull;
+                params.timeout_ns = kHealthyTimeoutNs;
                 params.rank = rank;
                 params.world = world;
                 const Launch launch = geometry(*piece.kernel, piece.variant, piece.count);

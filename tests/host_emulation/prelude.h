@@ -51,3 +51,8 @@ template <typename T>
 T& emu_shared(int slot) {
     return *reinterpret_cast<T*>(emu_block->shared[slot]);
 }
+// The deadline of a launch that must succeed. A wait ends at what it waits for, so this bounds
+// only how long a hang takes to be reported; the emulated ranks share the host's cores with
+// whatever else runs, and a rank starved past a shorter deadline (10 s was seen to be, under
+// a loaded test run) would time out its peers with nothing wrong.
+constexpr unsigned long long kHealthyTimeoutNs = 60'000'000'000ull;

@@ -114,7 +114,7 @@ struct RowLaunch {
 
 struct RowOptions {
     std::vector<bool> present;  // ranks that launch at all
-    u64 timeout_ns = 10'000'000'000ull;
+    u64 timeout_ns = kHealthyTimeoutNs;
     bool expect_success = true;  // check outputs (else only report abort words)
     bool expect_untouched = false;  // check that nothing was written (an invalid launch)
     std::chrono::milliseconds last_rank_late{0};

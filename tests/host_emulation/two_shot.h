@@ -96,7 +96,7 @@ struct TwoShotOptions {
     std::vector<bool> present;  // ranks that launch at all
     // A block's deadline runs from its start through the norms of its rows before the gather
     // barrier, whose block barriers are slow to emulate on a loaded machine.
-    u64 timeout_ns = 60'000'000'000ull;
+    u64 timeout_ns = kHealthyTimeoutNs;
     bool expect_success = true;    // check outputs (else only report abort words)
     bool expect_untouched = false;  // check that nothing was written (an invalid launch)
     std::chrono::milliseconds last_rank_late{0};
