@@ -11,8 +11,9 @@
 # that never launches, the time taken; per mutation and world what was caught; and per ladder
 # the messages whose rows were the same bytes. Run from the repository root after
 # scripts/build-gpu-tests.sh:
-#   bash .device-carry/scripts/gpu-one-gpu.sh [OUT]
-# OUT (optional) receives one.log, the whole output. PREPARE_TEST_SECONDS (default 600) bounds
+#   bash .device-carry/scripts/gpu-one-gpu.sh [OUT [TEST...]]
+# OUT (optional) receives one.log, the whole output; TESTs (optional, after OUT) run only those
+# of the list, the guard first, when a run must fit a time limit. PREPARE_TEST_SECONDS (default 600) bounds
 # each test. Exits non-zero when the guard or any test fails.
 set -uo pipefail
 
@@ -31,23 +32,36 @@ log=${log:-/dev/null}
 echo "== machine" | tee -a "$log"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log"
 
+tests=(
+    gpu::guard::a_run_that_requires_gpus_finds_one
+    gpu::ranks_on_one_gpu::every_shipped_sm90_all_reduce_ladder_is_exact_at_its_world_on_one_gpu
+    gpu::ranks_on_one_gpu::every_shipped_sm90_row_ladder_is_exact_at_its_world_on_one_gpu
+    gpu::ranks_on_one_gpu::gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu
+    gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu
+    gpu::ranks_on_one_gpu::rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu
+    gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu
+    gpu::ranks_on_one_gpu::row_collectives_are_exact_at_every_world_on_one_gpu
+    gpu::ranks_on_one_gpu::ranks_that_disagree_on_the_shape_abort_on_one_gpu
+    gpu::rows_v::the_exact_reduce_scatter_s_passes_over_per_rank_rows_sum_every_rank_s_rows_in_rank_order
+    gpu::one_gpu::norm::the_epilogue_kernel_gives_the_reference_on_one_gpu
+    gpu::one_gpu::fused::every_fused_kernel_gives_the_reference_on_every_rank_on_one_gpu
+    gpu::one_gpu::fused::the_residual_added_before_the_sum_is_rounded_is_caught_in_every_fused_kernel_on_one_gpu
+    gpu::rows::the_rank_order_sum_kernel_sums_an_owned_run_given_as_the_last_slice
+    gpu::rank_order::the_rank_order_sum_kernel_gives_the_reference_sum_on_one_gpu
+)
+if [ "$#" -gt 1 ]; then
+    chosen=("${tests[0]}")
+    for name in "${@:2}"; do
+        if ! printf '%s\n' "${tests[@]}" | grep -qx -- "$name"; then
+            echo "not a ranks-on-one-GPU check: $name" >&2
+            exit 2
+        fi
+        chosen+=("$name")
+    done
+    tests=("${chosen[@]}")
+fi
 failed=()
-for test in \
-    gpu::guard::a_run_that_requires_gpus_finds_one \
-    gpu::ranks_on_one_gpu::every_shipped_sm90_all_reduce_ladder_is_exact_at_its_world_on_one_gpu \
-    gpu::ranks_on_one_gpu::every_shipped_sm90_row_ladder_is_exact_at_its_world_on_one_gpu \
-    gpu::ranks_on_one_gpu::gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu \
-    gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu \
-    gpu::ranks_on_one_gpu::rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu \
-    gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu \
-    gpu::ranks_on_one_gpu::row_collectives_are_exact_at_every_world_on_one_gpu \
-    gpu::ranks_on_one_gpu::ranks_that_disagree_on_the_shape_abort_on_one_gpu \
-    gpu::rows_v::the_exact_reduce_scatter_s_passes_over_per_rank_rows_sum_every_rank_s_rows_in_rank_order \
-    gpu::one_gpu::norm::the_epilogue_kernel_gives_the_reference_on_one_gpu \
-    gpu::one_gpu::fused::every_fused_kernel_gives_the_reference_on_every_rank_on_one_gpu \
-    gpu::one_gpu::fused::the_residual_added_before_the_sum_is_rounded_is_caught_in_every_fused_kernel_on_one_gpu \
-    gpu::rows::the_rank_order_sum_kernel_sums_an_owned_run_given_as_the_last_slice \
-    gpu::rank_order::the_rank_order_sum_kernel_gives_the_reference_sum_on_one_gpu; do
+for test in "${tests[@]}"; do
     echo "== $test" | tee -a "$log"
     start=$(date +%s)
     if timeout --kill-after=10 "${PREPARE_TEST_SECONDS:-600}" "$carry/tests/integration" --exact "$test" \
