@@ -183,6 +183,14 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
     FusedRun result{std::vector<u64>(world),
                     std::vector<std::vector<NormOutputs>>(sequence.size(),
                                                           std::vector<NormOutputs>(world))};
+    // When each rank's launches began and ended, in seconds from the run's start: printed when
+    // a run that must succeed aborted, to tell a late peer from a lost line.
+    const auto run_start = std::chrono::steady_clock::now();
+    const auto seconds = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    };
+    std::vector<std::vector<std::pair<double, double>>> spans(
+        sequence.size(), std::vector<std::pair<double, double>>(world, {-1.0, -1.0}));
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
@@ -190,6 +198,7 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
         streams.emplace_back([&, rank] {
             for (unsigned index = 0; index < sequence.size(); ++index) {
                 const FusedLaunch& launch = sequence[index];
+                spans[index][rank].first = seconds();
                 if (rank == world - 1)
                     std::this_thread::sleep_for(options.last_rank_late);
                 const u64 elements = launch.rows.size() * launch.hidden;
@@ -251,6 +260,7 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
                         options.tamper(params);
                     launch_rank({&kernel, launch.blocks, launch.threads, 1, elements}, params);
                 }
+                spans[index][rank].second = seconds();
                 char what[200];
                 std::snprintf(what, sizeof what,
                               "%s_%s%s world %u, %zu x %llu%s%s, eps %g, %u x %u threads, "
@@ -310,6 +320,17 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
     }
     for (std::thread& stream : streams)
         stream.join();
+    bool aborted = false;
+    for (unsigned rank = 0; rank < world; ++rank)
+        aborted = aborted || ranks[rank].state[0] != 0;
+    if (aborted && options.expect_success) {
+        for (unsigned index = 0; index < sequence.size(); ++index) {
+            for (unsigned rank = 0; rank < world; ++rank) {
+                std::printf("  launch %u rank %u: began at %.3f s, ended at %.3f s\n", index, rank,
+                            spans[index][rank].first, spans[index][rank].second);
+            }
+        }
+    }
     for (unsigned rank = 0; rank < world; ++rank) {
         result.aborts[rank] = ranks[rank].state[0];
         u64 changed = 0;
