@@ -32,8 +32,8 @@ std::vector<ShapeKernel> shape_kernels() {
             kernels.push_back({"all_reduce_" + name, &kernel, ShapeSide::AllReduce});
     }
     for (const RowKernel& row : kRowKernels) {
-        // The row `ll` kernels are double-buffered: no start barrier.
-        if (row.kernel.scratch == Scratch::DoubleBufferedLines)
+        // The double-buffered ones (the `ll` kernels) have no start barrier.
+        if (double_buffered(row.kernel.scratch))
             continue;
         kernels.push_back({row.kernel.name, &row.kernel,
                            row.gather ? ShapeSide::AllGather : ShapeSide::ReduceScatter});
