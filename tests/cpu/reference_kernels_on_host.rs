@@ -624,7 +624,7 @@ fn checked_by_the_shapes_mode(spec: &KernelSpec) -> bool {
 /// one rank with rows 0; an all-reduce's element count), at every world 2 to 8 and in every
 /// type, for every reduce-scatter, all-gather and fused two-shot kernel and the all-reduce
 /// kernels that begin with the start barrier: every rank ends with the shape-mismatch abort
-/// naming a peer of another shape (not a peer timeout), and nothing is written (operands,
+/// naming a peer of another shape, well before the deadline, and nothing is written (operands,
 /// their guards, the registered buffer past the message, its scratch and the guard after it).
 #[test]
 fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
