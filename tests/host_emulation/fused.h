@@ -320,9 +320,15 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
     }
     for (std::thread& stream : streams)
         stream.join();
-    bool aborted = false;
-    for (unsigned rank = 0; rank < world; ++rank)
-        aborted = aborted || ranks[rank].state[0] != 0;
+    for (unsigned rank = 0; rank < world; ++rank) {
+        result.aborts[rank] = ranks[rank].state[0];
+        u64 changed = 0;
+        for (u64 g = 0; g < kBufferGuard; ++g)
+            changed += buffers[rank]->data[buffer_bytes + g] != kBufferFill;
+        CHECK(changed == 0, "rank %u: wrote %llu bytes past the scratch regions", rank, changed);
+    }
+    const bool aborted = std::any_of(result.aborts.begin(), result.aborts.end(),
+                                     [](u64 abort) { return abort != 0; });
     if (aborted && options.expect_success) {
         for (unsigned index = 0; index < sequence.size(); ++index) {
             for (unsigned rank = 0; rank < world; ++rank) {
@@ -330,13 +336,6 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
                             spans[index][rank].first, spans[index][rank].second);
             }
         }
-    }
-    for (unsigned rank = 0; rank < world; ++rank) {
-        result.aborts[rank] = ranks[rank].state[0];
-        u64 changed = 0;
-        for (u64 g = 0; g < kBufferGuard; ++g)
-            changed += buffers[rank]->data[buffer_bytes + g] != kBufferFill;
-        CHECK(changed == 0, "rank %u: wrote %llu bytes past the scratch regions", rank, changed);
     }
     return result;
 }
