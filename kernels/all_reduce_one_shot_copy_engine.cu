@@ -48,7 +48,7 @@ template <unsigned int Set>
 struct CopyEngineBarrier {
     template <int N>
     __device__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
-        return block_begin(params, flags) && block_barrier<N>(params, flags, Set);
+        return begin_with_barrier<N>(params, flags, Set);
     }
     template <typename T, int N>
     __device__ static void run(const LaunchParams& params, BlockFlags& flags) {

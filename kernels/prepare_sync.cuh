@@ -9,7 +9,7 @@
 // thread records PEER_TIMEOUT and the whole block returns together after its __syncthreads.
 // The start barrier also checks that every rank passed the same message (shape_line): a
 // rank whose peer's elements or rows differ records SHAPE_MISMATCH and returns before any data
-// moves.
+// moves, without waiting out the deadline (block_barrier, show_shape_after_mismatch).
 #pragma once
 
 #include "prepare_abi.cuh"
@@ -231,7 +231,9 @@ struct BlockFlags {
     // kernels' launch count, from 1.
     u64 epoch;
     u64 deadline;
-    // The abort word was set before this launch: return without touching anything.
+    // The abort word was set when the block began (by an earlier launch, or by a sibling block
+    // of this one): return without touching anything but, after a shape mismatch, the peers'
+    // shape lines (show_shape_after_mismatch).
     int stopped;
     // A wait in this launch passed the deadline, or the start barrier found a peer's shape
     // another than this rank's.
@@ -300,14 +302,22 @@ __device__ __forceinline__ bool shape_line_tagged(const unsigned int (&words)[4]
     return (words[1] & 0xffff0000u) == tag && (words[3] & 0xffff0000u) == tag;
 }
 
-__device__ __forceinline__ bool shape_lines_equal(const unsigned int (&a)[4],
-                                                  const unsigned int (&b)[4]) {
-    return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+// Whether two tagged shape lines say different shapes: the start barrier's one comparison.
+__device__ __forceinline__ bool shape_lines_differ(const unsigned int (&a)[4],
+                                                   const unsigned int (&b)[4]) {
+    return a[0] != b[0] || a[1] != b[1] || a[2] != b[2] || a[3] != b[3];
 }
 
 // A barrier between this block and the same-numbered block of every peer. Every thread of the
 // block calls it; false (the same in every thread) means a peer timed out, or (the start
 // barrier) passed another shape: return at once.
+//
+// The start barrier ends its wait for a peer early in two cases, so a shape mismatch costs no
+// deadline anywhere: the peer's line carries this epoch's tag but another shape (the peer may
+// raise no flag at all: a block that begins after its rank's mismatch only shows its line,
+// show_shape_after_mismatch), or this rank's abort word is set (a sibling thread or block
+// already gave up, so this launch can no longer succeed; the abort word keeps its first code).
+// Neither passes the barrier: only the flag does.
 template <int N>
 __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockFlags& flags,
                                               unsigned int set) {
@@ -326,15 +336,25 @@ __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockF
         const unsigned int* line =
             shape_line_address(params.signals[params.rank], peer, blockIdx.x);
         unsigned int theirs[4];
-        const bool arrived = spin_until(flags.deadline, [&] {
+        bool given_up = false;
+        const bool ended = spin_until(flags.deadline, [&] {
+            // The relaxed and volatile loads go before the acquiring one, which would delay
+            // them: the poll stays one round trip.
+            const bool aborted = load_relaxed_device(params.state) != 0;
             load_line_volatile(line, theirs);
-            return load_acquire_system(flag) == flags.epoch &&
-                   shape_line_tagged(theirs, flags.epoch);
+            const bool flagged = load_acquire_system(flag) == flags.epoch;
+            if (shape_line_tagged(theirs, flags.epoch) &&
+                (flagged || shape_lines_differ(mine, theirs))) {
+                return true;
+            }
+            given_up = aborted;
+            return aborted;
         });
-        if (!arrived) {
+        if (!ended || given_up) {
+            // Given up: the abort word is set already and keeps its code.
             record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
             flags.timed_out = 1;
-        } else if (!shape_lines_equal(mine, theirs)) {
+        } else if (shape_lines_differ(mine, theirs)) {
             record_abort(params.state, PREPARE_ABORT_SHAPE_MISMATCH, peer);
             flags.timed_out = 1;
         }
@@ -352,11 +372,46 @@ __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockF
     return !flags.timed_out;
 }
 
+// A block whose begin found the abort word set, in a kernel with the start barrier: when the
+// word says this rank found a shape mismatch (in a sibling block of this launch, as a rank's
+// blocks start at different times), the block still stores its shape line at every peer, as
+// the barrier would, but raises no flag. A peer's same-numbered block, which may not have
+// seen any other line of this rank, then sees the other shape at once instead of waiting out
+// its deadline for a flag that never comes. The line touches no data: only the peers' start
+// barriers read it, and without the flag none of them passes.
+template <int N>
+__device__ __forceinline__ void show_shape_after_mismatch(const LaunchParams& params,
+                                                          const BlockFlags& flags) {
+    const unsigned int peer = threadIdx.x;
+    const u64 word = load_relaxed_device(params.state);
+    const u64 mismatch = PREPARE_ABORT_FLAG | (PREPARE_ABORT_SHAPE_MISMATCH << 32);
+    if (peer < N && peer != params.rank && (word & ~0xffffffffull) == mismatch) {
+        unsigned int mine[4];
+        shape_line(params, flags.epoch, mine);
+        store_line_volatile(shape_line_address(params.signals[peer], params.rank, blockIdx.x),
+                            mine);
+    }
+}
+
+// A barrier kernel's begin and its barrier of set `set` (the start barrier with set 0): false
+// means return at once.
+template <int N>
+__device__ __forceinline__ bool begin_with_barrier(const LaunchParams& params, BlockFlags& flags,
+                                                   unsigned int set) {
+    if (!block_begin(params, flags)) {
+        if (set == kSetStart) {
+            show_shape_after_mismatch<N>(params, flags);
+        }
+        return false;
+    }
+    return block_barrier<N>(params, flags, set);
+}
+
 // A barrier kernel's begin and its start barrier (set 0): false means return at once.
 template <int N>
 __device__ __forceinline__ bool begin_with_start_barrier(const LaunchParams& params,
                                                          BlockFlags& flags) {
-    return block_begin(params, flags) && block_barrier<N>(params, flags, kSetStart);
+    return begin_with_barrier<N>(params, flags, kSetStart);
 }
 
 // The begin of the algorithms that start with the start barrier: once it passed, every peer's

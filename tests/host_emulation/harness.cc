@@ -287,8 +287,11 @@ constexpr int kGuard = 64;
 constexpr int kBufferGuard = 2 * PREPARE_MAX_RANKS * PREPARE_DOUBLE_BUFFER_CHUNK_BYTES * 2;
 constexpr unsigned char kBufferFill = 0xEE;
 
-// Runs one launch of one rank: every block's threads, joined (the launch ends).
-void launch_rank(const Launch& launch, const LaunchParams& params) {
+// Runs one launch of one rank: every block's threads, joined (the launch ends). When given,
+// every thread calls `gate` with its block's index before it runs the kernel (`true`: the gate
+// may hold the block back, as the GPU may schedule a block late) and after (`false`).
+void launch_rank(const Launch& launch, const LaunchParams& params,
+                 const std::function<void(unsigned, bool)>& gate = {}) {
     const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
     std::vector<std::unique_ptr<std::barrier<>>> barriers;
     std::vector<std::unique_ptr<EmuBlock>> blocks;
@@ -315,7 +318,11 @@ void launch_rank(const Launch& launch, const LaunchParams& params) {
                         blockDim = {launch.threads, 1, 1};
                         gridDim = {launch.blocks, 1, 1};
                         emu_block = block;
+                        if (gate)
+                            gate(index, true);
                         launch.kernel->entry.of[dtype](params);
+                        if (gate)
+                            gate(index, false);
                     }));
             }
         }

@@ -49,26 +49,45 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
 }
 // prepare_sync.cuh's spin: the same polls, the same deadline and last look, but the emulated
 // threads far outnumber the cores, so a poll that finds nothing gives the core away: it yields
-// for a few polls (a short wait is seen at once), then sleeps, twice as long each time up to
-// kMaxSpinSleep, so a long wait (a late rank, a peer's launch still running) costs a wake-up
-// now and then instead of a system call every poll. No wait ends before what it waits for
-// arrives; a waiter only notices it later, by one sleep at most.
+// for a few polls (a short wait is seen at once), then sleeps, twice as long each time up to a
+// cap, so a long wait (a late rank, a peer's launch still running) costs a wake-up now and then
+// instead of a system call every poll. The cap grows with the threads of the process that are
+// sleeping in a spin (kSpinSleepPerSleeper each, at least kMaxSpinSleep), so all of them
+// together wake at most about once per kSpinSleepPerSleeper: hundreds of waiters at a fixed cap
+// would take every core with their wake-ups and starve the threads they wait for. No wait ends
+// before what it waits for arrives; a waiter only notices it later, by one sleep at most.
 constexpr int kSpinYields = 16;
 constexpr auto kMaxSpinSleep = std::chrono::microseconds(256);
+constexpr auto kSpinSleepPerSleeper = std::chrono::microseconds(20);
+inline std::atomic<unsigned> spin_sleepers{0};
 template <typename Poll>
 __device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
     auto sleep = std::chrono::microseconds(1);
+    bool sleeping = false;
+    struct Sleeper {
+        bool& counted;
+        ~Sleeper() {
+            if (counted)
+                spin_sleepers.fetch_sub(1, std::memory_order_relaxed);
+        }
+    } sleeper{sleeping};
     for (int polls = 0; !arrived(); ++polls) {
         if (global_timer_ns() > deadline) {
             return arrived();
         }
         if (polls < kSpinYields) {
             std::this_thread::yield();
-        } else {
-            std::this_thread::sleep_for(sleep);
-            if (sleep < kMaxSpinSleep)
-                sleep *= 2;
+            continue;
         }
+        if (!sleeping) {
+            sleeping = true;
+            spin_sleepers.fetch_add(1, std::memory_order_relaxed);
+        }
+        std::this_thread::sleep_for(sleep);
+        const auto cap = std::max(kMaxSpinSleep,
+                                  kSpinSleepPerSleeper *
+                                      static_cast<long>(spin_sleepers.load(std::memory_order_relaxed)));
+        sleep = std::min(sleep * 2, cap);
     }
     return true;
 }

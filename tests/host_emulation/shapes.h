@@ -8,8 +8,14 @@
 // (prepare_sync.cuh) must leave every rank the abort word SHAPE_MISMATCH naming a peer whose
 // shape differs from its own, well before the deadline, with nothing written anywhere: every
 // operand, the registered input region past the message, the scratch and the guards after the
-// buffer keep their fill bytes. The double-buffered kernels have no start barrier and are not
-// run here (docs/kernels.md says what they do instead).
+// buffer keep their fill bytes. Each rank begins one block first and holds its other block back
+// until its abort word is set (half a second at most), as blocks the GPU schedules late: those
+// see the word at once and raise no flag, and their peers must still see the mismatch without
+// waiting out the deadline. From 3 ranks, when rank 1 is not the odd one, rank 1 begins with
+// its second block, whose peers' blocks of that number all begin after their ranks' aborts: it
+// can learn of the mismatch only from the lines such late blocks still show. The
+// double-buffered kernels have no start barrier and are not run here (docs/kernels.md says what
+// they do instead).
 //
 // Prints one line per kernel entry, `<entry>: refused` or `<entry>: not refused (N failed
 // checks)`, and goes on past a failure (the planted mutation's test reads which kernels missed).
@@ -52,9 +58,15 @@ bool same_shape(const RankShape& a, const RankShape& b) {
     return a.rows * a.width == b.rows * b.width && a.rows == b.rows;
 }
 
+// Each rank's launch: 2 blocks of this many threads.
+constexpr unsigned kShapeThreads = 32;
+// How long a rank's later block is held back at most.
+constexpr u64 kShapeHoldNs = 500'000'000;
+
 // Launches `kernel` on every rank at once, rank q with `shapes[q]`; checks what the header says.
+// `odd` is the rank whose shape differs from the others'.
 void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>& shapes,
-                  const char* what) {
+                  unsigned odd, const char* what) {
     const Kernel& kernel = *shape_kernel.kernel;
     const ShapeSide side = shape_kernel.side;
     const unsigned world = static_cast<unsigned>(shapes.size());
@@ -114,7 +126,23 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
             params.timeout_ns = timeout_ns;
             params.rank = rank;
             params.world = world;
-            launch_rank({&kernel, 2, 32, 1, whole}, params);
+            // The rank's other block waits for its abort word, for its first block to return,
+            // or kShapeHold at most: a kernel that does not check sets no abort word, and its
+            // blocks may wait for each other across ranks that began with other blocks.
+            const unsigned first = world >= 3 && odd != 1 && rank == 1 ? 1 : 0;
+            std::atomic<unsigned> first_returned{0};
+            const auto late_blocks = [&, rank, first](unsigned block, bool before) {
+                if (block == first) {
+                    if (!before)
+                        first_returned.fetch_add(1);
+                    return;
+                }
+                const u64 until = prepare::global_timer_ns() + kShapeHoldNs;
+                while (before && std::atomic_ref<u64>(ranks[rank].state[0]).load() == 0 &&
+                       first_returned.load() < kShapeThreads && prepare::global_timer_ns() < until)
+                    std::this_thread::sleep_for(std::chrono::microseconds(50));
+            };
+            launch_rank({&kernel, 2, kShapeThreads, 1, whole}, params, late_blocks);
             char where[240];
             std::snprintf(where, sizeof where, "%s_%s world %u, %s, rank %u (%llu x %llu)",
                           shape_kernel.entry.c_str(), kDtypeNames[dtype], world, what, rank,
@@ -191,7 +219,7 @@ void shapes_mode(const std::vector<unsigned>& worlds) {
                 for (const Case& mismatch : cases) {
                     std::vector<RankShape> shapes(world, as_run(base));
                     shapes[mismatch.rank] = as_run(mismatch.shape);
-                    run_mismatch(kernel, shapes, mismatch.what);
+                    run_mismatch(kernel, shapes, mismatch.rank, mismatch.what);
                 }
             }
             const int failed = failures - entry.before;
