@@ -293,17 +293,17 @@ constexpr unsigned char kBufferFill = 0xEE;
 void launch_rank(const Launch& launch, const LaunchParams& params,
                  const std::function<void(unsigned, bool)>& gate = {}) {
     const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
-    std::vector<std::unique_ptr<std::barrier<>>> barriers;
+    std::vector<std::unique_ptr<EmuBarrier>> barriers;
     std::vector<std::unique_ptr<EmuBlock>> blocks;
     std::vector<std::unique_ptr<EmuBlock*[]>> clusters;
     std::vector<Worker*> threads;
     for (unsigned cluster = 0; cluster < launch.blocks / cluster_size; ++cluster) {
-        barriers.emplace_back(new std::barrier<>(cluster_size * launch.threads));
-        std::barrier<>* cluster_barrier = barriers.back().get();
+        barriers.emplace_back(new EmuBarrier(cluster_size * launch.threads));
+        EmuBarrier* cluster_barrier = barriers.back().get();
         clusters.emplace_back(new EmuBlock*[cluster_size]);
         EmuBlock** members = clusters.back().get();
         for (unsigned cta = 0; cta < cluster_size; ++cta) {
-            barriers.emplace_back(new std::barrier<>(launch.threads));
+            barriers.emplace_back(new EmuBarrier(launch.threads));
             blocks.emplace_back(new EmuBlock{
                 barriers.back().get(), cluster_barrier, cta, cluster_size, cluster, members, {}});
             std::memset(blocks.back()->shared, 0xAB, sizeof blocks.back()->shared);

@@ -3,11 +3,16 @@
 // __shared__ variables in its EmuBlock. Included before the kernel sources (-include).
 #pragma once
 #include <atomic>
-#include <barrier>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 struct EmuDim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -19,10 +24,51 @@ inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __launch_bounds__(threads)
 
+// A barrier of `count` threads, reusable, as std::barrier but blocking at once: std::barrier's
+// waiters first spin and yield the core a dozen times each, and with hundreds of emulated
+// threads on a few cores those yields cost more system time than the kernels' own work. A
+// waiter sleeps on the phase word (a futex on Linux, where each waiter wakes once, with no lock
+// to contend for; elsewhere the standard atomic wait); the last thread to arrive starts the
+// next phase and wakes them all. The acquire-release counter orders every thread's accesses
+// before its arrival before every thread's return, as bar.sync orders a block's.
+class EmuBarrier {
+  public:
+    explicit EmuBarrier(unsigned count) : count_(count) {}
+    void arrive_and_wait() {
+        const unsigned phase = phase_.load(std::memory_order_acquire);
+        if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
+            arrived_.store(0, std::memory_order_relaxed);
+            phase_.store(phase + 1, std::memory_order_release);
+            wake_all();
+            return;
+        }
+        while (phase_.load(std::memory_order_acquire) == phase)
+            sleep_while(phase);
+    }
+
+  private:
+#ifdef __linux__
+    void sleep_while(unsigned phase) {
+        syscall(SYS_futex, reinterpret_cast<unsigned*>(&phase_), FUTEX_WAIT_PRIVATE, phase,
+                nullptr, nullptr, 0);
+    }
+    void wake_all() {
+        syscall(SYS_futex, reinterpret_cast<unsigned*>(&phase_), FUTEX_WAKE_PRIVATE, INT_MAX,
+                nullptr, nullptr, 0);
+    }
+#else
+    void sleep_while(unsigned phase) { phase_.wait(phase, std::memory_order_acquire); }
+    void wake_all() { phase_.notify_all(); }
+#endif
+    const unsigned count_;
+    std::atomic<unsigned> arrived_{0};
+    std::atomic<unsigned> phase_{0};
+};
+
 // One CUDA block: its barrier, its cluster's barrier and blocks, its shared memory.
 struct EmuBlock {
-    std::barrier<>* block_barrier;
-    std::barrier<>* cluster_barrier;
+    EmuBarrier* block_barrier;
+    EmuBarrier* cluster_barrier;
     unsigned cta, ctas, cluster;
     EmuBlock** cluster_blocks;
     alignas(16) unsigned char shared[2][64];
