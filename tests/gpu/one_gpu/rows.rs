@@ -466,14 +466,19 @@ pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
             }
             let mut names: Vec<&String> = exact.keys().collect();
             names.sort();
+            // Printed as each world and type ends too, so a run cut short by its time limit
+            // still says what passed.
+            let mut rows = String::new();
             for name in names {
                 let (passed, runs, seconds) = exact[name];
                 let _ = writeln!(
-                    table,
+                    rows,
                     "| {world} | {} | {name} | {passed} of {runs} | {seconds:.1} s |",
                     dtype_name(dtype)
                 );
             }
+            eprint!("{rows}");
+            table.push_str(&rows);
         }
     }
     if failures.is_empty() {
