@@ -127,18 +127,17 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
             params.rank = rank;
             params.world = world;
             // The rank's other block waits for its abort word, for its first block to return,
-            // or kShapeHold at most: a kernel that does not check sets no abort word, and its
+            // or kShapeHoldNs at most: a kernel that does not check sets no abort word, and its
             // blocks may wait for each other across ranks that began with other blocks.
             const unsigned first = world >= 3 && odd != 1 && rank == 1 ? 1 : 0;
             std::atomic<unsigned> first_returned{0};
             const auto late_blocks = [&, rank, first](unsigned block, bool before) {
-                if (block == first) {
-                    if (!before)
-                        first_returned.fetch_add(1);
+                if (block == first && !before)
+                    first_returned.fetch_add(1);
+                if (block == first || !before)
                     return;
-                }
                 const u64 until = prepare::global_timer_ns() + kShapeHoldNs;
-                while (before && std::atomic_ref<u64>(ranks[rank].state[0]).load() == 0 &&
+                while (std::atomic_ref<u64>(ranks[rank].state[0]).load() == 0 &&
                        first_returned.load() < kShapeThreads && prepare::global_timer_ns() < until)
                     std::this_thread::sleep_for(std::chrono::microseconds(50));
             };
