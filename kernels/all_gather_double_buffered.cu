@@ -63,6 +63,7 @@ struct AllGatherPushLl : LaunchCounter {
         if (input != output + first * sizeof(typename T::Bits)) {
             copy_run<T>(input, first, output, 0, own, grid_workers());
         }
+        check_line_shapes<N>(params, flags);
         bool received = true;
 #pragma unroll 1
         for (int k = 1; k < N; ++k) {

@@ -100,6 +100,7 @@ struct FusedPushLl : LaunchCounter {
     __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
         const BlockRows rows = block_rows(params.rows);
         if (params.rows == 0) {
+            check_line_shapes<N>(params, flags);
             exchange_empty_line<N>(params, flags);
         } else {
             const u64 row_vectors = params.width / T::kPerVector;

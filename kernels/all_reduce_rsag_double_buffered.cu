@@ -95,6 +95,9 @@ struct RsagPushSimple : LaunchCounter {
                 reduce_scatter_simple_send<T, N, kRsagPhases>(params, slices, share, parity, pass,
                                                               flag_base | (pass + 1));
             }
+            if (pass == 0) {
+                check_line_shapes<N>(params, flags);
+            }
             if (pass >= 1 && pass <= share.steps) {
                 if (!wait_step_flags<N>(params, flags, kSetStep, flag_base | pass)) {
                     break;

@@ -28,13 +28,18 @@
 #define PREPARE_MAX_RANKS 8
 #define PREPARE_MAX_BLOCKS 1024
 // Flag sets per rank: one per barrier a kernel may use in one launch (start, middle, end), the
-// step flags of the double-buffered kernels (two sets: a second phase has its own), then two
-// sets that together hold the shape lines (prepare_sync.cuh: the start barrier's shape check).
-#define PREPARE_SIGNAL_SETS 8
+// step flags of the double-buffered kernels (two sets: a second phase has its own), two sets
+// that together hold the shape lines (prepare_sync.cuh: the start barrier's shape check), then
+// four that hold the double-buffered kernels' shape lines, one pair of sets per parity
+// (prepare_double_buffer.cuh: their shape check).
+#define PREPARE_SIGNAL_SETS 12
 // signals[set][source_rank][block]; the shape lines: 16 bytes per (source rank, block) from set
-// PREPARE_SHAPE_SET, signals[PREPARE_SHAPE_SET][0][0] + 2 * (source_rank * MAX_BLOCKS + block).
+// PREPARE_SHAPE_SET, signals[PREPARE_SHAPE_SET][0][0] + 2 * (source_rank * MAX_BLOCKS + block);
+// the double-buffered kernels' from set PREPARE_LINE_SHAPE_SET, 16 bytes per (parity, source
+// rank, block): + 2 * ((parity * MAX_RANKS + source_rank) * MAX_BLOCKS + block).
 #define PREPARE_SIGNAL_WORDS (PREPARE_SIGNAL_SETS * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS)
 #define PREPARE_SHAPE_SET 6
+#define PREPARE_LINE_SHAPE_SET 8
 #define PREPARE_STATE_WORDS (1 + 3 * PREPARE_MAX_BLOCKS)
 // Launches of double-buffered kernels so far, one copy per block number: block b reads
 // state[PREPARE_STATE_LAUNCH_WORDS + b].
@@ -49,8 +54,10 @@
 #define PREPARE_ABORT_PEER_TIMEOUT 1ull
 // The parameters or geometry break this contract (world, rank, alignment, sizes, cluster).
 #define PREPARE_ABORT_INVALID_LAUNCH 2ull
-// A peer's launch of the same message has another shape (elements, rows): nothing of the
-// message was read or written (prepare_sync.cuh: the start barrier's shape check).
+// A peer's launch of the same message has another shape (elements, rows). A kernel with the
+// start barrier read and wrote nothing of the message (prepare_sync.cuh: its shape check); a
+// double-buffered one may have written its output and its region, nothing else
+// (prepare_double_buffer.cuh: their shape check).
 #define PREPARE_ABORT_SHAPE_MISMATCH 3ull
 // The shape words carry their message's element count and rows below 2^48 (more than any
 // memory holds) and, above those, a tag of the launch's epoch.

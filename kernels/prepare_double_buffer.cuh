@@ -29,6 +29,32 @@
 // boundary. (A counter shared by the blocks needs the last block to finish to advance it, which
 // takes an atomic with acquire-release order in every block: on 2x H200 that cost 0.35 us per
 // launch.)
+//
+// The shape check. With no start barrier, ranks that passed different shapes would each read
+// lines the others never send (a rank with more waits out the deadline) or take the first lines
+// of a longer message as their own (a rank with fewer ends as if nothing were wrong). So every
+// block shows its shape to every peer when it begins and checks the peers' between its sends
+// and its receives:
+//   - Each block's last N lanes each serve one peer (lane blockDim.x - N + q serves peer q;
+//     for this rank's own number none). When the block begins, the lane stores this rank's
+//     shape line at the peer: the message's element count (its larger side, as the start
+//     barrier's) and its rows, each beside the launch's line flag, {elements, flag, rows, flag},
+//     at (parity, this rank, this block) of the peer's PREPARE_LINE_SHAPE_SET signals. A block
+//     that begins stopped after its rank's SHAPE_MISMATCH still shows its line, as the start
+//     barrier's blocks do.
+//   - After its sends, the lane waits for the peer's line like an ll line (both flags this
+//     launch's), zeroes it, and compares; lines that differ record SHAPE_MISMATCH naming the
+//     peer and end the block's deadline (end_deadline), so every other wait of the block ends
+//     at its next poll (spin_until_ended). The lane's own wait also ends once this rank's
+//     abort word is set: a block whose peer block never shows a line (another grid)
+//     learns of the mismatch from its sibling blocks. So no rank waits out a deadline.
+//   - The lines alternate by parity like the scratch halves, for the same reason: a peer may
+//     show launch c + 1's line before this rank has read launch c's, never launch c + 2's.
+// The lanes check in parallel with the block's other lanes, whose receives may meanwhile store
+// part of the output, so after a mismatch a rank's output and region may hold partial data; no
+// rank writes outside them (each writes only lines of its own message, which its bucket's
+// region holds) or reads outside its own region. A bucket holds at most 4 GiB, so both counts
+// are below 2^32 and a line carries them whole.
 #pragma once
 
 #include "prepare_abi.cuh"
@@ -45,14 +71,6 @@ namespace prepare {
 __device__ __forceinline__ bool launch_begin(const LaunchParams& params, BlockFlags& flags) {
     return begin_counted(params, flags, params.state + PREPARE_STATE_LAUNCH_WORDS + blockIdx.x);
 }
-
-// The begin of the double-buffered algorithms: the launch counter, no barrier.
-struct LaunchCounter {
-    template <int N>
-    __device__ __forceinline__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
-        return launch_begin(params, flags);
-    }
-};
 
 // Every thread of the block calls it last: the block writes this launch's count into the
 // counter copies b, b + grid, b + 2 * grid, ... (its own was read when it began, in thread 0,
@@ -104,6 +122,101 @@ __device__ __forceinline__ bool line_arrived(const unsigned int (&words)[4], uns
     return words[1] == flag && words[3] == flag;
 }
 
+// Where the shape line of `source`'s block `block`, in its launch of parity `parity`, lies in
+// a rank's signals.
+__device__ __forceinline__ unsigned int* line_shape_address(u64* signals, u64 parity,
+                                                            unsigned int source,
+                                                            unsigned int block) {
+    return reinterpret_cast<unsigned int*>(
+        signals +
+        static_cast<u64>(PREPARE_LINE_SHAPE_SET) * PREPARE_MAX_RANKS * PREPARE_MAX_BLOCKS +
+        2 * ((parity * PREPARE_MAX_RANKS + source) * PREPARE_MAX_BLOCKS + block));
+}
+
+// This rank's shape line for a launch whose line flag is `flag`.
+__device__ __forceinline__ void line_shape(const LaunchParams& params, unsigned int flag,
+                                           unsigned int (&words)[4]) {
+    const u64 larger = params.input_elements > params.output_elements ? params.input_elements
+                                                                       : params.output_elements;
+    words[0] = static_cast<unsigned int>(larger);
+    words[1] = flag;
+    words[2] = static_cast<unsigned int>(params.rows);
+    words[3] = flag;
+}
+
+// The peer the calling thread shows its shape to and checks, as one of the block's last N
+// lanes; N or more for every other thread.
+template <int N>
+__device__ __forceinline__ unsigned int shape_lane_peer() {
+    return threadIdx.x + N - blockDim.x;
+}
+
+// The shape lanes store this rank's line at their peers (the header's shape check).
+template <int N>
+__device__ __forceinline__ void show_line_shape(const LaunchParams& params,
+                                                const BlockFlags& flags) {
+    const unsigned int peer = shape_lane_peer<N>();
+    if (peer < N && peer != params.rank) {
+        unsigned int mine[4];
+        line_shape(params, line_flag(flags.epoch), mine);
+        store_line_volatile(
+            line_shape_address(params.signals[peer], flags.epoch & 1, params.rank, blockIdx.x),
+            mine);
+    }
+}
+
+// Every thread calls it after its sends and before its first receive: each shape lane waits for
+// its peer's line, zeroes it and compares it with this rank's. A line that differs records
+// SHAPE_MISMATCH naming the peer; no line by the deadline (or by when this rank's abort word
+// was set), PEER_TIMEOUT; either sets flags.timed_out and ends the block's deadline, so every
+// wait of the block ends at its next poll. The other threads go on at once.
+template <int N>
+__device__ __forceinline__ void check_line_shapes(const LaunchParams& params, BlockFlags& flags) {
+    const unsigned int peer = shape_lane_peer<N>();
+    if (peer >= N || peer == params.rank) {
+        return;
+    }
+    const unsigned int flag = line_flag(flags.epoch);
+    unsigned int* line =
+        line_shape_address(params.signals[params.rank], flags.epoch & 1, peer, blockIdx.x);
+    unsigned int theirs[4] = {};
+    if (!spin_until_ended(
+            flags.deadline,
+            [&] {
+                load_line_volatile(line, theirs);
+                return line_arrived(theirs, flag);
+            },
+            params.state)) {
+        // Given up for the abort word: it is set already and keeps its code.
+        record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
+        flags.timed_out = 1;
+        end_deadline(flags.deadline);
+        return;
+    }
+    const unsigned int consumed[4] = {0, 0, 0, 0};
+    store_line_volatile(line, consumed);
+    unsigned int mine[4];
+    line_shape(params, flag, mine);
+    if (shape_lines_differ(mine, theirs)) {
+        record_abort(params.state, PREPARE_ABORT_SHAPE_MISMATCH, peer);
+        flags.timed_out = 1;
+        end_deadline(flags.deadline);
+    }
+}
+
+// The begin of the double-buffered algorithms: the launch counter, no barrier; the block shows
+// its shape to every peer, also when it begins stopped after its rank's shape mismatch.
+struct LaunchCounter {
+    template <int N>
+    __device__ __forceinline__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
+        const bool begun = launch_begin(params, flags);
+        if (begun || stopped_for_shape(params)) {
+            show_line_shape<N>(params, flags);
+        }
+        return begun;
+    }
+};
+
 // Sends a vector as lines 2v and 2v + 1 of peer slot `slot` in a peer's region.
 template <int N>
 __device__ __forceinline__ void send_vector_lines(unsigned char* region, u64 v, u64 parity,
@@ -135,7 +248,8 @@ __device__ __forceinline__ void send_word_line(unsigned char* region, u64 line, 
 // Waits for `count` (1 or 2) consecutive lines from `first` of `source`'s peer slot in this
 // rank's region to carry `flag`, loaded together so they cost one round trip; then takes their
 // data words (two per line) into `data` and zeroes them. A line still missing is the only one
-// loaded again. False (abort recorded) when the deadline passed first.
+// loaded again. False (abort recorded) when the deadline passed first, or was ended by the
+// block's shape check (check_line_shapes).
 template <int N, int Count>
 __device__ __forceinline__ bool receive_lines(const LaunchParams& params, BlockFlags& flags,
                                               u64 first, u64 parity, unsigned int source,
@@ -149,7 +263,7 @@ __device__ __forceinline__ bool receive_lines(const LaunchParams& params, BlockF
         addresses[i] =
             line_address<N>(region, first + i, parity, peer_slot<N>(source, params.rank));
     }
-    const bool arrived = spin_until(flags.deadline, [&] {
+    const bool arrived = spin_until_ended(flags.deadline, [&] {
         bool all = true;
 #pragma unroll
         for (int i = 0; i < Count; ++i) {
@@ -238,6 +352,7 @@ __device__ __forceinline__ void push_sum_lines(const LaunchParams& params, Block
         [&](const PeerSlot& peer, u64 e, unsigned int value) {
             send_word_line<N>(peer.region, tail_line + e, parity, peer.slot, value, flag);
         });
+    check_line_shapes<N>(params, flags);
     bool received = true;
     for_each_owned(
         range, workers,
@@ -494,7 +609,8 @@ __device__ __forceinline__ void raise_step_flags(const LaunchParams& params, uns
 }
 
 // Waits until every peer's step flag in set `set` for this block reached `flag`. Every thread
-// calls it; false (the same in every thread) means a peer timed out.
+// calls it; false (the same in every thread) means a peer timed out, or this block's shape
+// check failed.
 template <int N>
 __device__ __forceinline__ bool wait_step_flags(const LaunchParams& params, BlockFlags& flags,
                                                 unsigned int set, u64 flag) {
@@ -503,7 +619,8 @@ __device__ __forceinline__ bool wait_step_flags(const LaunchParams& params, Bloc
     const unsigned int peer = threadIdx.x;
     if (peer < N && peer != params.rank) {
         const u64* word = signal_word(params.signals[params.rank], set, peer, blockIdx.x);
-        if (!spin_until(flags.deadline, [&] { return load_acquire_system(word) >= flag; })) {
+        if (!spin_until_ended(flags.deadline,
+                              [&] { return load_acquire_system(word) >= flag; })) {
             record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
             flags.timed_out = 1;
         }
@@ -600,6 +717,9 @@ __device__ __forceinline__ void push_sum_steps(const LaunchParams& params, Block
     for (u64 step = 0; step <= share.steps; ++step) {
         if (step < share.steps) {
             send_step<T, N>(params, share, parity, step, flag_base | (step + 1));
+        }
+        if (step == 0) {
+            check_line_shapes<N>(params, flags);
         }
         if (step > 0) {
             if (!wait_step_flags<N>(params, flags, kSetStep, flag_base | step)) {

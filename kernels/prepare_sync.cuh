@@ -113,6 +113,41 @@ __device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
     return true;
 }
 
+// A block's deadline (flags.deadline, in shared memory) can be ended early by one of its
+// threads: end_deadline stores 0 after the thread recorded why in the abort word (the fence puts
+// that record first, so the waits that end record nothing over it: record_abort keeps the first
+// code), and deadline_ended tells a waiting thread.
+__device__ __forceinline__ void end_deadline(u64& deadline) {
+    __threadfence();
+    *static_cast<volatile u64*>(&deadline) = 0;
+}
+
+__device__ __forceinline__ bool deadline_ended(const u64& deadline) {
+    return *static_cast<const volatile u64*>(&deadline) == 0;
+}
+
+// spin_until on a block's deadline, read again after each poll that found nothing (so it holds
+// no registers and an arrival costs no extra load), that also ends, false, once a thread of the
+// block ended it. With `state`, this rank's abort word, it also gives up when that is set (a
+// sibling block gave up, so the launch can no longer succeed), looked at after every 16th such
+// poll.
+template <typename Poll>
+__device__ __forceinline__ bool spin_until_ended(const u64& deadline, Poll arrived,
+                                                 const u64* state = nullptr) {
+    unsigned int polls = 0;
+    while (!arrived()) {
+        const u64 now = *static_cast<const volatile u64*>(&deadline);
+        if (now == 0 ||
+            (state != nullptr && (++polls & 15) == 0 && load_relaxed_device(state) != 0)) {
+            return false;
+        }
+        if (global_timer_ns() > now) {
+            return arrived();
+        }
+    }
+    return true;
+}
+
 // Programmatic dependent launch. The kernels are launched allowing it, so a launch may begin
 // while the previous kernel of its stream is still ending: every entry first waits here, before
 // touching any memory, until that kernel has completed and its writes are visible; then lets the
@@ -379,13 +414,17 @@ __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockF
 // seen any other line of this rank, then sees the other shape at once instead of waiting out
 // its deadline for a flag that never comes. The line touches no data: only the peers' start
 // barriers read it, and without the flag none of them passes.
+// Whether this rank's abort word says it found a shape mismatch.
+__device__ __forceinline__ bool stopped_for_shape(const LaunchParams& params) {
+    const u64 mismatch = PREPARE_ABORT_FLAG | (PREPARE_ABORT_SHAPE_MISMATCH << 32);
+    return (load_relaxed_device(params.state) & ~0xffffffffull) == mismatch;
+}
+
 template <int N>
 __device__ __forceinline__ void show_shape_after_mismatch(const LaunchParams& params,
                                                           const BlockFlags& flags) {
     const unsigned int peer = threadIdx.x;
-    const u64 word = load_relaxed_device(params.state);
-    const u64 mismatch = PREPARE_ABORT_FLAG | (PREPARE_ABORT_SHAPE_MISMATCH << 32);
-    if (peer < N && peer != params.rank && (word & ~0xffffffffull) == mismatch) {
+    if (peer < N && peer != params.rank && stopped_for_shape(params)) {
         unsigned int mine[4];
         shape_line(params, flags.epoch, mine);
         store_line_volatile(shape_line_address(params.signals[peer], params.rank, blockIdx.x),

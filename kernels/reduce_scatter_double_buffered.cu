@@ -56,6 +56,7 @@ struct ReduceScatterPushLl : LaunchCounter {
                 [&](u64 e) { return load_element<T>(input, e); },
                 [&](auto send) { send(owner); });
         }
+        check_line_shapes<N>(params, flags);
         const Range own = slices(rank);
         const RowOutput<T> output(params.output, slices.first(rank));
         bool received = true;

@@ -56,12 +56,18 @@ pub const MAX_RANKS: usize = 8;
 /// Blocks a kernel may launch.
 pub const MAX_BLOCKS: usize = 1024;
 /// Flag sets per rank: the barriers' and the double-buffered kernels' step flags (two sets: a
-/// second phase has its own), then two sets that together hold the shape lines.
-pub const SIGNAL_SETS: usize = 8;
+/// second phase has its own), two sets that together hold the shape lines, then four that hold
+/// the double-buffered kernels' shape lines (two per parity).
+pub const SIGNAL_SETS: usize = 12;
 /// The first set of the shape lines: from word `SHAPE_SET * MAX_RANKS * MAX_BLOCKS` of a rank's
 /// signals, two words per (source rank, block), `2 * (source * MAX_BLOCKS + block)` on, that
 /// source's shape as its start barrier last sent it (see [`ABORT_SHAPE_MISMATCH`]).
 pub const SHAPE_SET: usize = 6;
+/// The first set of the double-buffered kernels' shape lines: from word
+/// `LINE_SHAPE_SET * MAX_RANKS * MAX_BLOCKS`, two words per (parity, source rank, block),
+/// `2 * ((parity * MAX_RANKS + source) * MAX_BLOCKS + block)` on: the source's element count and
+/// rows in its launch of that parity, each beside the launch's line flag.
+pub const LINE_SHAPE_SET: usize = 8;
 /// Bits of a shape word that carry its count (the element count, the rows); those above are the
 /// tag of the launch's epoch.
 pub const SHAPE_BITS: u32 = 48;
@@ -343,6 +349,10 @@ mod tests {
             SHAPE_SET as u64
         );
         assert_eq!(
+            define_value(&defines, "PREPARE_LINE_SHAPE_SET"),
+            LINE_SHAPE_SET as u64
+        );
+        assert_eq!(
             define_value(&defines, "PREPARE_SHAPE_BITS"),
             u64::from(SHAPE_BITS)
         );
@@ -366,6 +376,9 @@ mod tests {
             defines["PREPARE_STATE_ARRIVAL_WORDS"],
             "(1 + 2 * PREPARE_MAX_BLOCKS)"
         );
+        // The shape lines take the last sets: two for the start barrier's, then two per parity.
+        assert_eq!(SHAPE_SET + 2, LINE_SHAPE_SET);
+        assert_eq!(LINE_SHAPE_SET + 4, SIGNAL_SETS);
         assert_eq!(STATE_ARRIVAL_WORDS, 1 + 2 * MAX_BLOCKS);
         assert_eq!(STATE_WORDS, STATE_ARRIVAL_WORDS + MAX_BLOCKS);
     }

@@ -54,6 +54,9 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
             &[
                 "global_timer_ns",
                 "spin_until",
+                "end_deadline",
+                "deadline_ended",
+                "spin_until_ended",
                 "store_release_system",
                 "load_acquire_system",
                 "load_relaxed_device",
@@ -613,8 +616,8 @@ fn the_epilogue_kernel_gives_the_reference_and_its_mirror_is_the_reference() {
     assert_eq!(checked.len(), 3 * 4 * 2, "{checked:?}");
 }
 
-/// Whether the harness's `shapes` mode runs `spec`: every kernel that begins with the start
-/// barrier but the copy engine's, whose start barrier is the same code (block_barrier).
+/// Whether the harness's `shapes` mode runs `spec`: every kernel that checks the shape but the
+/// copy engine's, whose start barrier is the same code (block_barrier).
 fn checked_by_the_shapes_mode(spec: &KernelSpec) -> bool {
     Mutation::ShapeCheckSkipped.kernels().contains(&spec.name)
         && !spec.name.starts_with("all_reduce_one_shot_copy_engine_")
@@ -622,10 +625,11 @@ fn checked_by_the_shapes_mode(spec: &KernelSpec) -> bool {
 
 /// Ranks that disagree on their message (one rank's rows one more, one rank's width another,
 /// one rank with rows 0; an all-reduce's element count), at every world 2 to 8 and in every
-/// type, for every reduce-scatter, all-gather and fused two-shot kernel and the all-reduce
-/// kernels that begin with the start barrier: every rank ends with the shape-mismatch abort
-/// naming a peer of another shape, well before the deadline, and nothing is written (operands,
-/// their guards, the registered buffer past the message, its scratch and the guard after it).
+/// type, for every reduce-scatter, all-gather and fused kernel and every all-reduce kernel but
+/// the cluster ones: every rank ends with the shape-mismatch abort naming a peer of another
+/// shape, well before the deadline. A kernel with the start barrier writes nothing (operands,
+/// their guards, the registered buffer past the message, its scratch and the guard after it); a
+/// double-buffered one nothing but its output (a fused one's residual) and its region.
 #[test]
 fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
     let (verdicts, text) = verdicts(
@@ -637,8 +641,10 @@ fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
     assert!(failed(&verdicts).is_empty(), "{text}");
 }
 
-/// With the start barrier's comparison of the shape lines planted away, the `shapes` mode says
-/// so for exactly the kernels it runs that the mutation touches, each of them.
+/// With the comparison of the shape lines planted away, the `shapes` mode says so for exactly
+/// the kernels it runs that the mutation touches, each of them. Each entry ends at its first
+/// failed case, under a deadline of 2 s: a double-buffered kernel that does not check waits one
+/// out.
 #[test]
 fn a_skipped_shape_check_is_caught() {
     let mutation = Mutation::ShapeCheckSkipped;
@@ -646,7 +652,14 @@ fn a_skipped_shape_check_is_caught() {
     let binary = build_mutated(directory.path(), mutation, 3);
     let (verdicts, text) = verdicts(
         &binary,
-        &["shapes", "2", "3"],
+        &[
+            "shapes",
+            "--stop-at-first-wrong",
+            "--deadline-ms",
+            "2000",
+            "2",
+            "3",
+        ],
         ("refused", "not refused"),
         checked_by_the_shapes_mode,
     );

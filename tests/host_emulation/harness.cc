@@ -38,9 +38,10 @@
 //                everywhere (invariance.h); one line per kernel entry, as exactness
 //   fused        the fused one-shot all-reduce + add + RMSNorm kernels, as quick runs them (fused.h)
 //   two_shot [full]  the fused two-shot's checks of the quick mode (or of the full mode) alone
-//   shapes [W..] every kernel that begins with the start barrier, at worlds W.. (2..8), its ranks
-//                disagreeing on the shape: each rank's abort word names a peer of another shape,
-//                nothing written; a line per entry, `<entry>: refused` or `not refused` (shapes.h)
+//   shapes [--stop-at-first-wrong] [--deadline-ms MS] [W..]  every kernel that checks the
+//                shape, at worlds W.. (2..8), its ranks disagreeing on it: each rank's abort
+//                word names a peer of another shape, nothing written but what the kernel may;
+//                a line per entry, `<entry>: refused` or `not refused` (shapes.h)
 //   norm         prepare's unfused residual add + RMSNorm (add_rms_norm.cu) against a mirror of
 //                the reference, whose cases it prints for the Rust reference (norm.h)
 // Exit status 0 when every check passed; failures are printed.
@@ -753,8 +754,16 @@ int main(int argc, char** argv) {
         two_shot_mode(argc > 2 && std::string(argv[2]) == "full");
     } else if (mode == "shapes") {
         std::vector<unsigned> worlds;
-        for (int i = 2; i < argc; ++i)
-            worlds.push_back(static_cast<unsigned>(std::atoi(argv[i])));
+        for (int i = 2; i < argc; ++i) {
+            const std::string argument = argv[i];
+            if (argument == "--stop-at-first-wrong") {
+                stop_at_first_wrong = true;
+            } else if (argument == "--deadline-ms" && i + 1 < argc) {
+                shape_timeout_ns = std::strtoull(argv[++i], nullptr, 10) * 1'000'000ull;
+            } else {
+                worlds.push_back(static_cast<unsigned>(std::atoi(argv[i])));
+            }
+        }
         shapes_mode(worlds.empty() ? std::vector<unsigned>{2, 3, 4, 5, 6, 7, 8} : worlds);
     } else if (mode == "norm") {
         for_each_dtype([] { norm_checks(); });

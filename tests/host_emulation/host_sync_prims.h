@@ -47,6 +47,14 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
         words[2 * half + 1] = static_cast<unsigned int>(value >> 32);
     }
 }
+// prepare_sync.cuh's end of a block's deadline: a release store, which deadline_ended's
+// acquiring load pairs with, so the abort recorded before it is seen by the waits it ends.
+__device__ __forceinline__ void end_deadline(u64& deadline) {
+    std::atomic_ref<u64>(deadline).store(0, std::memory_order_release);
+}
+__device__ __forceinline__ bool deadline_ended(const u64& deadline) {
+    return std::atomic_ref<u64>(const_cast<u64&>(deadline)).load(std::memory_order_acquire) == 0;
+}
 // prepare_sync.cuh's spin: the same polls, the same deadline and last look, but the emulated
 // threads far outnumber the cores, so a poll that finds nothing gives the core away: it yields
 // for a few polls (a short wait is seen at once), then sleeps, twice as long each time up to a
@@ -90,4 +98,21 @@ __device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
         sleep = std::min(sleep * 2, cap);
     }
     return true;
+}
+// prepare_sync.cuh's spin on a block's deadline that a thread of the block may end, and that
+// may also give up for the abort word: the host spin above, whose poll looks at both after each
+// poll that found nothing.
+template <typename Poll>
+__device__ __forceinline__ bool spin_until_ended(const u64& deadline, Poll arrived,
+                                                 const u64* state = nullptr) {
+    bool ended = false;
+    const bool in_time = spin_until(
+        std::atomic_ref<u64>(const_cast<u64&>(deadline)).load(std::memory_order_acquire), [&] {
+            if (arrived())
+                return true;
+            ended = deadline_ended(deadline) ||
+                    (state != nullptr && load_relaxed_device(state) != 0);
+            return ended;
+        });
+    return in_time && !ended;
 }

@@ -1,26 +1,31 @@
 // Ranks that disagree on their message's shape, on the host: included by harness.cc inside its
-// anonymous namespace, after rows.h (kRowKernels, Guarded, the owners' rows) and two_shot.h
-// (kTwoShot).
+// anonymous namespace, after rows.h (kRowKernels, Guarded, the owners' rows), fused.h
+// (kFusedKernels) and two_shot.h (kTwoShot).
 //
-// Every kernel that begins with the start barrier is launched at once on every rank, each rank
-// with its own shape: one rank's rows one more, one rank's width another, one rank with rows 0
-// (an all-reduce: its element count one more, or 0). The start barrier's shape check
-// (prepare_sync.cuh) must leave every rank the abort word SHAPE_MISMATCH naming a peer whose
-// shape differs from its own, well before the deadline, with nothing written anywhere: every
-// operand, the registered input region past the message, the scratch and the guards after the
-// buffer keep their fill bytes. Each rank begins one block first and holds its other block back
+// Every kernel that checks the shape (all but the cluster kernels and the copy engine's, whose
+// start barrier is the same code) is launched at once on every rank, each rank with its own
+// shape: one rank's rows one more, one rank's width another, one rank with rows 0 (an
+// all-reduce: its element count one more, or 0). The shape check must leave every rank the abort
+// word SHAPE_MISMATCH naming a peer whose shape differs from its own, well before the deadline.
+// A kernel with the start barrier (prepare_sync.cuh) must write nothing anywhere: every operand,
+// the registered input region past the message, the scratch and the guards after the buffer keep
+// their fill bytes. A double-buffered kernel (prepare_double_buffer.cuh) checks while it moves
+// data, so its output (and a fused kernel's residual) and its scratch region may change, nothing
+// else: the guards around every operand, the weight, the registered buffer before the scratch
+// and the guards after the buffer keep their fill. Each rank begins one block first and holds its other block back
 // until its abort word is set (half a second at most), as blocks the GPU schedules late: those
 // see the word at once and raise no flag, and their peers must still see the mismatch without
 // waiting out the deadline. From 3 ranks, when rank 1 is not the odd one, rank 1 begins with
 // its second block, whose peers' blocks of that number all begin after their ranks' aborts: it
-// can learn of the mismatch only from the lines such late blocks still show. The
-// double-buffered kernels have no start barrier and are not run here (docs/kernels.md says what
-// they do instead).
+// can learn of the mismatch only from the lines such late blocks still show.
 //
 // Prints one line per kernel entry, `<entry>: refused` or `<entry>: not refused (N failed
-// checks)`, and goes on past a failure (the planted mutation's test reads which kernels missed).
+// checks)`, and goes on past a failure (the planted mutation's test reads which kernels missed);
+// with --stop-at-first-wrong an entry ends at its first failed case. The deadline is 20 s, or
+// --deadline-ms: a kernel that does not check waits it out.
 #pragma once
 
+// TwoShot: a fused kernel's operands (x, residual, weight, normed), one-shot or two-shot.
 enum class ShapeSide { AllReduce, ReduceScatter, AllGather, TwoShot };
 
 struct ShapeKernel {
@@ -33,20 +38,22 @@ std::vector<ShapeKernel> shape_kernels() {
     std::vector<ShapeKernel> kernels;
     for (const Kernel& kernel : kKernels) {
         const std::string name = kernel.name;
-        if (name == "one_shot_pull" || name == "one_shot_push" || name == "rsag_pull" ||
-            name == "rsag_push")
+        // The cluster kernels begin with an exchange of their own and do not check; the copy
+        // engine's start barrier is block_barrier, which the others run.
+        if (!kernel.cluster && name != "one_shot_copy_engine")
             kernels.push_back({"all_reduce_" + name, &kernel, ShapeSide::AllReduce});
     }
-    for (const RowKernel& row : kRowKernels) {
-        // The double-buffered ones (the `ll` kernels) have no start barrier.
-        if (double_buffered(row.kernel.scratch))
-            continue;
+    for (const RowKernel& row : kRowKernels)
         kernels.push_back({row.kernel.name, &row.kernel,
                            row.gather ? ShapeSide::AllGather : ShapeSide::ReduceScatter});
-    }
+    for (const FusedKernel& fused : kFusedKernels)
+        kernels.push_back({fused.kernel.name, &fused.kernel, ShapeSide::TwoShot});
     kernels.push_back({kTwoShot.name, &kTwoShot, ShapeSide::TwoShot});
     return kernels;
 }
+
+// The deadline of every launch (--deadline-ms).
+u64 shape_timeout_ns = 20'000'000'000ull;
 
 // A rank's message: rows x width (an all-reduce's: 1 x its element count).
 struct RankShape {
@@ -82,7 +89,8 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
     for (auto& buffer : buffers)
         buffer.reset(new Aligned(buffer_bytes + kBufferGuard));
     std::vector<Rank> ranks(world);
-    const u64 timeout_ns = 20'000'000'000ull;
+    const u64 timeout_ns = shape_timeout_ns;
+    const bool checks_while_moving = double_buffered(kernel.scratch);
     const auto started = std::chrono::steady_clock::now();
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
@@ -96,6 +104,9 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
             const u64 input_elements = gather ? own : whole;
             const u64 output_elements = side == ShapeSide::ReduceScatter ? own : whole;
             unsigned char* region = buffers[rank]->data;
+            // A double-buffered region starts zeroed, as the handle leaves it.
+            if (checks_while_moving)
+                std::memset(region + scratch_offset, 0, buffer_bytes - scratch_offset);
             Guarded input(input_elements * size, row_guard), output(output_elements * size, row_guard),
                 residual(whole * size, row_guard), weight(shape.width * size, row_guard);
             // The message where the kernel reads it: its own memory, or the input region.
@@ -157,15 +168,20 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
             u64 changed = input.overrun();
             for (const Guarded* memory : written) {
                 changed += memory->overrun();
+                // A double-buffered kernel's output and residual may hold partial sums.
+                if (checks_while_moving && memory != &weight)
+                    continue;
                 for (u64 b = 0; b < memory->bytes; ++b)
                     changed += memory->data()[b] != kBufferFill;
             }
             CHECK(changed == 0, "%s: wrote %llu bytes of its operands or their guards", where,
                   changed);
             // The input region past this rank's message (all of it for a kernel that reads its
-            // message locally) and the whole scratch keep their fill.
+            // message locally) and the whole scratch (but a double-buffered region) keep their
+            // fill.
             u64 region_changed = 0;
-            for (u64 b = kernel.local_input ? 0 : message_bytes; b < buffer_bytes; ++b)
+            const u64 kept_until = checks_while_moving ? scratch_offset : buffer_bytes;
+            for (u64 b = kernel.local_input ? 0 : message_bytes; b < kept_until; ++b)
                 region_changed += region[b] != kBufferFill;
             CHECK(region_changed == 0, "%s: wrote %llu bytes of its registered buffer", where,
                   region_changed);
@@ -185,8 +201,8 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
     }
 }
 
-// Every kernel that begins with the start barrier, at every world of `worlds`, in every type:
-// the three disagreements.
+// Every kernel that checks the shape, at every world of `worlds`, in every type: the three
+// disagreements.
 void shapes_mode(const std::vector<unsigned>& worlds) {
     stop_after_printed_failures = false;
     for (int type = 0; type < kDtypes; ++type) {
@@ -216,6 +232,8 @@ void shapes_mode(const std::vector<unsigned>& worlds) {
                     {"rank 1 with rows 0", 1, {0, base.width}},
                 };
                 for (const Case& mismatch : cases) {
+                    if (!entry.runs())
+                        break;
                     std::vector<RankShape> shapes(world, as_run(base));
                     shapes[mismatch.rank] = as_run(mismatch.shape);
                     run_mismatch(kernel, shapes, mismatch.rank, mismatch.what);

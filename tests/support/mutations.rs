@@ -70,8 +70,9 @@ pub enum Mutation {
     /// [`Mutation::ALL`]: the host emulation's exactness mode runs smaller messages only, and
     /// the batch-invariance checks, which run larger ones, are the tests meant to catch it.
     SizeDependentOrder,
-    /// The start barrier takes a peer's shape line without comparing it with this rank's, so
-    /// ranks that disagree on rows or width go on to move data. Every sum stays right when the
+    /// The shape checks (the start barrier's and the double-buffered kernels') take a peer's
+    /// shape line without comparing it with this rank's, so ranks that disagree on rows or width
+    /// go on to move data. Every sum stays right when the
     /// ranks agree: in [`Mutation::OF_THE_CHECKS`], caught by the host emulation's `shapes`
     /// mode, not by its exactness mode.
     ShapeCheckSkipped,
@@ -159,8 +160,8 @@ const NO_LINE_WAIT: &[Patch] = &[Patch {
 
 const NO_STEP_WAIT: &[Patch] = &[Patch {
     file: "prepare_double_buffer.cuh",
-    find: "spin_until(flags.deadline, [&] { return load_acquire_system(word) >= flag; })",
-    replace: "spin_until(flags.deadline, [&] { return true; })",
+    find: "[&] { return load_acquire_system(word) >= flag; }",
+    replace: "[&] { return true; }",
 }];
 
 /// The copy-engine start barrier does nothing at all.
@@ -262,18 +263,27 @@ const SHAPE_CHECK_SKIPPED: &[Patch] = &[Patch {
     replace: "return false;",
 }];
 
-/// Every kernel that begins with the start barrier (block_barrier's shape check), by algorithm.
-const START_BARRIER_KERNELS: &[&str] = &[
+/// Every kernel that checks the shape, by algorithm: those that begin with the start barrier
+/// (block_barrier's check) and the double-buffered ones (check_line_shapes); both compare the
+/// lines with shape_lines_differ.
+const SHAPE_CHECKED_KERNELS: &[&str] = &[
     "all_gather_one_shot_pull",
     "all_gather_one_shot_push",
+    "all_gather_one_shot_push_ll",
+    "all_reduce_add_rms_norm_one_shot_push_ll",
+    "all_reduce_add_rms_norm_one_shot_push_simple",
     "all_reduce_add_rms_norm_two_shot",
     "all_reduce_one_shot_copy_engine",
     "all_reduce_one_shot_pull",
     "all_reduce_one_shot_push",
+    "all_reduce_one_shot_push_ll",
+    "all_reduce_one_shot_push_simple",
     "all_reduce_rsag_pull",
     "all_reduce_rsag_push",
+    "all_reduce_rsag_push_simple",
     "reduce_scatter_one_shot_pull",
     "reduce_scatter_one_shot_push",
+    "reduce_scatter_one_shot_push_ll",
 ];
 
 const DOUBLE_COUNT: &[Patch] = &rank_loop_patches(rank_loops!("for (int q = 0; q < N; ++q) {"));
@@ -374,7 +384,7 @@ impl Mutation {
                 &Dtype::ALL,
             ),
             Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
-            Mutation::ShapeCheckSkipped => (START_BARRIER_KERNELS, &Dtype::ALL),
+            Mutation::ShapeCheckSkipped => (SHAPE_CHECKED_KERNELS, &Dtype::ALL),
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
                 (NORMS, &Dtype::ALL)
             }
