@@ -187,7 +187,8 @@ __device__ __forceinline__ void check_line_shapes(const LaunchParams& params, Bl
                 return line_arrived(theirs, flag);
             },
             params.state)) {
-        // Given up for the abort word: it is set already and keeps its code.
+        // No line by the deadline, or given up (the abort word set, or the block's deadline
+        // ended by a sibling lane): a word set already keeps its code.
         record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
         flags.timed_out = 1;
         end_deadline(flags.deadline);
