@@ -99,7 +99,17 @@ __device__ __forceinline__ bool cluster_exchange(const LaunchParams& params, Clu
     cluster_sync();
     if (cta == 0) {
         const unsigned int peer = threadIdx.x;
-        if (!flags.stopped && peer < N && peer != params.rank) {
+        if (set == kSetStart && peer < N && peer != params.rank) {
+            // The start exchange is the start barrier's, shape check included (send_to and
+            // wait_for are every peer); stopped after this rank's shape mismatch, CTA 0 still
+            // shows its line, as a barrier kernel's block does.
+            if (!flags.stopped &&
+                !start_exchange(params, flags.epoch, flags.deadline, peer, blockIdx.x)) {
+                flags.timed_out = 1;
+            } else if (flags.stopped) {
+                show_shape_after_mismatch<N>(params, flags.epoch);
+            }
+        } else if (!flags.stopped && peer < N && peer != params.rank) {
             if ((send_to >> peer) & 1u) {
                 store_release_system(
                     signal_word(params.signals[peer], set, params.rank, blockIdx.x), flags.epoch);
@@ -134,8 +144,9 @@ __device__ __forceinline__ unsigned int all_peers(unsigned int rank) {
     return ((1u << N) - 1u) & ~(1u << rank);
 }
 
-// A cluster kernel's begin and its start exchange with every peer (set 0): false means return
-// at once.
+// A cluster kernel's begin and its start exchange with every peer (set 0), which checks that
+// every rank passed the same message as the start barrier does (start_exchange): false means
+// return at once.
 template <int N>
 __device__ __forceinline__ bool cluster_begin_with_start(const LaunchParams& params,
                                                          ClusterFlags& flags, int& outcome,

@@ -9,7 +9,8 @@
 // thread records PEER_TIMEOUT and the whole block returns together after its __syncthreads.
 // The start barrier also checks that every rank passed the same message (shape_line): a
 // rank whose peer's elements or rows differ records SHAPE_MISMATCH and returns before any data
-// moves, without waiting out the deadline (block_barrier, show_shape_after_mismatch).
+// moves, without waiting out the deadline (start_exchange, show_shape_after_mismatch); the
+// cluster kernels' start exchange (prepare_cluster.cuh) runs the same check.
 #pragma once
 
 #include "prepare_abi.cuh"
@@ -343,16 +344,53 @@ __device__ __forceinline__ bool shape_lines_differ(const unsigned int (&a)[4],
     return a[0] != b[0] || a[1] != b[1] || a[2] != b[2] || a[3] != b[3];
 }
 
+// The start barrier's exchange with `peer`, by the thread of this rank's block `block` that
+// serves it: it stores this rank's shape line at the peer, raises the start flag there, and
+// waits for the peer's flag and line. The wait ends early in two cases, so a shape mismatch
+// costs no deadline anywhere: the peer's line carries this epoch's tag but another shape (the
+// peer may raise no flag at all: a block that begins after its rank's mismatch only shows its
+// line, show_shape_after_mismatch), or this rank's abort word is set (a sibling thread or block
+// already gave up, so this launch can no longer succeed; the abort word keeps its first code).
+// Neither passes: only the flag does. False (abort recorded) when the peer timed out, the wait
+// was given up, or the shapes differ.
+__device__ __forceinline__ bool start_exchange(const LaunchParams& params, u64 epoch,
+                                               u64 deadline, unsigned int peer,
+                                               unsigned int block) {
+    unsigned int mine[4];
+    shape_line(params, epoch, mine);
+    store_line_volatile(shape_line_address(params.signals[peer], params.rank, block), mine);
+    store_release_system(signal_word(params.signals[peer], kSetStart, params.rank, block), epoch);
+    const u64* flag = signal_word(params.signals[params.rank], kSetStart, peer, block);
+    const unsigned int* line = shape_line_address(params.signals[params.rank], peer, block);
+    unsigned int theirs[4];
+    bool given_up = false;
+    const bool ended = spin_until(deadline, [&] {
+        // The relaxed and volatile loads go before the acquiring one, which would delay
+        // them: the poll stays one round trip.
+        const bool aborted = load_relaxed_device(params.state) != 0;
+        load_line_volatile(line, theirs);
+        const bool flagged = load_acquire_system(flag) == epoch;
+        if (shape_line_tagged(theirs, epoch) && (flagged || shape_lines_differ(mine, theirs))) {
+            return true;
+        }
+        given_up = aborted;
+        return aborted;
+    });
+    if (!ended || given_up) {
+        // Given up: the abort word is set already and keeps its code.
+        record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
+        return false;
+    }
+    if (shape_lines_differ(mine, theirs)) {
+        record_abort(params.state, PREPARE_ABORT_SHAPE_MISMATCH, peer);
+        return false;
+    }
+    return true;
+}
+
 // A barrier between this block and the same-numbered block of every peer. Every thread of the
 // block calls it; false (the same in every thread) means a peer timed out, or (the start
-// barrier) passed another shape: return at once.
-//
-// The start barrier ends its wait for a peer early in two cases, so a shape mismatch costs no
-// deadline anywhere: the peer's line carries this epoch's tag but another shape (the peer may
-// raise no flag at all: a block that begins after its rank's mismatch only shows its line,
-// show_shape_after_mismatch), or this rank's abort word is set (a sibling thread or block
-// already gave up, so this launch can no longer succeed; the abort word keeps its first code).
-// Neither passes the barrier: only the flag does.
+// barrier, start_exchange) passed another shape: return at once.
 template <int N>
 __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockFlags& flags,
                                               unsigned int set) {
@@ -361,36 +399,7 @@ __device__ __forceinline__ bool block_barrier(const LaunchParams& params, BlockF
     __syncthreads();
     const unsigned int peer = threadIdx.x;
     if (peer < N && peer != params.rank && set == kSetStart) {
-        unsigned int mine[4];
-        shape_line(params, flags.epoch, mine);
-        store_line_volatile(shape_line_address(params.signals[peer], params.rank, blockIdx.x),
-                            mine);
-        store_release_system(signal_word(params.signals[peer], set, params.rank, blockIdx.x),
-                             flags.epoch);
-        const u64* flag = signal_word(params.signals[params.rank], set, peer, blockIdx.x);
-        const unsigned int* line =
-            shape_line_address(params.signals[params.rank], peer, blockIdx.x);
-        unsigned int theirs[4];
-        bool given_up = false;
-        const bool ended = spin_until(flags.deadline, [&] {
-            // The relaxed and volatile loads go before the acquiring one, which would delay
-            // them: the poll stays one round trip.
-            const bool aborted = load_relaxed_device(params.state) != 0;
-            load_line_volatile(line, theirs);
-            const bool flagged = load_acquire_system(flag) == flags.epoch;
-            if (shape_line_tagged(theirs, flags.epoch) &&
-                (flagged || shape_lines_differ(mine, theirs))) {
-                return true;
-            }
-            given_up = aborted;
-            return aborted;
-        });
-        if (!ended || given_up) {
-            // Given up: the abort word is set already and keeps its code.
-            record_abort(params.state, PREPARE_ABORT_PEER_TIMEOUT, peer);
-            flags.timed_out = 1;
-        } else if (shape_lines_differ(mine, theirs)) {
-            record_abort(params.state, PREPARE_ABORT_SHAPE_MISMATCH, peer);
+        if (!start_exchange(params, flags.epoch, flags.deadline, peer, blockIdx.x)) {
             flags.timed_out = 1;
         }
     } else if (peer < N && peer != params.rank) {
@@ -421,12 +430,11 @@ __device__ __forceinline__ bool stopped_for_shape(const LaunchParams& params) {
 }
 
 template <int N>
-__device__ __forceinline__ void show_shape_after_mismatch(const LaunchParams& params,
-                                                          const BlockFlags& flags) {
+__device__ __forceinline__ void show_shape_after_mismatch(const LaunchParams& params, u64 epoch) {
     const unsigned int peer = threadIdx.x;
     if (peer < N && peer != params.rank && stopped_for_shape(params)) {
         unsigned int mine[4];
-        shape_line(params, flags.epoch, mine);
+        shape_line(params, epoch, mine);
         store_line_volatile(shape_line_address(params.signals[peer], params.rank, blockIdx.x),
                             mine);
     }
@@ -439,7 +447,7 @@ __device__ __forceinline__ bool begin_with_barrier(const LaunchParams& params, B
                                                    unsigned int set) {
     if (!block_begin(params, flags)) {
         if (set == kSetStart) {
-            show_shape_after_mismatch<N>(params, flags);
+            show_shape_after_mismatch<N>(params, flags.epoch);
         }
         return false;
     }

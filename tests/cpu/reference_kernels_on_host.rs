@@ -143,6 +143,19 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "__shared__ NormShared norm_shared;",
                 "NormShared& norm_shared = emu_shared<NormShared>(1);",
             );
+        if name == "prepare_element.cuh" {
+            // The harness's slow rank pauses before its first plain store (prelude.h).
+            for store in [
+                "reinterpret_cast<Vec16*>(base)[vector] = value;",
+                "reinterpret_cast<typename T::Bits*>(base)[element] = value;",
+            ] {
+                assert!(
+                    text.contains(store),
+                    "{name} no longer stores with `{store}`"
+                );
+                text = text.replace(store, &format!("emu_store_pause();\n    {store}"));
+            }
+        }
         assert!(!text.contains("asm"), "{name} still has inline PTX");
         assert!(
             !text.contains("__shared__"),
@@ -625,11 +638,12 @@ fn checked_by_the_shapes_mode(spec: &KernelSpec) -> bool {
 
 /// Ranks that disagree on their message (one rank's rows one more, one rank's width another,
 /// one rank with rows 0; an all-reduce's element count), at every world 2 to 8 and in every
-/// type, for every reduce-scatter, all-gather and fused kernel and every all-reduce kernel but
-/// the cluster ones: every rank ends with the shape-mismatch abort naming a peer of another
-/// shape, well before the deadline. A kernel with the start barrier writes nothing (operands,
-/// their guards, the registered buffer past the message, its scratch and the guard after it); a
-/// double-buffered one nothing but its output (a fused one's residual) and its region.
+/// type, for every reduce-scatter, all-gather, fused and all-reduce kernel (the cluster ones
+/// included) but the copy engine's: every rank ends with the shape-mismatch abort naming a
+/// peer of another shape, well before the deadline. A kernel with the start barrier or the
+/// cluster kernels' start exchange writes nothing (operands, their guards, the registered
+/// buffer past the message, its scratch and the guard after it); a double-buffered one nothing
+/// but its output (a fused one's residual) and its region.
 #[test]
 fn ranks_that_disagree_on_the_shape_each_abort_and_write_nothing() {
     let (verdicts, text) = verdicts(

@@ -578,9 +578,11 @@ fn row_collectives_are_exact_at_every_world_on_one_gpu() {
     }
 }
 
-/// Ranks that disagree on rows or width (tests/gpu/one_gpu/shapes.rs): every reduce-scatter and
-/// all-gather kernel at 2, 4 and 8 ranks stops on every rank with the shape-mismatch abort
-/// naming a peer of another shape, well before the deadline, writing nothing.
+/// Ranks that disagree on rows or width (tests/gpu/one_gpu/shapes.rs): every kernel that checks
+/// the shape (the reduce-scatter, all-gather, fused and all-reduce kernels but the copy
+/// engine's) at 2, 4 and 8 ranks stops on every rank with the shape-mismatch abort naming a peer
+/// of another shape, well before the deadline, writing nothing (a double-buffered kernel
+/// nothing but its output, a fused one's residual, and its region).
 #[test]
 #[ignore = "needs GPUs"]
 fn ranks_that_disagree_on_the_shape_abort_on_one_gpu() {

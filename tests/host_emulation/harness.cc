@@ -280,6 +280,11 @@ struct Options {
     bool expect_success = true;  // check outputs (else only report abort words)
     // The last rank writes each input and launches this long after its previous launch ended.
     std::chrono::milliseconds last_rank_late{0};
+    // Each thread of the last rank's launches sleeps this long before its first plain store
+    // (prelude.h's emu_store_pause): its data lands that long after whatever it stores first
+    // through the synchronization primitives (a flag, a shape line), so a peer that reads the
+    // data without waiting for the data's own flag reads it before it is there.
+    std::chrono::milliseconds last_rank_first_store_delay{0};
 };
 
 constexpr int kGuard = 64;
@@ -292,7 +297,8 @@ constexpr unsigned char kBufferFill = 0xEE;
 // every thread calls `gate` with its block's index before it runs the kernel (`true`: the gate
 // may hold the block back, as the GPU may schedule a block late) and after (`false`).
 void launch_rank(const Launch& launch, const LaunchParams& params,
-                 const std::function<void(unsigned, bool)>& gate = {}) {
+                 const std::function<void(unsigned, bool)>& gate = {},
+                 std::chrono::milliseconds first_store_delay = {}) {
     const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
     std::vector<std::unique_ptr<EmuBarrier>> barriers;
     std::vector<std::unique_ptr<EmuBlock>> blocks;
@@ -319,9 +325,11 @@ void launch_rank(const Launch& launch, const LaunchParams& params,
                         blockDim = {launch.threads, 1, 1};
                         gridDim = {launch.blocks, 1, 1};
                         emu_block = block;
+                        emu_first_store_delay = first_store_delay;
                         if (gate)
                             gate(index, true);
                         launch.kernel->entry.of[dtype](params);
+                        emu_first_store_delay = std::chrono::milliseconds(0);
                         if (gate)
                             gate(index, false);
                     }));
@@ -457,7 +465,9 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 if (launch.kernel->copy_engine) {
                     copy_engine_launch(launch, params, copy_scratch[rank].get(), slot_bytes);
                 } else {
-                    launch_rank(launch, params);
+                    launch_rank(launch, params, {},
+                                rank == world - 1 ? options.last_rank_first_store_delay
+                                                  : std::chrono::milliseconds(0));
                 }
                 for (int g = 0; g < kGuard; ++g) {
                     CHECK(output[output_bytes + g] == 0xCC,

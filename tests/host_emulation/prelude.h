@@ -14,6 +14,19 @@
 #include <unistd.h>
 #endif
 
+// The harness's slow rank (harness.cc, Options::last_rank_first_store_delay): a thread whose
+// delay is set sleeps that long before its first plain store of a vector or element in the
+// launch, as a GPU may run a rank's threads late after its first lines; the kernels' stores
+// (prepare_element.cuh's store_vector and store_element) call it in the emulation only.
+inline thread_local std::chrono::milliseconds emu_first_store_delay{0};
+inline void emu_store_pause() {
+    if (emu_first_store_delay.count() != 0) {
+        const auto delay = emu_first_store_delay;
+        emu_first_store_delay = std::chrono::milliseconds(0);
+        std::this_thread::sleep_for(delay);
+    }
+}
+
 struct EmuDim3 {
     unsigned x = 1, y = 1, z = 1;
 };

@@ -2,12 +2,13 @@
 // anonymous namespace, after rows.h (kRowKernels, Guarded, the owners' rows), fused.h
 // (kFusedKernels) and two_shot.h (kTwoShot).
 //
-// Every kernel that checks the shape (all but the cluster kernels and the copy engine's, whose
-// start barrier is the same code) is launched at once on every rank, each rank with its own
+// Every kernel that checks the shape (all but the copy engine's, whose start barrier is the
+// same code) is launched at once on every rank, each rank with its own
 // shape: one rank's rows one more, one rank's width another, one rank with rows 0 (an
 // all-reduce: its element count one more, or 0). The shape check must leave every rank the abort
 // word SHAPE_MISMATCH naming a peer whose shape differs from its own, well before the deadline.
-// A kernel with the start barrier (prepare_sync.cuh) must write nothing anywhere: every operand,
+// A kernel with the start barrier (prepare_sync.cuh), or with the cluster kernels' start
+// exchange, which checks as it does (prepare_cluster.cuh), must write nothing anywhere: every operand,
 // the registered input region past the message, the scratch and the guards after the buffer keep
 // their fill bytes. A double-buffered kernel (prepare_double_buffer.cuh) checks while it moves
 // data, so its output (and a fused kernel's residual) and its scratch region may change, nothing
@@ -17,7 +18,8 @@
 // see the word at once and raise no flag, and their peers must still see the mismatch without
 // waiting out the deadline. From 3 ranks, when rank 1 is not the odd one, rank 1 begins with
 // its second block, whose peers' blocks of that number all begin after their ranks' aborts: it
-// can learn of the mismatch only from the lines such late blocks still show.
+// can learn of the mismatch only from the lines such late blocks still show. A cluster kernel
+// runs as one cluster of 2 CTAs, which the GPU schedules together: none is held back.
 //
 // Prints one line per kernel entry, `<entry>: refused` or `<entry>: not refused (N failed
 // checks)`, and goes on past a failure (the planted mutation's test reads which kernels missed);
@@ -38,9 +40,8 @@ std::vector<ShapeKernel> shape_kernels() {
     std::vector<ShapeKernel> kernels;
     for (const Kernel& kernel : kKernels) {
         const std::string name = kernel.name;
-        // The cluster kernels begin with an exchange of their own and do not check; the copy
-        // engine's start barrier is block_barrier, which the others run.
-        if (!kernel.cluster && name != "one_shot_copy_engine")
+        // The copy engine's start barrier is block_barrier, which the others run.
+        if (name != "one_shot_copy_engine")
             kernels.push_back({"all_reduce_" + name, &kernel, ShapeSide::AllReduce});
     }
     for (const RowKernel& row : kRowKernels)
@@ -152,7 +153,10 @@ void run_mismatch(const ShapeKernel& shape_kernel, const std::vector<RankShape>&
                        first_returned.load() < kShapeThreads && prepare::global_timer_ns() < until)
                     std::this_thread::sleep_for(std::chrono::microseconds(50));
             };
-            launch_rank({&kernel, 2, kShapeThreads, 1, whole}, params, late_blocks);
+            if (kernel.cluster)
+                launch_rank({&kernel, 2, kShapeThreads, 2, whole}, params);
+            else
+                launch_rank({&kernel, 2, kShapeThreads, 1, whole}, params, late_blocks);
             char where[240];
             std::snprintf(where, sizeof where, "%s_%s world %u, %s, rank %u (%llu x %llu)",
                           shape_kernel.entry.c_str(), kDtypeNames[dtype], world, what, rank,

@@ -264,8 +264,8 @@ const SHAPE_CHECK_SKIPPED: &[Patch] = &[Patch {
 }];
 
 /// Every kernel that checks the shape, by algorithm: those that begin with the start barrier
-/// (block_barrier's check) and the double-buffered ones (check_line_shapes); both compare the
-/// lines with shape_lines_differ.
+/// or the cluster kernels' start exchange (start_exchange's check) and the double-buffered ones
+/// (check_line_shapes); both compare the lines with shape_lines_differ.
 const SHAPE_CHECKED_KERNELS: &[&str] = &[
     "all_gather_one_shot_pull",
     "all_gather_one_shot_push",
@@ -273,12 +273,14 @@ const SHAPE_CHECKED_KERNELS: &[&str] = &[
     "all_reduce_add_rms_norm_one_shot_push_ll",
     "all_reduce_add_rms_norm_one_shot_push_simple",
     "all_reduce_add_rms_norm_two_shot",
+    "all_reduce_full_phased",
     "all_reduce_one_shot_copy_engine",
     "all_reduce_one_shot_pull",
     "all_reduce_one_shot_push",
     "all_reduce_one_shot_push_ll",
     "all_reduce_one_shot_push_simple",
     "all_reduce_rsag_pull",
+    "all_reduce_rsag_phased",
     "all_reduce_rsag_push",
     "all_reduce_rsag_push_simple",
     "reduce_scatter_one_shot_pull",
