@@ -36,6 +36,7 @@ tests=(
     gpu::guard::a_run_that_requires_gpus_finds_one
     gpu::ranks_on_one_gpu::every_shipped_sm90_all_reduce_ladder_is_exact_at_its_world_on_one_gpu
     gpu::ranks_on_one_gpu::every_shipped_sm90_row_ladder_is_exact_at_its_world_on_one_gpu
+    gpu::ranks_on_one_gpu::every_shipped_sm90_epilogue_ladder_s_fused_candidates_are_exact_at_their_buckets_on_one_gpu
     gpu::ranks_on_one_gpu::gb202_ladders_retargeted_to_sm90_are_exact_on_one_gpu
     gpu::ranks_on_one_gpu::planted_mutations_are_caught_at_every_world_on_one_gpu
     gpu::ranks_on_one_gpu::rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu

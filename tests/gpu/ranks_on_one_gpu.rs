@@ -240,6 +240,32 @@ fn run_row_ladder(
     }
 }
 
+/// An all-reduce + add + RMSNorm ladder's fused candidates at every bucket's geometry and
+/// sizes, through the fused kernels' harness (tests/gpu/one_gpu/fused.rs); its rows of the
+/// table count (bucket, fused candidate) pairs.
+fn run_epilogue_ladder(
+    device: &prepare::gpu::driver::Device,
+    name: &str,
+    ladder: &Ladder,
+    seed: u64,
+) -> Report {
+    let started = Instant::now();
+    let checked = super::one_gpu::fused::check_epilogue_ladder(device, ladder, seed);
+    Report {
+        name: name.to_owned(),
+        world: ladder.world_size as usize,
+        dtype: dtype_name(ladder.dtype),
+        candidates: checked.candidates,
+        exact: checked.exact,
+        sequence: "-".to_owned(),
+        missing_rank: "-".to_owned(),
+        failures: checked.failures,
+        reduced: checked.reduced.into_iter().collect(),
+        seconds: started.elapsed().as_secs_f64(),
+        ..Report::default()
+    }
+}
+
 /// The variable that restricts the ladder tests to the ladders whose names contain one of its
 /// comma-separated words (all when unset), to take the checks in several commands.
 const LADDERS_VARIABLE: &str = "PREPARE_ONE_GPU_LADDERS";
@@ -264,11 +290,9 @@ fn run_and_report(title: &str, ladders: Vec<(String, Result<Ladder, String>)>) {
     let mut problems = String::new();
     for (seed, (name, ladder)) in ladders.into_iter().enumerate() {
         let report = match ladder {
-            Ok(ladder) if ladder.collective == Collective::AllReduceAddRmsNorm => Report {
-                name: name.clone(),
-                failures: vec!["an all_reduce_add_rms_norm ladder is not run here".to_owned()],
-                ..Report::default()
-            },
+            Ok(ladder) if ladder.collective == Collective::AllReduceAddRmsNorm => {
+                run_epilogue_ladder(&device, &name, &ladder, 1000 * seed as u64 + 1)
+            }
             Ok(ladder) if ladder.collective != Collective::AllReduce => {
                 run_row_ladder(&device, &name, &ladder, 1000 * seed as u64 + 1)
             }
@@ -339,9 +363,8 @@ fn shipped_sm90(collectives: &[Collective]) -> Vec<(String, Result<Ladder, Strin
         .collect()
 }
 
-/// The shipped sm_90 all-reduce ladders (one test, and the row collectives' another, so each
-/// fits one run of ten minutes on one H200; the all-reduce + RMSNorm ladders' candidates are
-/// not run by this harness, whose kernels are the all-reduce's and the row collectives').
+/// The shipped sm_90 all-reduce ladders (one test, the row collectives' another and the
+/// all-reduce + RMSNorm ladders' a third, so each fits one run of ten minutes on one H200).
 #[test]
 #[ignore = "needs GPUs"]
 fn every_shipped_sm90_all_reduce_ladder_is_exact_at_its_world_on_one_gpu() {
@@ -358,6 +381,17 @@ fn every_shipped_sm90_row_ladder_is_exact_at_its_world_on_one_gpu() {
     run_and_report(
         "shipped sm_90 reduce-scatter and all-gather ladders, every rank on one GPU",
         shipped_sm90(&[Collective::ReduceScatter, Collective::AllGather]),
+    );
+}
+
+/// The shipped sm_90 all-reduce + residual add + RMSNorm ladders' fused candidates (their
+/// separate candidates are an all-reduce kernel and the epilogue's, each checked on its own).
+#[test]
+#[ignore = "needs GPUs"]
+fn every_shipped_sm90_epilogue_ladder_s_fused_candidates_are_exact_at_their_buckets_on_one_gpu() {
+    run_and_report(
+        "shipped sm_90 all-reduce + add + RMSNorm ladders' fused candidates, every rank on one GPU",
+        shipped_sm90(&[Collective::AllReduceAddRmsNorm]),
     );
 }
 

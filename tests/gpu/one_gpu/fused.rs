@@ -11,20 +11,26 @@
 //! zeros, subnormals) are rank 0's, every other rank adding -0, so they reach the norm as they
 //! are. Every rank's `normed` and `residual_out` must be [`reference_epilogue`]'s bytes, the
 //! bytes after them still poison, and x kept unless `normed` is over it. The same run with a
-//! planted mutation must fail in every kernel it touches.
+//! planted mutation must fail in every kernel it touches. A shipped all-reduce + add + RMSNorm
+//! ladder's fused candidates run the same way at their buckets' geometry and sizes
+//! ([`check_epilogue_ladder`]).
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use prepare::abi::PARAMS_BYTES;
+use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::SourceOverrides;
+use prepare::device::required_residency;
+use prepare::gpu::driver::Driver;
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Geometry, LoadedKernel, Module, ModuleImage,
 };
 use prepare::kernels::{
-    input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec, LaunchParams,
+    epilogue_kernel_for, input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec,
+    LaunchParams,
 };
-use prepare::ladder::{Collective, Dtype, Profile};
+use prepare::ladder::{Collective, Dtype, Ladder, Profile};
 use prepare::reference::{reference_epilogue, EpilogueInputs, EpilogueOutputs, SplitMix64};
 use prepare::shape::Shape;
 
@@ -33,6 +39,7 @@ use super::ranks::Ranks;
 use super::{compile, dtype_name, gpu_lock, DEADLINE, GUARD_BYTES, POISON, REGION_POISON, WAIT};
 use crate::gpu::support::{require_gpus, WORLDS};
 use crate::support::mutations::{overrides, Mutation};
+use crate::support::one_gpu::{plan_launch, LaunchPlan};
 
 /// Blocks and threads of every launch: eight ranks' blocks fit one to a multiprocessor.
 const BLOCKS: u32 = 8;
@@ -172,24 +179,24 @@ struct Run<'k> {
     residual: bool,
     /// `normed` over x: where the kernel reads x.
     over_x: bool,
+    /// Every rank's launch geometry.
+    blocks: u32,
+    threads: u32,
 }
 
 impl<'a> FusedWorld<'a> {
-    /// Every rank of `world` with the fused kernels of `dtype` compiled from `sources` (cached
-    /// under `key`) and loaded.
+    /// Every rank of `world` with the fused kernels `specs` of `dtype` compiled from `sources`
+    /// (cached under `key`) and loaded, for messages of up to `largest` bytes and hidden sizes
+    /// up to `widest`.
     fn new(
         device: &'a Device,
         dtype: Dtype,
         world: usize,
+        specs: Vec<KernelSpec>,
+        (largest, widest): (usize, u64),
         sources: &SourceOverrides,
         key: &str,
     ) -> FusedWorld<'a> {
-        let largest = shapes(world)
-            .iter()
-            .map(|shape| (shape.elements() * dtype.size_bytes()) as usize)
-            .max()
-            .unwrap_or(0);
-        let specs = fused_kernels(dtype, world);
         let region_bytes = (largest + GUARD_BYTES).next_multiple_of(256);
         let compiled = compile(&specs, world as u32, sources, key)
             .unwrap_or_else(|error| panic!("the fused kernels do not compile: {error}"));
@@ -213,7 +220,7 @@ impl<'a> FusedWorld<'a> {
             offset = (offset + scratch).next_multiple_of(256);
             modules.push(module);
         }
-        let hidden = *HIDDENS.iter().max().unwrap() as usize * dtype.size_bytes() as usize;
+        let hidden = widest as usize * dtype.size_bytes() as usize;
         let ranks = (0..world)
             .map(|_| Rank {
                 local: device.allocate(largest + GUARD_BYTES).unwrap(),
@@ -319,7 +326,7 @@ impl<'a> FusedWorld<'a> {
             stream
                 .launch_loaded(
                     &run.kernel.kernel,
-                    Geometry::new(BLOCKS, THREADS).unwrap(),
+                    Geometry::new(run.blocks, run.threads).unwrap(),
                     &params.to_bytes(),
                 )
                 .unwrap();
@@ -336,7 +343,7 @@ impl<'a> FusedWorld<'a> {
         before: &[Vec<u64>],
         expected: &[EpilogueOutputs],
     ) -> Result<(), String> {
-        self.world.finished(before, BLOCKS as usize)?;
+        self.world.finished(before, run.blocks as usize)?;
         let element = self.dtype.size_bytes() as usize;
         let bytes = operands.shape.elements() as usize * element;
         let differs = |found: &[u8], wanted: &[u8]| {
@@ -418,7 +425,14 @@ fn check_fused_kernels(
     sources: &SourceOverrides,
     key: &str,
 ) -> (Tally, Vec<String>) {
-    let fused_world = FusedWorld::new(device, dtype, world, sources, key);
+    let largest = shapes(world)
+        .iter()
+        .map(|shape| (shape.elements() * dtype.size_bytes()) as usize)
+        .max()
+        .unwrap_or(0);
+    let widest = *HIDDENS.iter().max().unwrap();
+    let specs = fused_kernels(dtype, world);
+    let fused_world = FusedWorld::new(device, dtype, world, specs, (largest, widest), sources, key);
     let mut tally: Tally = fused_world
         .kernels
         .iter()
@@ -444,6 +458,8 @@ fn check_fused_kernels(
                     kernel,
                     residual,
                     over_x,
+                    blocks: BLOCKS,
+                    threads: THREADS,
                 };
                 let late = (index + variant) % world;
                 let started = Instant::now();
@@ -465,6 +481,165 @@ fn check_fused_kernels(
         }
     }
     (tally, failures)
+}
+
+/// The hidden size of the bucket shapes: DeepSeek-V3's, as the ladders' descriptions count rows.
+const LADDER_HIDDEN: u64 = 7168;
+
+/// The shapes a bucket of an all-reduce + add + RMSNorm ladder is checked at: its smallest
+/// message in rows of hidden 8, and its middle and largest in whole rows of hidden 7,168 where
+/// the bucket holds one (rows of 8 otherwise), each inside the bucket.
+fn epilogue_bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
+    let element = ladder.dtype.size_bytes();
+    let smallest = ladder.bucket_min_bytes(bucket).div_ceil(element).max(8);
+    let largest = ladder.buckets[bucket].max_bytes / element;
+    let middle = smallest + (largest - smallest) / 2;
+    let mut shapes: Vec<Shape> = [
+        (smallest, 8),
+        (middle, LADDER_HIDDEN),
+        (largest, LADDER_HIDDEN),
+    ]
+    .into_iter()
+    .map(|(elements, hidden)| {
+        let hidden = if elements >= hidden { hidden } else { 8 };
+        let rows = if hidden == 8 && elements == smallest {
+            elements.div_ceil(8)
+        } else {
+            elements / hidden
+        };
+        Shape::new(rows, hidden).unwrap()
+    })
+    .filter(|shape| (smallest..=largest).contains(&shape.elements()))
+    .collect();
+    shapes.dedup();
+    shapes
+}
+
+/// What [`check_epilogue_ladder`] found.
+#[derive(Default)]
+pub struct EpilogueLadderReport {
+    /// (bucket, profile) pairs of fused candidates run.
+    pub candidates: usize,
+    /// Of those, the ones exact in every run.
+    pub exact: usize,
+    /// Every failed run, named.
+    pub failures: Vec<String>,
+    /// The candidates run on fewer blocks than their own, so that every rank's fit at once.
+    pub reduced: Vec<String>,
+}
+
+/// Every fused candidate of an all-reduce + add + RMSNorm `ladder` at its bucket's geometry (its
+/// own blocks where every rank's fit the GPU at once, fewer otherwise, as the all-reduce's world
+/// plans them) and at [`epilogue_bucket_shapes`], each shape twice (with a residual and without,
+/// `normed` over x in one of them), eagerly with a rank late and in a graph replayed: every
+/// rank's outputs the reference's bytes. The separate candidates (an all-reduce kernel, then
+/// `add_rms_norm`) are the all-reduce's kernels and the epilogue's, checked on their own.
+pub fn check_epilogue_ladder(device: &Device, ladder: &Ladder, seed: u64) -> EpilogueLadderReport {
+    let (world, dtype) = (ladder.world_size as usize, ladder.dtype);
+    let mut report = EpilogueLadderReport::default();
+    let mut specs: Vec<KernelSpec> = Vec::new();
+    let mut candidates = Vec::new();
+    for (index, bucket) in ladder.buckets.iter().enumerate() {
+        for id in &bucket.candidates {
+            let profile = ladder.profile(id).expect("a validated ladder");
+            if profile.has_separate_epilogue() {
+                continue;
+            }
+            let Some(spec) = epilogue_kernel_for(profile, dtype, world as u32) else {
+                continue; // NCCL: not on one GPU.
+            };
+            if !specs.iter().any(|known| known.name == spec.name) {
+                specs.push(spec.clone());
+            }
+            candidates.push((index, bucket, profile, spec));
+        }
+    }
+    let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes) as usize;
+    let fused_world = FusedWorld::new(
+        device,
+        dtype,
+        world,
+        specs,
+        (largest, LADDER_HIDDEN),
+        &SourceOverrides::new(),
+        "embedded",
+    );
+    let sms = Driver::open()
+        .and_then(|driver| driver.describe(device.ordinal()))
+        .unwrap()
+        .sm_count;
+    // Bucket by bucket: each shape's operands and references made once for its candidates.
+    for (index, bucket) in ladder.buckets.iter().enumerate() {
+        let mut runs = Vec::new();
+        for (_, _, profile, spec) in candidates.iter().filter(|(at, ..)| *at == index) {
+            let id = &profile.id;
+            report.candidates += 1;
+            let kernel = fused_world
+                .kernels
+                .iter()
+                .find(|kernel| kernel.spec.name == spec.name)
+                .expect("every candidate's kernel loaded");
+            let own = geometry_for(bucket, profile).unwrap();
+            let capacity = resident_capacity(&kernel.kernel, own).unwrap();
+            let needed = required_residency(bucket, Some(profile));
+            let plan = plan_launch(needed, capacity, world as u32, None, sms);
+            let Some(blocks) = plan.blocks(own.blocks()) else {
+                let line = format!("bucket {index} {id}: not one block per rank fits ({capacity})");
+                report.failures.push(line);
+                continue;
+            };
+            if plan != LaunchPlan::Own {
+                report
+                    .reduced
+                    .push(format!("bucket {index} {id}: {blocks} blocks"));
+            }
+            runs.push((id, kernel, blocks, own.threads(), true));
+        }
+        for (turn, shape) in epilogue_bucket_shapes(ladder, index)
+            .into_iter()
+            .enumerate()
+        {
+            let operands = operands(dtype, world, shape, seed + 31 * index as u64 + turn as u64);
+            fused_world.load(&operands);
+            let views: Vec<&[u8]> = operands.x.iter().map(Vec::as_slice).collect();
+            let expected = [true, false].map(|residual| {
+                let epilogue = EpilogueInputs {
+                    residual: residual.then_some(operands.residual.as_slice()),
+                    weight: &operands.weight,
+                    eps: operands.eps,
+                };
+                reference_epilogue(dtype, shape, &views, &epilogue).unwrap()
+            });
+            for (id, kernel, blocks, threads, exact) in &mut runs {
+                for variant in [turn % 2, turn % 2 + 2] {
+                    let (residual, over_x) = RUNS[variant];
+                    let run = Run {
+                        kernel,
+                        residual,
+                        over_x,
+                        blocks: *blocks,
+                        threads: *threads,
+                    };
+                    let late = (index + turn + variant) % world;
+                    let outcome =
+                        fused_world.check(&operands, run, late, &expected[usize::from(!residual)]);
+                    if let Err(why) = outcome {
+                        let line = format!(
+                            "bucket {index} {id}: {} x {}, residual {residual}, normed over x \
+                             {over_x}, {blocks} x {threads}: {why}",
+                            shape.rows(),
+                            shape.width()
+                        );
+                        eprintln!("{}: {line}", ladder.name);
+                        report.failures.push(line);
+                        *exact = false;
+                    }
+                }
+            }
+        }
+        report.exact += runs.iter().filter(|run| run.4).count();
+    }
+    report
 }
 
 #[test]

@@ -12,7 +12,7 @@
 //! the kernel's failure.
 
 mod checks;
-mod fused;
+pub mod fused;
 pub mod invariance;
 mod norm;
 mod ranks;
