@@ -22,9 +22,8 @@ use prepare::abi::PARAMS_BYTES;
 use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::SourceOverrides;
 use prepare::device::required_residency;
-use prepare::gpu::driver::Driver;
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Geometry, LoadedKernel, Module, ModuleImage,
+    Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module, ModuleImage,
 };
 use prepare::kernels::{
     epilogue_kernel_for, input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec,
