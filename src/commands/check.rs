@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use prepare::check::{check_rank, CandidateCheck, SoakCollective};
+use prepare::ladder::Collective;
 use prepare::package::Outcome;
 use prepare::qualify::QualifyOptions;
 
@@ -103,15 +104,19 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
     )
     .map_err(Failure::runtime)?;
     let allow_inexact = args.exactness.allow_inexact;
+    // What the package's collective is checked against (the all-reduce's without a package).
+    let reference = package
+        .as_ref()
+        .map_or(Collective::AllReduce, |package| package.ladder().collective)
+        .reference();
     for candidate in &report.candidates {
         let result = match &candidate.outcome {
             Outcome::Qualified { exact: true } => "exact".to_owned(),
             Outcome::Qualified { exact: false } if allow_inexact => {
-                "differs from the reference sum (NCCL's own order)".to_owned()
+                format!("differs from {reference} (NCCL's own order)")
             }
             Outcome::Qualified { exact: false } => {
-                "differs from the reference sum (NCCL's own order): kept out by the exact policy"
-                    .to_owned()
+                format!("differs from {reference} (NCCL's own order): kept out by the exact policy")
             }
             Outcome::Dropped(reason) => format!("dropped: {reason}"),
         };
@@ -121,7 +126,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
         );
     }
     if !allow_inexact {
-        if let Some(problem) = without_exact_candidate(&report.candidates) {
+        if let Some(problem) = without_exact_candidate(&report.candidates, reference) {
             return Err(Failure::runtime(anyhow::anyhow!(problem)));
         }
     }
@@ -131,7 +136,7 @@ fn run_rank(args: &Args) -> Result<(), Failure> {
 
 /// Under the exact policy: the buckets none of whose candidates ran exact here, each with its
 /// candidates' outcomes, or `None` when every bucket keeps one.
-fn without_exact_candidate(candidates: &[CandidateCheck]) -> Option<String> {
+fn without_exact_candidate(candidates: &[CandidateCheck], reference: &str) -> Option<String> {
     let mut buckets: Vec<usize> = candidates
         .iter()
         .map(|candidate| candidate.bucket)
@@ -153,7 +158,7 @@ fn without_exact_candidate(candidates: &[CandidateCheck]) -> Option<String> {
             let outcomes: Vec<String> = of_bucket()
                 .map(|candidate| match &candidate.outcome {
                     Outcome::Qualified { .. } => {
-                        format!("{} differs from the reference sum", candidate.profile)
+                        format!("{} differs from {reference}", candidate.profile)
                     }
                     Outcome::Dropped(reason) => format!("{} dropped: {reason}", candidate.profile),
                 })
@@ -163,7 +168,7 @@ fn without_exact_candidate(candidates: &[CandidateCheck]) -> Option<String> {
         .collect();
     (!problems.is_empty()).then(|| {
         format!(
-            "no candidate equals the reference sum here in {}: the exact policy keeps every \
+            "no candidate equals {reference} here in {}: the exact policy keeps every \
              inexact candidate out, so serving would refuse these buckets; --allow-inexact \
              keeps them",
             problems.join(", ")
@@ -195,14 +200,15 @@ mod tests {
             candidate(0, "one_shot_push", exact.clone()),
             candidate(0, "nccl", inexact.clone()),
         ];
-        assert_eq!(without_exact_candidate(&served), None);
+        let sum = Collective::AllReduce.reference();
+        assert_eq!(without_exact_candidate(&served, sum), None);
         let between_hosts = [
             candidate(0, "one_shot_push", no_peers),
             candidate(0, "nccl", inexact.clone()),
             candidate(1, "rsag_pull", exact),
             candidate(1, "nccl", inexact),
         ];
-        let problem = without_exact_candidate(&between_hosts).unwrap();
+        let problem = without_exact_candidate(&between_hosts, sum).unwrap();
         assert!(
             problem.starts_with(
                 "no candidate equals the reference sum here in bucket 0 (one_shot_push dropped: "
@@ -215,5 +221,14 @@ mod tests {
         );
         assert!(!problem.contains("bucket 1"), "{problem}");
         assert!(problem.ends_with("--allow-inexact keeps them"), "{problem}");
+        // An epilogue package's candidates are judged against the reference epilogue.
+        let epilogue =
+            without_exact_candidate(&between_hosts, Collective::AllReduceAddRmsNorm.reference())
+                .unwrap();
+        assert!(
+            epilogue.starts_with("no candidate equals the reference epilogue here in bucket 0")
+                && epilogue.contains("; nccl differs from the reference epilogue): "),
+            "{epilogue}"
+        );
     }
 }
