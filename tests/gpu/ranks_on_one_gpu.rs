@@ -214,43 +214,22 @@ fn run_ladder(
     report
 }
 
-/// A reduce-scatter or all-gather ladder's custom candidates at every bucket's geometry and
-/// sizes, through the row kernels' harness (tests/gpu/one_gpu/rows.rs); its rows of the table
-/// count (bucket, candidate) pairs.
-fn run_row_ladder(
+/// A ladder checked by another harness than the all-reduce's, as a row of the table: a
+/// reduce-scatter or all-gather ladder's custom candidates at every bucket's geometry and sizes
+/// (tests/gpu/one_gpu/rows.rs), or an all-reduce + add + RMSNorm ladder's fused candidates
+/// (tests/gpu/one_gpu/fused.rs); its rows count (bucket, candidate) pairs.
+fn run_other_ladder(
     device: &prepare::gpu::driver::Device,
     name: &str,
     ladder: &Ladder,
     seed: u64,
 ) -> Report {
     let started = Instant::now();
-    let checked = super::one_gpu::rows::check_row_ladder(device, ladder, seed);
-    Report {
-        name: name.to_owned(),
-        world: ladder.world_size as usize,
-        dtype: dtype_name(ladder.dtype),
-        candidates: checked.candidates,
-        exact: checked.exact,
-        sequence: "-".to_owned(),
-        missing_rank: "-".to_owned(),
-        failures: checked.failures,
-        reduced: checked.reduced.into_iter().collect(),
-        seconds: started.elapsed().as_secs_f64(),
-        ..Report::default()
-    }
-}
-
-/// An all-reduce + add + RMSNorm ladder's fused candidates at every bucket's geometry and
-/// sizes, through the fused kernels' harness (tests/gpu/one_gpu/fused.rs); its rows of the
-/// table count (bucket, fused candidate) pairs.
-fn run_epilogue_ladder(
-    device: &prepare::gpu::driver::Device,
-    name: &str,
-    ladder: &Ladder,
-    seed: u64,
-) -> Report {
-    let started = Instant::now();
-    let checked = super::one_gpu::fused::check_epilogue_ladder(device, ladder, seed);
+    let checked = if ladder.collective == Collective::AllReduceAddRmsNorm {
+        super::one_gpu::fused::check_epilogue_ladder(device, ladder, seed)
+    } else {
+        super::one_gpu::rows::check_row_ladder(device, ladder, seed)
+    };
     Report {
         name: name.to_owned(),
         world: ladder.world_size as usize,
@@ -290,11 +269,8 @@ fn run_and_report(title: &str, ladders: Vec<(String, Result<Ladder, String>)>) {
     let mut problems = String::new();
     for (seed, (name, ladder)) in ladders.into_iter().enumerate() {
         let report = match ladder {
-            Ok(ladder) if ladder.collective == Collective::AllReduceAddRmsNorm => {
-                run_epilogue_ladder(&device, &name, &ladder, 1000 * seed as u64 + 1)
-            }
             Ok(ladder) if ladder.collective != Collective::AllReduce => {
-                run_row_ladder(&device, &name, &ladder, 1000 * seed as u64 + 1)
+                run_other_ladder(&device, &name, &ladder, 1000 * seed as u64 + 1)
             }
             Ok(ladder) => run_ladder(&device, &name, ladder, 1000 * seed as u64 + 1),
             Err(why) => Report {

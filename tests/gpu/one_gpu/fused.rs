@@ -19,9 +19,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use prepare::abi::PARAMS_BYTES;
-use prepare::collective::{geometry_for, resident_capacity};
 use prepare::compile::SourceOverrides;
-use prepare::device::required_residency;
 use prepare::gpu::driver::{
     Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module, ModuleImage,
 };
@@ -35,10 +33,10 @@ use prepare::shape::Shape;
 
 use super::norm::row_data;
 use super::ranks::Ranks;
+use super::rows::LadderReport;
 use super::{compile, dtype_name, gpu_lock, DEADLINE, GUARD_BYTES, POISON, REGION_POISON, WAIT};
 use crate::gpu::support::{require_gpus, WORLDS};
 use crate::support::mutations::{overrides, Mutation};
-use crate::support::one_gpu::{plan_launch, LaunchPlan};
 
 /// Blocks and threads of every launch: eight ranks' blocks fit one to a multiprocessor.
 const BLOCKS: u32 = 8;
@@ -130,6 +128,19 @@ fn operands(dtype: Dtype, world: usize, shape: Shape, seed: u64) -> Operands {
         weight,
         eps: [1e-5, 1e-6, 0.0][(seed % 3) as usize],
     }
+}
+
+/// Every rank's expected outputs of `operands`, with the residual (index 0) and without (1).
+fn references(dtype: Dtype, operands: &Operands) -> [Vec<EpilogueOutputs>; 2] {
+    let views: Vec<&[u8]> = operands.x.iter().map(Vec::as_slice).collect();
+    [true, false].map(|residual| {
+        let epilogue = EpilogueInputs {
+            residual: residual.then_some(operands.residual.as_slice()),
+            weight: &operands.weight,
+            eps: operands.eps,
+        };
+        reference_epilogue(dtype, operands.shape, &views, &epilogue).unwrap()
+    })
 }
 
 /// One rank's operands (its stream and registered memory are the `Ranks`').
@@ -441,15 +452,7 @@ fn check_fused_kernels(
     for (index, shape) in shapes(world).into_iter().enumerate() {
         let operands = operands(dtype, world, shape, 100 + index as u64);
         fused_world.load(&operands);
-        let views: Vec<&[u8]> = operands.x.iter().map(Vec::as_slice).collect();
-        let expected = [true, false].map(|residual| {
-            let epilogue = EpilogueInputs {
-                residual: residual.then_some(operands.residual.as_slice()),
-                weight: &operands.weight,
-                eps: operands.eps,
-            };
-            reference_epilogue(dtype, shape, &views, &epilogue).unwrap()
-        });
+        let expected = references(dtype, &operands);
         for (kernel, entry) in fused_world.kernels.iter().zip(&mut tally) {
             for variant in [index % 2, index % 2 + 2] {
                 let (residual, over_x) = RUNS[variant];
@@ -514,28 +517,15 @@ fn epilogue_bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
     shapes
 }
 
-/// What [`check_epilogue_ladder`] found.
-#[derive(Default)]
-pub struct EpilogueLadderReport {
-    /// (bucket, profile) pairs of fused candidates run.
-    pub candidates: usize,
-    /// Of those, the ones exact in every run.
-    pub exact: usize,
-    /// Every failed run, named.
-    pub failures: Vec<String>,
-    /// The candidates run on fewer blocks than their own, so that every rank's fit at once.
-    pub reduced: Vec<String>,
-}
-
 /// Every fused candidate of an all-reduce + add + RMSNorm `ladder` at its bucket's geometry (its
 /// own blocks where every rank's fit the GPU at once, fewer otherwise, as the all-reduce's world
 /// plans them) and at [`epilogue_bucket_shapes`], each shape twice (with a residual and without,
 /// `normed` over x in one of them), eagerly with a rank late and in a graph replayed: every
 /// rank's outputs the reference's bytes. The separate candidates (an all-reduce kernel, then
 /// `add_rms_norm`) are the all-reduce's kernels and the epilogue's, checked on their own.
-pub fn check_epilogue_ladder(device: &Device, ladder: &Ladder, seed: u64) -> EpilogueLadderReport {
+pub fn check_epilogue_ladder(device: &Device, ladder: &Ladder, seed: u64) -> LadderReport {
     let (world, dtype) = (ladder.world_size as usize, ladder.dtype);
-    let mut report = EpilogueLadderReport::default();
+    let mut report = LadderReport::default();
     let mut specs: Vec<KernelSpec> = Vec::new();
     let mut candidates = Vec::new();
     for (index, bucket) in ladder.buckets.iter().enumerate() {
@@ -571,28 +561,15 @@ pub fn check_epilogue_ladder(device: &Device, ladder: &Ladder, seed: u64) -> Epi
     for (index, bucket) in ladder.buckets.iter().enumerate() {
         let mut runs = Vec::new();
         for (_, _, profile, spec) in candidates.iter().filter(|(at, ..)| *at == index) {
-            let id = &profile.id;
-            report.candidates += 1;
             let kernel = fused_world
                 .kernels
                 .iter()
                 .find(|kernel| kernel.spec.name == spec.name)
                 .expect("every candidate's kernel loaded");
-            let own = geometry_for(bucket, profile).unwrap();
-            let capacity = resident_capacity(&kernel.kernel, own).unwrap();
-            let needed = required_residency(bucket, Some(profile));
-            let plan = plan_launch(needed, capacity, world as u32, None, sms);
-            let Some(blocks) = plan.blocks(own.blocks()) else {
-                let line = format!("bucket {index} {id}: not one block per rank fits ({capacity})");
-                report.failures.push(line);
-                continue;
-            };
-            if plan != LaunchPlan::Own {
-                report
-                    .reduced
-                    .push(format!("bucket {index} {id}: {blocks} blocks"));
+            let planned = report.plan(&kernel.kernel, (index, bucket), profile, world as u32, sms);
+            if let Some((blocks, threads)) = planned {
+                runs.push((&profile.id, kernel, blocks, threads, true));
             }
-            runs.push((id, kernel, blocks, own.threads(), true));
         }
         for (turn, shape) in epilogue_bucket_shapes(ladder, index)
             .into_iter()
@@ -600,15 +577,7 @@ pub fn check_epilogue_ladder(device: &Device, ladder: &Ladder, seed: u64) -> Epi
         {
             let operands = operands(dtype, world, shape, seed + 31 * index as u64 + turn as u64);
             fused_world.load(&operands);
-            let views: Vec<&[u8]> = operands.x.iter().map(Vec::as_slice).collect();
-            let expected = [true, false].map(|residual| {
-                let epilogue = EpilogueInputs {
-                    residual: residual.then_some(operands.residual.as_slice()),
-                    weight: &operands.weight,
-                    eps: operands.eps,
-                };
-                reference_epilogue(dtype, shape, &views, &epilogue).unwrap()
-            });
+            let expected = references(dtype, &operands);
             for (id, kernel, blocks, threads, exact) in &mut runs {
                 for variant in [turn % 2, turn % 2 + 2] {
                     let (residual, over_x) = RUNS[variant];

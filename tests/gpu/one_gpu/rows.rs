@@ -23,7 +23,7 @@ use prepare::kernels::{
     input_access, is_double_buffered, kernel_for, scratch_bytes, InputAccess, KernelSpec,
     LaunchParams,
 };
-use prepare::ladder::{Collective, Dtype, Ladder, Profile};
+use prepare::ladder::{Bucket, Collective, Dtype, Ladder, Profile};
 use prepare::reference::{random_rank_inputs, reference_outputs};
 use prepare::shape::Shape;
 
@@ -492,9 +492,10 @@ pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
     }
 }
 
-/// What a shipped reduce-scatter or all-gather ladder came to on one GPU.
+/// What a shipped ladder's check on one GPU came to (a reduce-scatter or all-gather ladder's,
+/// here; an all-reduce + RMSNorm ladder's fused candidates', fused.rs).
 #[derive(Debug, Default)]
-pub struct RowLadderReport {
+pub struct LadderReport {
     /// (bucket, profile) pairs run.
     pub candidates: usize,
     /// Of those, the ones exact in every run.
@@ -503,6 +504,39 @@ pub struct RowLadderReport {
     pub failures: Vec<String>,
     /// The candidates run on fewer blocks than their own, so that every rank's fit at once.
     pub reduced: Vec<String>,
+}
+
+impl LadderReport {
+    /// Counts candidate `profile` of bucket `index` and plans its launch of `kernel`: every
+    /// rank's blocks resident at once on the one GPU of `sms` multiprocessors, as the
+    /// all-reduce's world runs them (`plan_launch`), the bucket's geometry or fewer blocks
+    /// where it does not fit (noted as reduced). The blocks and threads, or `None` (a failure
+    /// noted) where not one block per rank fits.
+    pub fn plan(
+        &mut self,
+        kernel: &LoadedKernel,
+        (index, bucket): (usize, &Bucket),
+        profile: &Profile,
+        world: u32,
+        sms: u32,
+    ) -> Option<(u32, u32)> {
+        let id = &profile.id;
+        self.candidates += 1;
+        let own = geometry_for(bucket, profile).unwrap();
+        let capacity = resident_capacity(kernel, own).unwrap();
+        let needed = required_residency(bucket, Some(profile));
+        let plan = plan_launch(needed, capacity, world, None, sms);
+        let Some(blocks) = plan.blocks(own.blocks()) else {
+            let line = format!("bucket {index} {id}: not one block per rank fits ({capacity})");
+            self.failures.push(line);
+            return None;
+        };
+        if plan != LaunchPlan::Own {
+            self.reduced
+                .push(format!("bucket {index} {id}: {blocks} blocks"));
+        }
+        Some((blocks, own.threads()))
+    }
 }
 
 /// The shapes a bucket of a row ladder is checked at: its smallest message of width 1, a
@@ -525,9 +559,9 @@ fn bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
 /// at [`bucket_shapes`], alternately in place, eagerly
 /// with a rank late and in a graph replayed: every rank's output the reference, nothing
 /// written past it, its input kept.
-pub fn check_row_ladder(device: &Device, ladder: &Ladder, seed: u64) -> RowLadderReport {
+pub fn check_row_ladder(device: &Device, ladder: &Ladder, seed: u64) -> LadderReport {
     let (world, dtype) = (ladder.world_size, ladder.dtype);
-    let mut report = RowLadderReport::default();
+    let mut report = LadderReport::default();
     let mut specs: Vec<KernelSpec> = Vec::new();
     let mut candidates = Vec::new();
     for (index, bucket) in ladder.buckets.iter().enumerate() {
@@ -551,24 +585,11 @@ pub fn check_row_ladder(device: &Device, ladder: &Ladder, seed: u64) -> RowLadde
     let mut loaded: Option<(Shape, ShapeData)> = None;
     for (index, bucket, profile, spec) in candidates {
         let id = &profile.id;
-        report.candidates += 1;
-        // Every rank's blocks resident at once on the one GPU, as the all-reduce's world runs
-        // them (`plan_launch`): the bucket's geometry, or fewer blocks where it does not fit.
-        let own = geometry_for(bucket, profile).unwrap();
-        let capacity = resident_capacity(&row_world.kernels[&spec.name], own).unwrap();
-        let needed = required_residency(bucket, Some(profile));
-        let plan = plan_launch(needed, capacity, world, None, sms);
-        let Some(blocks) = plan.blocks(own.blocks()) else {
-            let line = format!("bucket {index} {id}: not one block per rank fits ({capacity})");
-            report.failures.push(line);
+        let kernel = &row_world.kernels[&spec.name];
+        let Some((blocks, threads)) = report.plan(kernel, (index, bucket), profile, world, sms)
+        else {
             continue;
         };
-        if plan != LaunchPlan::Own {
-            report
-                .reduced
-                .push(format!("bucket {index} {id}: {blocks} blocks"));
-        }
-        let threads = own.threads();
         let mut exact = true;
         for (turn, shape) in bucket_shapes(ladder, index).into_iter().enumerate() {
             if loaded.as_ref().is_none_or(|(held, _)| *held != shape) {
