@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::sync::{Mutex, OnceLock};
 
+use prepare::abi::PARAMS_BYTES;
 use prepare::compile::{compile_kernels_with_sources, CompiledKernel, SourceOverrides};
+use prepare::gpu::driver::{Device, LoadedKernel, Module, ModuleImage};
 use prepare::gpu::nvrtc::Nvrtc;
 use prepare::kernels::KernelSpec;
 use prepare::ladder::{Arch, Dtype, Ladder};
@@ -73,6 +75,23 @@ pub fn gpu_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `spec`'s kernel from `compiled` (what [`compile`] gave for it), loaded on `device`, with the
+/// module that holds it.
+pub fn load_compiled(
+    device: &Device,
+    compiled: &[CompiledKernel],
+    spec: &KernelSpec,
+) -> (Module, LoadedKernel) {
+    let cubin = &compiled
+        .iter()
+        .find(|kernel| kernel.name == spec.name)
+        .expect("every kernel compiled")
+        .cubin;
+    let module = device.load_module(ModuleImage::Cubin(cubin)).unwrap();
+    let kernel = module.load(&spec.name, spec.cluster, PARAMS_BYTES).unwrap();
+    (module, kernel)
 }
 
 /// The kernels of `specs` for sm_90 from `sources` (the embedded ones, or with a planted bug

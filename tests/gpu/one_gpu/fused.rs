@@ -18,10 +18,9 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use prepare::abi::PARAMS_BYTES;
 use prepare::compile::SourceOverrides;
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module, ModuleImage,
+    Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module,
 };
 use prepare::kernels::{
     epilogue_kernel_for, input_access, kernel_for, scratch_bytes, InputAccess, KernelSpec,
@@ -33,8 +32,11 @@ use prepare::shape::Shape;
 
 use super::norm::row_data;
 use super::ranks::Ranks;
-use super::rows::LadderReport;
-use super::{compile, dtype_name, gpu_lock, DEADLINE, GUARD_BYTES, POISON, REGION_POISON, WAIT};
+use super::rows::{ladder_candidates, LadderReport};
+use super::{
+    compile, dtype_name, gpu_lock, load_compiled, DEADLINE, GUARD_BYTES, POISON, REGION_POISON,
+    WAIT,
+};
 use crate::gpu::support::{require_gpus, WORLDS};
 use crate::support::mutations::{overrides, Mutation};
 
@@ -214,13 +216,7 @@ impl<'a> FusedWorld<'a> {
         let mut kernels = Vec::new();
         let mut offset = region_bytes;
         for spec in specs {
-            let cubin = &compiled
-                .iter()
-                .find(|kernel| kernel.name == spec.name)
-                .expect("every kernel compiled")
-                .cubin;
-            let module = device.load_module(ModuleImage::Cubin(cubin)).unwrap();
-            let kernel = module.load(&spec.name, false, PARAMS_BYTES).unwrap();
+            let (module, kernel) = load_compiled(device, &compiled, &spec);
             let scratch = scratch_bytes(&spec, largest as u64) as usize;
             kernels.push(Fused {
                 spec,
@@ -526,23 +522,13 @@ fn epilogue_bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
 pub fn check_epilogue_ladder(device: &Device, ladder: &Ladder, seed: u64) -> LadderReport {
     let (world, dtype) = (ladder.world_size as usize, ladder.dtype);
     let mut report = LadderReport::default();
-    let mut specs: Vec<KernelSpec> = Vec::new();
-    let mut candidates = Vec::new();
-    for (index, bucket) in ladder.buckets.iter().enumerate() {
-        for id in &bucket.candidates {
-            let profile = ladder.profile(id).expect("a validated ladder");
-            if profile.has_separate_epilogue() {
-                continue;
-            }
-            let Some(spec) = epilogue_kernel_for(profile, dtype, world as u32) else {
-                continue; // NCCL: not on one GPU.
-            };
-            if !specs.iter().any(|known| known.name == spec.name) {
-                specs.push(spec.clone());
-            }
-            candidates.push((index, bucket, profile, spec));
+    // The fused candidates: not NCCL's, not the separate ones.
+    let (specs, candidates) = ladder_candidates(ladder, |profile| {
+        if profile.has_separate_epilogue() {
+            return None;
         }
-    }
+        epilogue_kernel_for(profile, dtype, world as u32)
+    });
     let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes) as usize;
     let fused_world = FusedWorld::new(
         device,

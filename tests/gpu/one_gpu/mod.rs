@@ -40,7 +40,7 @@ use prepare::reference::{random_rank_inputs, reference_sum};
 use super::support::{compile_ptx, custom_candidates};
 use crate::support::one_gpu::{judge_abort, plan_launch, LaunchPlan, Verdict};
 
-pub use checks::{bucket_sizes, compile, dtype_name, gpu_lock, Outcome};
+pub use checks::{bucket_sizes, compile, dtype_name, gpu_lock, load_compiled, Outcome};
 use checks::{check_connections, hex, COMPARE_PARAMS_BYTES, HELPERS, RESULT_WORDS};
 
 /// The deadline of every spin in a checked run: long for any message here, short enough that

@@ -554,6 +554,32 @@ fn bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
         .collect()
 }
 
+/// One candidate of a ladder: its bucket's index, the bucket, its profile and its kernel.
+pub type Candidate<'l> = (usize, &'l Bucket, &'l Profile, KernelSpec);
+
+/// The candidates of `ladder`, bucket by bucket, whose kernel `kernel_of` gives (`None`: not
+/// run here), and their distinct kernels.
+pub fn ladder_candidates(
+    ladder: &Ladder,
+    kernel_of: impl Fn(&Profile) -> Option<KernelSpec>,
+) -> (Vec<KernelSpec>, Vec<Candidate<'_>>) {
+    let mut specs: Vec<KernelSpec> = Vec::new();
+    let mut candidates = Vec::new();
+    for (index, bucket) in ladder.buckets.iter().enumerate() {
+        for id in &bucket.candidates {
+            let profile = ladder.profile(id).expect("a validated ladder");
+            let Some(spec) = kernel_of(profile) else {
+                continue;
+            };
+            if !specs.iter().any(|known| known.name == spec.name) {
+                specs.push(spec.clone());
+            }
+            candidates.push((index, bucket, profile, spec));
+        }
+    }
+    (specs, candidates)
+}
+
 /// Every custom candidate of a reduce-scatter or all-gather `ladder` at its bucket's geometry
 /// (its own blocks where it has them; fewer where every rank's do not fit the GPU at once) and
 /// at [`bucket_shapes`], alternately in place, eagerly
@@ -562,20 +588,10 @@ fn bucket_shapes(ladder: &Ladder, bucket: usize) -> Vec<Shape> {
 pub fn check_row_ladder(device: &Device, ladder: &Ladder, seed: u64) -> LadderReport {
     let (world, dtype) = (ladder.world_size, ladder.dtype);
     let mut report = LadderReport::default();
-    let mut specs: Vec<KernelSpec> = Vec::new();
-    let mut candidates = Vec::new();
-    for (index, bucket) in ladder.buckets.iter().enumerate() {
-        for id in &bucket.candidates {
-            let profile = ladder.profile(id).expect("a validated ladder");
-            let Some(spec) = kernel_for(profile, ladder.collective, dtype, world) else {
-                continue; // NCCL: not on one GPU.
-            };
-            if !specs.iter().any(|known| known.name == spec.name) {
-                specs.push(spec.clone());
-            }
-            candidates.push((index, bucket, profile, spec));
-        }
-    }
+    // NCCL's candidates are not on one GPU.
+    let (specs, candidates) = ladder_candidates(ladder, |profile| {
+        kernel_for(profile, ladder.collective, dtype, world)
+    });
     let largest = ladder.buckets.last().map_or(0, |bucket| bucket.max_bytes) as usize;
     let row_world = RowWorld::new(device, dtype, world as usize, &specs, largest);
     let sms = Driver::open()

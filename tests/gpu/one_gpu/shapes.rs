@@ -13,9 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use prepare::abi::{ABORT_FLAG, ABORT_SHAPE_MISMATCH, PARAMS_BYTES};
+use prepare::abi::{ABORT_FLAG, ABORT_SHAPE_MISMATCH};
 use prepare::compile::SourceOverrides;
-use prepare::gpu::driver::{Device, DeviceBuffer, DeviceMemory, Geometry, ModuleImage};
+use prepare::gpu::driver::{Device, DeviceBuffer, DeviceMemory, Geometry};
 use prepare::kernels::{
     all_kernels, input_access, is_double_buffered, scratch_bytes, InputAccess, KernelSpec,
     LaunchParams, MAX_RANKS, SIGNAL_BYTES, STATE_WORDS,
@@ -23,7 +23,7 @@ use prepare::kernels::{
 use prepare::ladder::Dtype;
 use prepare::shape::Shape;
 
-use super::checks::{check_connections, compile};
+use super::checks::{check_connections, compile, load_compiled};
 use super::{GUARD_BYTES, POISON, WAIT};
 
 /// Far longer than a shape check takes, so a rank that waited for it is told apart.
@@ -92,13 +92,7 @@ pub fn check_disagreeing_shapes(device: &Device) -> Result<(), String> {
         for (spec, side) in &kernels {
             let side = *side;
             let fused = side == Side::Fused;
-            let cubin = &compiled
-                .iter()
-                .find(|kernel| kernel.name == spec.name)
-                .expect("every kernel compiled")
-                .cubin;
-            let module = device.load_module(ModuleImage::Cubin(cubin)).unwrap();
-            let kernel = module.load(&spec.name, spec.cluster, PARAMS_BYTES).unwrap();
+            let (_module, kernel) = load_compiled(device, &compiled, spec);
             let local = input_access(spec) == Some(InputAccess::Local);
             let moving = is_double_buffered(spec);
             // Rows with a short rank; widths off a vector (the fused norm's: a multiple of 8).
