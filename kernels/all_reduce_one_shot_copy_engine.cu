@@ -1,5 +1,5 @@
 // all_reduce_one_shot_copy_engine.cu: the kernels of the one-shot all-reduce whose peer
-// traffic the copy engines carry. The host (src/collective.rs) enqueues, per launch:
+// traffic the copy engines carry. The host (src/collective/copy_engine.rs) enqueues, per launch:
 //   1. all_reduce_one_shot_copy_engine_start_<dtype>: a barrier (set 0) with every peer, so
 //      every peer's input is written (it was, before its launch in stream order);
 //   2. on a second stream, per chunk of the message, one copy per peer from the peer's input
@@ -8,8 +8,7 @@
 //      chunk;
 //   4. all_reduce_one_shot_copy_engine_end_<dtype>: a barrier (set 3), so no peer still copies
 //      this rank's input when the stream goes on and may overwrite it.
-// The start and end barriers use two flag sets: a peer may raise its end flag before this rank
-// has seen its start flag, and the flags are compared for equality with the epoch.
+// The barriers are prepare_copy_engine.cuh's.
 // After an abort the barriers and the sums return at once, but the host-queued copies still
 // run: they read the peers' registered buffers, which stay mapped until this rank unmaps them,
 // and write only this rank's private scratch.
@@ -26,6 +25,7 @@
 // multiple of 32 threads; no cluster instructions; the pointers 16-byte aligned; the output
 // outside every buffer (peers' copy engines read this rank's registered input until the end
 // barrier).
+#include "prepare_copy_engine.cuh"
 #include "prepare_entry.cuh"
 #include "prepare_layout.cuh"
 
@@ -40,19 +40,6 @@ struct CopyEngineSum : NoBegin {
             return;
         }
         sum_whole_message<T, N>(params.buffers, params.output, params.input_elements);
-    }
-};
-
-// A barrier (set `Set`) and nothing else.
-template <unsigned int Set>
-struct CopyEngineBarrier {
-    template <int N>
-    __device__ static bool begin(const LaunchParams& params, BlockFlags& flags) {
-        return begin_with_barrier<N>(params, flags, Set);
-    }
-    template <typename T, int N>
-    __device__ static void run(const LaunchParams& params, BlockFlags& flags) {
-        block_end(params, flags);
     }
 };
 

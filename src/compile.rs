@@ -614,7 +614,7 @@ ptxas info    : Compile time = 135.894 ms
         let mut sources = SourceOverrides::new();
         insta::assert_snapshot!(
             sources.replace("prepare_bf16.h", "").unwrap_err(),
-            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are add_rms_norm.cu, all_gather.cu, all_gather_double_buffered.cu, all_reduce_add_rms_norm_one_shot.cu, all_reduce_add_rms_norm_two_shot.cu, all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_one_shot_copy_engine.cu, all_reduce_one_shot_double_buffered.cu, all_reduce_rsag.cu, all_reduce_rsag_double_buffered.cu, all_reduce_rsag_phased.cu, nccl_rank_order_sum.cu, prepare_abi.cuh, prepare_cluster.cuh, prepare_double_buffer.cuh, prepare_element.cuh, prepare_entry.cuh, prepare_layout.cuh, prepare_norm.cuh, prepare_phases.cuh, prepare_phases_simple.cuh, prepare_sync.cuh, reduce_scatter.cu, reduce_scatter_double_buffered.cu)"
+            @"`prepare_bf16.h` is not a kernel source or header of this crate (they are add_rms_norm.cu, all_gather.cu, all_gather_double_buffered.cu, all_reduce_add_rms_norm_one_shot.cu, all_reduce_add_rms_norm_two_shot.cu, all_reduce_full_phased.cu, all_reduce_one_shot.cu, all_reduce_one_shot_copy_engine.cu, all_reduce_one_shot_double_buffered.cu, all_reduce_rsag.cu, all_reduce_rsag_double_buffered.cu, all_reduce_rsag_phased.cu, nccl_rank_order_sum.cu, prepare_abi.cuh, prepare_cluster.cuh, prepare_copy_engine.cuh, prepare_double_buffer.cuh, prepare_element.cuh, prepare_entry.cuh, prepare_layout.cuh, prepare_norm.cuh, prepare_phases.cuh, prepare_phases_simple.cuh, prepare_sync.cuh, reduce_scatter.cu, reduce_scatter_double_buffered.cu)"
         );
         assert!(sources.is_empty());
     }

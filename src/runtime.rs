@@ -186,7 +186,7 @@ impl RuntimeError {
         )
     }
 
-    pub(crate) fn driver(rank: u32) -> impl FnOnce(DriverError) -> RuntimeError {
+    pub(crate) fn driver(rank: u32) -> impl Fn(DriverError) -> RuntimeError + Copy {
         move |source| RuntimeError::Driver { rank, source }
     }
 }

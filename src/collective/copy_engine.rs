@@ -1,10 +1,15 @@
-//! The copy-engine candidates: the peers' messages are copied chunk by chunk into this rank's
-//! scratch by the copy engines, each chunk summed as soon as its copies are done, between two
-//! barrier kernels (kernels/all_reduce_one_shot_copy_engine.cu says what runs where).
+//! The copy-engine candidates, whose peer traffic the copy engines carry between two barrier
+//! kernels. The all-reduce's: the peers' messages are copied chunk by chunk into this rank's
+//! scratch, each chunk summed as soon as its copies are done
+//! (kernels/all_reduce_one_shot_copy_engine.cu says what runs where). The all-gather's: each
+//! peer's rows are copied from its input region straight to their place in this rank's output,
+//! while a kernel copies this rank's own (kernels/all_gather.cu).
 
 use std::ops::Range;
 use std::time::Duration;
 
+use super::rows::RowMessage;
+use crate::abi::LaunchParams;
 use crate::gpu::driver::{DeviceBuffer, DeviceMemory, Event, Geometry, LoadedKernel, Stream};
 use crate::kernels::ALIGNMENT_BYTES;
 use crate::runtime::{PeerMemory, Runtime, RuntimeError};
@@ -20,8 +25,9 @@ const COPY_ENGINE_MAX_CHUNKS: u64 = 64;
 /// The kernels of one copy-engine candidate.
 #[derive(Debug)]
 pub(super) struct CopyEngineKernels {
-    /// The chunk sum, with the candidate's geometry.
-    pub(super) sum: LoadedKernel,
+    /// The local part, with the candidate's geometry: the all-reduce's chunk sum, the
+    /// all-gather's own-rows copy.
+    pub(super) main: LoadedKernel,
     pub(super) geometry: Geometry,
     /// The start and end barriers, one block each.
     pub(super) start: LoadedKernel,
@@ -29,15 +35,16 @@ pub(super) struct CopyEngineKernels {
 }
 
 /// What the copy-engine candidates share on one rank: the stream their copies go on, the events
-/// that order each chunk's sum after its copies, and the scratch the peers' messages are copied
-/// into (per peer one slot of the largest message of the buckets that have such a candidate,
-/// private to this rank).
+/// that order each chunk's sum after its copies (the first also joins an all-gather's copies),
+/// and the all-reduce's scratch the peers' messages are copied into (per peer one slot of the
+/// largest message of the buckets that have such a candidate, private to this rank; none for
+/// an all-gather, whose copies go straight to the output).
 #[derive(Debug)]
 pub(super) struct CopyEngine {
     stream: Stream,
     fork: Event,
     chunks: Vec<Event>,
-    scratch: DeviceBuffer,
+    scratch: Option<DeviceBuffer>,
     slot_bytes: usize,
     element_bytes: u64,
     timeout: Duration,
@@ -45,8 +52,8 @@ pub(super) struct CopyEngine {
 }
 
 impl CopyEngine {
-    /// The copy stream, its events and `slot_bytes` of scratch per peer, on this rank's GPU;
-    /// messages of `element_bytes` elements, kernels bounded by `timeout`.
+    /// The copy stream, its events and `slot_bytes` of scratch per peer (none for 0), on this
+    /// rank's GPU; messages of `element_bytes` elements, kernels bounded by `timeout`.
     pub(super) fn new(
         runtime: &Runtime,
         slot_bytes: u64,
@@ -67,8 +74,9 @@ impl CopyEngine {
                 .map(|_| device.new_event(false))
                 .collect::<Result<_, _>>()
                 .map_err(RuntimeError::driver(rank))?,
-            scratch: device
-                .allocate(slot_bytes * peers)
+            scratch: (slot_bytes > 0 && peers > 0)
+                .then(|| device.allocate(slot_bytes * peers))
+                .transpose()
                 .map_err(RuntimeError::driver(rank))?,
             slot_bytes,
             element_bytes,
@@ -92,6 +100,10 @@ impl CopyEngine {
         output: u64,
     ) -> Result<(), RuntimeError> {
         let rank = self.rank;
+        let scratch = self
+            .scratch
+            .as_ref()
+            .expect("an all-reduce's copy engine has scratch");
         let bytes = elements as u64 * self.element_bytes;
         // The barriers read no data; the scratch offset only has to cover the message.
         let covered = bytes.next_multiple_of(ALIGNMENT_BYTES);
@@ -121,9 +133,9 @@ impl CopyEngine {
                     .rank_buffer(source)
                     .expect("peer memory maps every rank's buffer");
                 self.stream
-                    .copy_device(&self.scratch, slot + at, from, at, length)
+                    .copy_device(scratch, slot + at, from, at, length)
                     .map_err(RuntimeError::driver(rank))?;
-                params.buffers[source as usize] = self.scratch.address() + (slot + at) as u64;
+                params.buffers[source as usize] = scratch.address() + (slot + at) as u64;
             }
             let event = &self.chunks[chunk];
             self.stream
@@ -135,13 +147,85 @@ impl CopyEngine {
             params.set_all_reduce_elements(length as u64 / self.element_bytes);
             params.scratch_offset = (length as u64).next_multiple_of(ALIGNMENT_BYTES);
             stream
-                .launch_loaded(&kernels.sum, kernels.geometry, &params.to_bytes())
+                .launch_loaded(&kernels.main, kernels.geometry, &params.to_bytes())
                 .map_err(RuntimeError::driver(rank))?;
         }
         stream
             .launch_loaded(&kernels.end, one_block, &barrier.to_bytes())
             .map_err(RuntimeError::driver(rank))
     }
+
+    /// Enqueues a copy-engine all-gather on `stream` with `params` (the message's row fields
+    /// set, `input` this rank's rows, `output` the whole message's place at byte `at` of
+    /// `output`): the start barrier; on the copy stream, forked after it, [`gather_copies`]
+    /// from each owner's registered buffer straight into the output; on `stream` meanwhile the
+    /// own-rows copy; the join; the end barrier. A capture on `stream` takes the copies into
+    /// its graph.
+    pub(super) fn enqueue_gather(
+        &self,
+        stream: &Stream,
+        peer: &PeerMemory,
+        kernels: &CopyEngineKernels,
+        message: &RowMessage,
+        params: &LaunchParams,
+        (output, at): (&dyn DeviceMemory, usize),
+    ) -> Result<(), RuntimeError> {
+        let rank = self.rank;
+        let driver = RuntimeError::driver(rank);
+        let bytes = params.to_bytes();
+        let one_block = Geometry::new(1, 32).map_err(driver)?;
+        stream
+            .launch_loaded(&kernels.start, one_block, &bytes)
+            .map_err(driver)?;
+        stream.record(&self.fork).map_err(driver)?;
+        self.stream.wait_for(&self.fork).map_err(driver)?;
+        for copy in gather_copies(message) {
+            let from = peer
+                .rank_buffer(copy.owner)
+                .expect("peer memory maps every rank's buffer");
+            self.stream
+                .copy_device(output, at + copy.to as usize, from, 0, copy.bytes as usize)
+                .map_err(driver)?;
+        }
+        stream
+            .launch_loaded(&kernels.main, kernels.geometry, &bytes)
+            .map_err(driver)?;
+        let join = &self.chunks[0];
+        self.stream.record(join).map_err(driver)?;
+        stream.wait_for(join).map_err(driver)?;
+        stream
+            .launch_loaded(&kernels.end, one_block, &bytes)
+            .map_err(driver)
+    }
+}
+
+/// One peer's rows in a copy-engine all-gather: `bytes` from byte 0 of the owner's input region
+/// (which holds its rows from their first element) to byte `to` of this rank's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatherCopy {
+    /// The rank whose rows these are.
+    pub owner: u32,
+    /// Where they go in the output, in bytes.
+    pub to: u64,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+/// The copies of this rank's copy-engine all-gather of `message`: one per peer that owns rows,
+/// peers in the order rank + 1, rank + 2, ... (so the ranks start on different peers).
+pub fn gather_copies(message: &RowMessage) -> Vec<GatherCopy> {
+    let (rank, world) = (message.rank(), message.world());
+    (1..world)
+        .map(|k| (rank + k) % world)
+        .filter_map(|owner| {
+            let owned = message.owned_bytes(owner);
+            (owned.end > owned.start).then(|| GatherCopy {
+                owner,
+                to: owned.start,
+                bytes: owned.end - owned.start,
+            })
+        })
+        .collect()
 }
 
 /// The chunks of a copy-engine launch for a message of `bytes`: byte ranges, each a whole
@@ -159,6 +243,43 @@ pub fn copy_engine_chunks(bytes: u64) -> Vec<Range<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ladder::{Collective, Dtype};
+    use crate::shape::Shape;
+
+    #[test]
+    fn gather_copies_bring_every_peer_s_rows_once_and_none_of_this_rank_s() {
+        for world in 2..=8_u32 {
+            for rows in [0, 1, u64::from(world) - 1, u64::from(world) + 1, 2047] {
+                for width in [1, 7, 4096] {
+                    let shape = Shape::new(rows, width).unwrap();
+                    for rank in 0..world {
+                        let message =
+                            RowMessage::new(Collective::AllGather, shape, world, rank, Dtype::Bf16)
+                                .unwrap();
+                        let copies = gather_copies(&message);
+                        let what = format!("{rows} x {width}, rank {rank} of {world}");
+                        // Peers from rank + 1 on, each with rows once, at their rows' place.
+                        let owners: Vec<u32> = copies.iter().map(|copy| copy.owner).collect();
+                        let expected: Vec<u32> = (1..world)
+                            .map(|k| (rank + k) % world)
+                            .filter(|&q| message.owned_bytes(q).start < message.owned_bytes(q).end)
+                            .collect();
+                        assert_eq!(owners, expected, "{what}");
+                        let mut covered = message.own_bytes();
+                        for copy in &copies {
+                            assert_eq!(
+                                copy.to..copy.to + copy.bytes,
+                                message.owned_bytes(copy.owner),
+                                "{what}"
+                            );
+                            covered += copy.bytes;
+                        }
+                        assert_eq!(covered, message.message_bytes(), "{what}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn copy_engine_chunks_cover_the_message_in_whole_vectors() {

@@ -260,7 +260,7 @@ impl Collectives {
                         Ok(()) => {
                             entry.launch = Some(match spec.copy_engine_barriers() {
                                 Some([start, end]) => Launch::CopyEngine(CopyEngineKernels {
-                                    sum: kernel,
+                                    main: kernel,
                                     geometry,
                                     start: module
                                         .load(&start, false, PARAMS_BYTES)
@@ -284,16 +284,14 @@ impl Collectives {
                 entries.push(entry);
             }
         }
-        let copy_engine_slot = kernels::copy_engine_slot_bytes(ladder).filter(|_| {
-            entries
-                .iter()
-                .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine(_))))
-        });
-        let copy_engine = copy_engine_slot
-            .map(|slot_bytes| {
+        // An all-gather's copy engine has no scratch: its copies go straight to the output.
+        let copy_engine = entries
+            .iter()
+            .any(|entry| matches!(entry.launch, Some(Launch::CopyEngine(_))))
+            .then(|| {
                 CopyEngine::new(
                     runtime,
-                    slot_bytes,
+                    kernels::copy_engine_slot_bytes(ladder).unwrap_or(0),
                     ladder.dtype.size_bytes(),
                     runtime.timeout(),
                 )

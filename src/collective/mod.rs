@@ -7,6 +7,7 @@
 //! Creating it is collective (splits, IPC mapping, and an agreement on which entries every rank
 //! can run): every rank creates it for the same package at the same point.
 
+mod copies;
 mod copy_engine;
 mod drops;
 mod epilogue;
@@ -24,7 +25,7 @@ mod symmetric;
 
 use std::time::Duration;
 
-pub use copy_engine::{copy_engine_chunks, COPY_ENGINE_CHUNK_BYTES};
+pub use copy_engine::{copy_engine_chunks, gather_copies, GatherCopy, COPY_ENGINE_CHUNK_BYTES};
 use copy_engine::{CopyEngine, CopyEngineKernels};
 pub use drops::agree_drops;
 pub use epilogue_message::{
@@ -549,54 +550,6 @@ impl Collectives {
                 &self.private_range(),
             );
             self.copy(stream, peer, operands, &copies)?;
-        }
-        Ok(())
-    }
-
-    /// Enqueues `copies`, each between the operands, the registered buffer and the private
-    /// output buffer.
-    fn copy(
-        &self,
-        stream: &Stream,
-        peer: &PeerMemory,
-        operands: &Operands,
-        copies: &[PlannedCopy],
-    ) -> Result<(), RuntimeError> {
-        let memories: [&dyn DeviceMemory; 4] = [
-            &operands.input,
-            &operands.output,
-            peer.buffer(),
-            self.private(),
-        ];
-        let rank = self.rank;
-        let locate = |address: u64, bytes: u64| {
-            memories
-                .iter()
-                .find(|memory| {
-                    address >= memory.address()
-                        && address + bytes <= memory.address() + memory.len_bytes() as u64
-                })
-                .map(|memory| (*memory, (address - memory.address()) as usize))
-                .ok_or_else(|| RuntimeError::Setup {
-                    rank,
-                    message: format!(
-                        "a copy of {bytes} bytes at {address:#x} lies outside the operands \
-                         and this rank's buffers"
-                    ),
-                })
-        };
-        for copy in copies {
-            let (destination, destination_offset) = locate(copy.destination, copy.bytes)?;
-            let (source, source_offset) = locate(copy.source, copy.bytes)?;
-            stream
-                .copy_device(
-                    destination,
-                    destination_offset,
-                    source,
-                    source_offset,
-                    copy.bytes as usize,
-                )
-                .map_err(RuntimeError::driver(rank))?;
         }
         Ok(())
     }

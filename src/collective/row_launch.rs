@@ -3,11 +3,12 @@
 //! copies [`plan_rows`] asks for around it.
 
 use super::row_pieces::row_piece_steps;
-use super::rows::{plan_rows, RowMessage};
+use super::rows::{plan_rows, RowMessage, RowPlan};
 use super::{check_entry, moves, Collectives, EntryId, Input, Launch, Operands};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Graph, Stream};
+use crate::kernels::InputAccess;
 use crate::ladder::Collective;
-use crate::runtime::{OperandError, Runtime, RuntimeError};
+use crate::runtime::{OperandError, PeerMemory, Runtime, RuntimeError};
 use crate::shape::Shape;
 
 /// The shape start-up checks and times a row collective of `elements` at, on `world` ranks:
@@ -84,72 +85,109 @@ impl Collectives {
             Some(Launch::NcclRankOrder) => {
                 self.enqueue_nccl_rows(runtime.communicator(), stream, message, layout, operands)
             }
-            Some(Launch::NcclSymmetric { .. } | Launch::CopyEngine(_)) => {
+            Some(Launch::NcclSymmetric { .. }) => Err(RuntimeError::Setup {
+                rank: self.rank,
+                message: format!(
+                    "{} in bucket {} has no {} path",
+                    entry.profile,
+                    entry.bucket,
+                    message.collective()
+                ),
+            }),
+            Some(Launch::Custom { .. } | Launch::CopyEngine(_)) if !message.follows_rule() => {
                 Err(RuntimeError::Setup {
                     rank: self.rank,
                     message: format!(
-                        "{} in bucket {} has no {} path",
+                        "{} in bucket {} takes only the shape rule's rows; a {} of other \
+                         per-rank rows goes through NCCL's grouped transfers",
                         entry.profile,
                         entry.bucket,
                         message.collective()
                     ),
                 })
             }
-            Some(Launch::Custom { .. }) if !message.follows_rule() => Err(RuntimeError::Setup {
-                rank: self.rank,
-                message: format!(
-                    "{} in bucket {} takes only the shape rule's rows; a {} of other per-rank \
-                     rows goes through NCCL's grouped transfers",
-                    entry.profile,
-                    entry.bucket,
-                    message.collective()
-                ),
-            }),
             Some(Launch::Custom {
                 kernel,
                 geometry,
                 scratch_offset,
                 input,
-            }) => {
-                let Input::Peer(peer) = &self.input else {
-                    unreachable!("custom entries exist only with peer memory")
-                };
-                let buffers = self.layout(peer);
-                let plan = plan_rows(
-                    *input,
-                    message,
-                    operands.input.address(),
-                    operands.output.address(),
-                    &buffers,
-                )
-                .map_err(self.operand_error())?;
-                if plan.staged {
-                    let copies = moves(
-                        plan.input,
-                        operands.input.address(),
-                        message.input_bytes(),
-                        &buffers.private_output,
-                    );
-                    self.copy(stream, peer, &operands, &copies)?;
-                }
+            }) => self.enqueue_row_kernel(stream, message, operands, *input, |plan, peer| {
                 let mut params =
                     peer.params(plan.input, plan.output, 0, *scratch_offset, self.timeout);
                 message.set_params(&mut params);
                 stream
                     .launch_loaded(kernel, *geometry, &params.to_bytes())
-                    .map_err(RuntimeError::driver(self.rank))?;
-                if plan.bounce {
-                    let copies = moves(
-                        operands.output.address(),
-                        plan.output,
-                        message.output_bytes(),
-                        &buffers.private_output,
-                    );
-                    self.copy(stream, peer, &operands, &copies)?;
-                }
-                Ok(())
+                    .map_err(RuntimeError::driver(self.rank))
+            }),
+            Some(Launch::CopyEngine(kernels)) => {
+                let access = InputAccess::Peers {
+                    output_may_alias: false,
+                };
+                self.enqueue_row_kernel(stream, message, operands, access, |plan, peer| {
+                    // The own-rows copy skips rows already in place: give it the caller's
+                    // input when that is this rank's rows of the output it writes.
+                    let input = operands.input.address();
+                    let own = if message.in_place_partner(input, plan.output) {
+                        input
+                    } else {
+                        plan.input
+                    };
+                    let mut params = peer.params(own, plan.output, 0, 0, self.timeout);
+                    message.set_params(&mut params);
+                    let output =
+                        self.locate(peer, &operands, plan.output, message.output_bytes())?;
+                    self.copy_engine
+                        .as_ref()
+                        .expect("a copy-engine entry comes with the copy engine's stream")
+                        .enqueue_gather(stream, peer, kernels, message, &params, output)
+                })
             }
         }
+    }
+
+    /// Enqueues a custom row kernel's launch for `message`, which reads its input as `access`
+    /// says: the input staged into the registered buffer where the plan asks, `launch` given
+    /// the plan, the output bounced from where the kernel wrote it where the plan asks.
+    fn enqueue_row_kernel(
+        &self,
+        stream: &Stream,
+        message: &RowMessage,
+        operands: Operands,
+        access: InputAccess,
+        launch: impl FnOnce(&RowPlan, &PeerMemory) -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        let Input::Peer(peer) = &self.input else {
+            unreachable!("custom entries exist only with peer memory")
+        };
+        let buffers = self.layout(peer);
+        let plan = plan_rows(
+            access,
+            message,
+            operands.input.address(),
+            operands.output.address(),
+            &buffers,
+        )
+        .map_err(self.operand_error())?;
+        if plan.staged {
+            let copies = moves(
+                plan.input,
+                operands.input.address(),
+                message.input_bytes(),
+                &buffers.private_output,
+            );
+            self.copy(stream, peer, &operands, &copies)?;
+        }
+        launch(&plan, peer)?;
+        if plan.bounce {
+            let copies = moves(
+                operands.output.address(),
+                plan.output,
+                message.output_bytes(),
+                &buffers.private_output,
+            );
+            self.copy(stream, peer, &operands, &copies)?;
+        }
+        Ok(())
     }
 
     /// Captures `ops` back-to-back launches of entry `id` for `message` into a graph, on

@@ -178,7 +178,7 @@ impl RowMessage {
 
     /// Where the output would lie in place, given the input (reduce-scatter), or where the
     /// input would, given the output (all-gather).
-    fn in_place_partner(&self, input: u64, output: u64) -> bool {
+    pub(super) fn in_place_partner(&self, input: u64, output: u64) -> bool {
         let own = self.owned_bytes(self.rank).start;
         match self.collective {
             Collective::ReduceScatter => output == input + own,

@@ -5,7 +5,7 @@
 use super::spec::all_kernels;
 use super::spec::{kernel_for, kernel_named, KernelSpec, Scratch};
 use crate::abi::ALIGNMENT_BYTES;
-use crate::ladder::{Dtype, Ladder};
+use crate::ladder::{Collective, Dtype, Ladder};
 
 fn round_up(value: u64, multiple: u64) -> u64 {
     value.div_ceil(multiple) * multiple
@@ -175,8 +175,12 @@ pub fn peer_buffer_bytes(ladder: &Ladder) -> u64 {
 
 /// Bytes of one peer's slot in the copy-engine candidates' private scratch: the largest message
 /// of the buckets that have such a candidate, rounded up to [`ALIGNMENT_BYTES`]; `None` when
-/// the ladder has none. Each GPU allocates `world_size - 1` slots, not peer-mapped.
+/// the ladder has none, and for an all-gather, whose copies go straight to the output. Each
+/// GPU allocates `world_size - 1` slots, not peer-mapped.
 pub fn copy_engine_slot_bytes(ladder: &Ladder) -> Option<u64> {
+    if ladder.collective == Collective::AllGather {
+        return None;
+    }
     custom_bucket_kernels(ladder)
         .filter(|(_, spec)| spec.copy_engine_barriers().is_some())
         .map(|(max_bytes, _)| round_up(max_bytes, ALIGNMENT_BYTES))
@@ -483,10 +487,28 @@ mod tests {
         );
         // No registered scratch, and the barriers belong to no other kernel.
         assert_eq!(scratch_bytes(&spec, 1 << 20), 0);
+        let gather = kernel_for(
+            example.profile("copy").unwrap(),
+            Collective::AllGather,
+            Dtype::Bf16,
+            4,
+        )
+        .unwrap();
+        assert_eq!(
+            gather.copy_engine_barriers(),
+            Some([
+                "all_gather_one_shot_copy_engine_start_bf16".to_owned(),
+                "all_gather_one_shot_copy_engine_end_bf16".to_owned()
+            ])
+        );
+        assert_eq!(scratch_bytes(&gather, 1 << 20), 0);
         assert!(all_kernels(Dtype::Bf16, 4)
             .iter()
-            .filter(|other| **other != spec)
+            .filter(|other| **other != spec && **other != gather)
             .all(|other| other.copy_engine_barriers().is_none()));
+        // An all-gather copies straight into its output: no private scratch either.
+        example.collective = Collective::AllGather;
+        assert_eq!(copy_engine_slot_bytes(&example), None);
     }
 
     /// `slice_of` of kernels/prepare_layout.cuh ([`crate::kernels::slice_of`]), element ranges:

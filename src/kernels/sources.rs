@@ -64,7 +64,7 @@ const SOURCES: [(&str, &str); 15] = [
 ];
 
 /// The headers the sources include, by the name they are included as.
-const HEADERS: [(&str, &str); 10] = [
+const HEADERS: [(&str, &str); 11] = [
     (
         "prepare_abi.cuh",
         include_str!("../../kernels/prepare_abi.cuh"),
@@ -72,6 +72,10 @@ const HEADERS: [(&str, &str); 10] = [
     (
         "prepare_cluster.cuh",
         include_str!("../../kernels/prepare_cluster.cuh"),
+    ),
+    (
+        "prepare_copy_engine.cuh",
+        include_str!("../../kernels/prepare_copy_engine.cuh"),
     ),
     (
         "prepare_double_buffer.cuh",

@@ -119,7 +119,7 @@ const RANK_ORDER_SUM: &str = "nccl_rank_order_sum";
 const ADD_RMS_NORM: &str = "add_rms_norm";
 
 /// Every kernel, sorted by name.
-const KERNELS: [Kernel; 21] = [
+const KERNELS: [Kernel; 22] = [
     // prepare's unfused residual add + RMSNorm after an all-reduce kernel: local memory only.
     Kernel {
         name: ADD_RMS_NORM,
@@ -128,6 +128,22 @@ const KERNELS: [Kernel; 21] = [
         scratch: Scratch::None,
         barriers: None,
         input: InputAccess::Local,
+    },
+    // The peers' rows come by the copy engines, from each owner's input region (from byte 0)
+    // straight into this rank's output, until the end barrier: the output may not be that
+    // region.
+    Kernel {
+        name: "all_gather_one_shot_copy_engine",
+        source: "all_gather.cu",
+        cluster: false,
+        scratch: Scratch::None,
+        barriers: Some([
+            "all_gather_one_shot_copy_engine_start",
+            "all_gather_one_shot_copy_engine_end",
+        ]),
+        input: InputAccess::Peers {
+            output_may_alias: false,
+        },
     },
     Kernel {
         name: "all_gather_one_shot_pull",
@@ -442,14 +458,15 @@ pub fn epilogue_after(
 }
 
 /// The kernel of a reduce-scatter's or all-gather's profile: the one-shot, pulled or pushed,
-/// with barriers, or pushed as ll lines; `None` for every other profile (NCCL's, and what
-/// validation refuses for these collectives).
+/// with barriers, or pushed as ll lines, and the all-gather's copy engine; `None` for every
+/// other profile (NCCL's, and what validation refuses for these collectives).
 fn row_kernel_for(profile: &Profile, collective: Collective) -> Option<String> {
     let form = match (profile.algorithm, profile.schedule, profile.protocol) {
         (Algorithm::OneShot, None, None | Some(Protocol::Barrier)) => {
             match profile.transfer_or_default() {
                 Transfer::Pull => "pull",
                 Transfer::Push => "push",
+                Transfer::CopyEngine if collective == Collective::AllGather => "copy_engine",
                 Transfer::CopyEngine => return None,
             }
         }

@@ -187,7 +187,8 @@ fn the_fp32_row_catalogs_are_twins_of_the_bf16_ones() {
 
 /// A reduce-scatter package holds its one-shot kernels and the rank-order sum (which its NCCL
 /// path needs for uneven rows at any world); an all-gather package its one-shot kernels alone.
-/// The one-shots are pull and push, and on H200 the push with ll.
+/// The one-shots are pull and push, on H200 the push with ll, and on GB202 (PCIe) the
+/// all-gather's copy engine.
 #[test]
 fn row_packages_hold_their_collective_s_kernels() {
     for (name, ladder) in row_catalogs() {
@@ -203,6 +204,8 @@ fn row_packages_hold_their_collective_s_kernels() {
         kernels.sort();
         let forms: &[&str] = if name.starts_with("h200_") {
             &["pull", "push", "push_ll"]
+        } else if name.starts_with("gb202_") {
+            &["copy_engine", "pull", "push"]
         } else {
             &["pull", "push"]
         };

@@ -1,5 +1,6 @@
-// The row collectives (reduce_scatter.cu, all_gather.cu, and their ll forms in
-// reduce_scatter_double_buffered.cu and all_gather_double_buffered.cu) on the host: included by
+// The row collectives (reduce_scatter.cu, all_gather.cu with the all-gather's copy engine, and
+// their ll forms in reduce_scatter_double_buffered.cu and all_gather_double_buffered.cu) on the
+// host: included by
 // harness.cc inside its anonymous namespace, after the helpers it uses (launch_rank, Rank, CHECK,
 // input_value, the element conversions and accessors, scratch_bytes, random_source, Aligned).
 //
@@ -62,6 +63,11 @@ struct RowKernel {
 };
 
 const RowKernel kRowKernels[] = {
+    {{"all_gather_one_shot_copy_engine", row_entries<prepare::AllGatherCopyEngine>(), Scratch::None,
+      false, false, true,
+      row_entries<prepare::AllGatherCopyEngineBarrier<prepare::kSetStart>>(),
+      row_entries<prepare::AllGatherCopyEngineBarrier<prepare::kSetEnd>>()},
+     true},
     {{"all_gather_one_shot_pull", row_entries<prepare::AllGatherPull>(), Scratch::None, false,
       false},
      true},
@@ -136,6 +142,33 @@ struct Guarded {
     u64 bytes, guard;
     Aligned memory;
 };
+
+// One rank's copy-engine all-gather as the host enqueues it (src/collective/copy_engine.rs): the
+// start barrier; every peer's rows copied from its input region (its rows from byte 0) to their
+// place in `output` (the copy engine; here on the rank's own thread in stream order, so a missing
+// barrier shows as a race on the peers' input regions), peers from rank + 1 on; the own-rows
+// copy; the end barrier. The copies are the host's: they take the launch's rows and width and
+// the output where it is, whatever `params` says.
+void copy_engine_gather(const RowLaunch& launch, const LaunchParams& params, unsigned char* output) {
+    const Kernel& kernel = launch.kernel->kernel;
+    const Kernel start = {"start", kernel.start, Scratch::None, false, false};
+    const Kernel end = {"end", kernel.end, Scratch::None, false, false};
+    const u64 whole = launch.rows * launch.width;
+    const unsigned world = params.world;
+    // The barriers run on one block of 32 threads, as the host launches them.
+    launch_rank({&start, 1, 32, 1, whole}, params);
+    for (unsigned k = 1; k < world; ++k) {
+        const unsigned q = (params.rank + k) % world;
+        const u64 bytes = host_owned_rows(launch.rows, world, q) * launch.width * element_bytes();
+        if (bytes > 0) {
+            std::memcpy(output + host_first_row(launch.rows, world, q) * launch.width *
+                                     element_bytes(),
+                        params.buffers[q], bytes);
+        }
+    }
+    launch_rank({&kernel, launch.blocks, launch.threads, 1, whole}, params);
+    launch_rank({&end, 1, 32, 1, whole}, params);
+}
 
 // What a row launch checks on one rank once it ended.
 void check_rows(const RowLaunch& launch, const char* what, unsigned rank, unsigned world,
@@ -250,7 +283,11 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                 if (options.tamper != nullptr)
                     options.tamper(params);
                 const Kernel& kernel = launch.kernel->kernel;
-                launch_rank({&kernel, launch.blocks, launch.threads, 1, whole}, params);
+                if (kernel.copy_engine) {
+                    copy_engine_gather(launch, params, output);
+                } else {
+                    launch_rank({&kernel, launch.blocks, launch.threads, 1, whole}, params);
+                }
                 char what[160];
                 std::snprintf(what, sizeof what,
                               "%s_%s world %u, %llu x %llu%s, %u x %u threads, launch %u",
@@ -267,8 +304,13 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                     CHECK(changed == 0, "%s rank %u: wrote past its input", what, rank);
                 }
                 if (options.expect_untouched) {
-                    const unsigned char* written = gather ? output : own_memory.data();
-                    const u64 bytes = gather ? whole * size : launch.in_place ? 0 : own * size;
+                    // A copy engine's host copies run whatever its kernels refuse (as after an
+                    // abort): only its own rows are the kernels' to leave.
+                    const bool copies = kernel.copy_engine;
+                    const unsigned char* written =
+                        gather ? output + (copies ? first * size : 0) : own_memory.data();
+                    const u64 bytes = gather ? (copies ? own : whole) * size
+                                             : launch.in_place ? 0 : own * size;
                     u64 changed = 0;
                     for (u64 b = 0; b < bytes; ++b)
                         changed += written[b] != kBufferFill;

@@ -40,13 +40,15 @@ std::vector<ShapeKernel> shape_kernels() {
     std::vector<ShapeKernel> kernels;
     for (const Kernel& kernel : kKernels) {
         const std::string name = kernel.name;
-        // The copy engine's start barrier is block_barrier, which the others run.
+        // The copy engines' start barrier is block_barrier, which the others run.
         if (name != "one_shot_copy_engine")
             kernels.push_back({"all_reduce_" + name, &kernel, ShapeSide::AllReduce});
     }
-    for (const RowKernel& row : kRowKernels)
-        kernels.push_back({row.kernel.name, &row.kernel,
-                           row.gather ? ShapeSide::AllGather : ShapeSide::ReduceScatter});
+    for (const RowKernel& row : kRowKernels) {
+        if (!row.kernel.copy_engine)
+            kernels.push_back({row.kernel.name, &row.kernel,
+                               row.gather ? ShapeSide::AllGather : ShapeSide::ReduceScatter});
+    }
     for (const FusedKernel& fused : kFusedKernels)
         kernels.push_back({fused.kernel.name, &fused.kernel, ShapeSide::TwoShot});
     kernels.push_back({kTwoShot.name, &kTwoShot, ShapeSide::TwoShot});

@@ -52,7 +52,7 @@ fn every_mutation_patches_real_text_in_the_files_it_names() {
         let expected: &[&str] = match mutation {
             Mutation::NoStartBarrier => &["all_reduce_one_shot.cu"],
             Mutation::NoLineWait | Mutation::NoStepWait => &["prepare_double_buffer.cuh"],
-            Mutation::NoCopyStart => &["all_reduce_one_shot_copy_engine.cu"],
+            Mutation::NoCopyStart => &["prepare_copy_engine.cuh"],
             Mutation::ShapeCheckSkipped => &["prepare_sync.cuh"],
             Mutation::DropTail | Mutation::RowBoundaryOffByOne => &["prepare_layout.cuh"],
             Mutation::RowOutOfOrder => &["reduce_scatter.cu"],

@@ -166,7 +166,7 @@ const NO_STEP_WAIT: &[Patch] = &[Patch {
 
 /// The copy-engine start barrier does nothing at all.
 const NO_COPY_START: &[Patch] = &[Patch {
-    file: "all_reduce_one_shot_copy_engine.cu",
+    file: "prepare_copy_engine.cuh",
     find: "return begin_with_barrier<N>(params, flags, Set);",
     replace: "return Set != kSetStart && begin_with_barrier<N>(params, flags, Set);",
 }];
@@ -267,6 +267,7 @@ const SHAPE_CHECK_SKIPPED: &[Patch] = &[Patch {
 /// or the cluster kernels' start exchange (start_exchange's check) and the double-buffered ones
 /// (check_line_shapes); both compare the lines with shape_lines_differ.
 const SHAPE_CHECKED_KERNELS: &[&str] = &[
+    "all_gather_one_shot_copy_engine",
     "all_gather_one_shot_pull",
     "all_gather_one_shot_push",
     "all_gather_one_shot_push_ll",
@@ -385,7 +386,13 @@ impl Mutation {
                 ],
                 &Dtype::ALL,
             ),
-            Mutation::NoCopyStart => (&["all_reduce_one_shot_copy_engine"], &Dtype::ALL),
+            Mutation::NoCopyStart => (
+                &[
+                    "all_gather_one_shot_copy_engine",
+                    "all_reduce_one_shot_copy_engine",
+                ],
+                &Dtype::ALL,
+            ),
             Mutation::ShapeCheckSkipped => (SHAPE_CHECKED_KERNELS, &Dtype::ALL),
             Mutation::SquaresOutOfOrder | Mutation::NoEps | Mutation::WeightSkipped => {
                 (NORMS, &Dtype::ALL)
@@ -395,6 +402,7 @@ impl Mutation {
             Mutation::SkipRowPeer => (&["all_gather_one_shot_pull"], &Dtype::ALL),
             Mutation::ShortRankRows | Mutation::RowBoundaryOffByOne => (
                 &[
+                    "all_gather_one_shot_copy_engine",
                     "all_gather_one_shot_pull",
                     "all_reduce_add_rms_norm_two_shot",
                     "all_gather_one_shot_push",

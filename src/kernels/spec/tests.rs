@@ -98,7 +98,7 @@ fn the_table_serves_every_collective() {
 }
 
 #[test]
-fn row_collectives_take_the_one_shot_with_barriers_and_the_push_ll_only() {
+fn row_collectives_take_the_one_shot_with_barriers_the_push_ll_and_the_all_gather_copy_engine() {
     // (algorithm, transfer, protocol, schedule) -> the algorithm's kernel, or none.
     let table = [
         ("one_shot", None, None, None, Some("one_shot_pull")),
@@ -138,6 +138,13 @@ fn row_collectives_take_the_one_shot_with_barriers_and_the_push_ll_only() {
     ];
     for collective in [Collective::ReduceScatter, Collective::AllGather] {
         for (algorithm, transfer, protocol, schedule, kernel) in table {
+            // The all-gather has a copy engine too; the reduce-scatter none.
+            let kernel = match (collective, algorithm, transfer, protocol) {
+                (Collective::AllGather, "one_shot", Some("copy_engine"), None) => {
+                    Some("one_shot_copy_engine")
+                }
+                _ => kernel,
+            };
             let mut profile = serde_json::json!({ "id": "p", "algorithm": algorithm });
             for (key, value) in [
                 ("transfer", transfer),

@@ -1,7 +1,8 @@
 //! What a reduce-scatter and an all-gather ladder take: one-shot pull and push profiles with
-//! the barrier protocol, one-shot push with the ll protocol, and NCCL profiles (the rank-order
-//! one for the reduce-scatter only); no RSAG or full algorithm, no schedule, no simple
-//! protocol, no copy engines, no symmetric window and no clustered bucket. The all-reduce's rules about those forms stay
+//! the barrier protocol, one-shot push with the ll protocol, the all-gather's one-shot copy
+//! engine, and NCCL profiles (the rank-order one for the reduce-scatter only); no RSAG or full
+//! algorithm, no schedule, no simple protocol, no reduce-scatter by the copy engines, no
+//! symmetric window and no clustered bucket. The all-reduce's rules about those forms stay
 //! silent on these ladders, so each problem is reported once, by the rule here.
 
 use super::diagnostic::{json_string, Diagnostic, Rule};
@@ -84,14 +85,17 @@ pub(super) fn profile_refusals(
             ),
         );
     }
-    if profile.transfer == Some(Transfer::CopyEngine) && profile.algorithm == Algorithm::OneShot {
+    if profile.transfer == Some(Transfer::CopyEngine)
+        && profile.algorithm == Algorithm::OneShot
+        && collective == Collective::ReduceScatter
+    {
         report(
             Rule::CopyEngineNotForCollective,
             "transfer",
             Transfer::CopyEngine.name(),
             format!(
                 "\"pull\" or \"push\" (profile {id}: collective {collective} has no copy-engine \
-                 form yet)"
+                 form; all_reduce and all_gather have)"
             ),
         );
     }

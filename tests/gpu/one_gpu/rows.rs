@@ -1,6 +1,8 @@
 //! The reduce-scatter and all-gather kernels on one GPU, every rank a stream of it, as the
 //! all-reduce's world (mod.rs) but without a ladder: each row kernel of the kernel table,
-//! loaded by its `KernelSpec` (pull and push with barriers, push with `ll`), at 2, 4 and 8 ranks and in every type, at rows 0, 1, world - 1,
+//! loaded by its `KernelSpec` (pull and push with barriers, push with `ll`, the all-gather's
+//! copy engine with its copies on a second stream of each rank, as the serving handle enqueues
+//! them), at 2, 4 and 8 ranks and in every type, at rows 0, 1, world - 1,
 //! world + 1, 2047 and 2048 of widths 1, 7 and 4096, out of place and in place, eagerly with one
 //! rank late and in a graph of every rank replayed twice. Every rank's output must be
 //! `prepare::reference::reference_outputs`'s, the bytes after it still poison, and its input
@@ -13,11 +15,12 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use prepare::abi::PARAMS_BYTES;
-use prepare::collective::{geometry_for, resident_capacity};
+use prepare::collective::{gather_copies, geometry_for, resident_capacity, RowMessage};
 use prepare::compile::SourceOverrides;
 use prepare::device::required_residency;
 use prepare::gpu::driver::{
-    Device, DeviceBuffer, DeviceMemory, Driver, Geometry, LoadedKernel, Module, ModuleImage,
+    Device, DeviceBuffer, DeviceMemory, Driver, Event, Geometry, LoadedKernel, Module, ModuleImage,
+    Stream,
 };
 use prepare::kernels::{
     input_access, is_double_buffered, kernel_for, scratch_bytes, InputAccess, KernelSpec,
@@ -47,11 +50,14 @@ fn shapes(world: usize) -> Vec<Shape> {
 }
 
 /// The row kernels of the table: (collective, kernel), both transfers of each collective with
-/// barriers and the push with `ll`.
+/// barriers, the push with `ll`, and the all-gather's copy engine.
 fn row_kernels(dtype: Dtype, world: usize) -> Vec<(Collective, KernelSpec)> {
     let mut kernels = Vec::new();
     for collective in [Collective::ReduceScatter, Collective::AllGather] {
-        for (transfer, protocol) in [("pull", "barrier"), ("push", "barrier"), ("push", "ll")] {
+        let copy_engine =
+            (collective == Collective::AllGather).then_some(("copy_engine", "barrier"));
+        let forms = [("pull", "barrier"), ("push", "barrier"), ("push", "ll")];
+        for (transfer, protocol) in forms.into_iter().chain(copy_engine) {
             let profile: Profile = serde_json::from_value(serde_json::json!({
                 "id": transfer, "algorithm": "one_shot", "transfer": transfer,
                 "protocol": protocol
@@ -76,6 +82,11 @@ struct Rank {
     own: DeviceBuffer,
     /// This shape's input of this rank, the whole message.
     source: DeviceBuffer,
+    /// The copy engine's second stream, and the events that fork it from the rank's stream and
+    /// join it back.
+    copies: Stream,
+    fork: Event,
+    join: Event,
 }
 
 /// Every rank of one world on one GPU, with the row kernels of one type loaded.
@@ -90,6 +101,8 @@ struct RowWorld<'a> {
     /// Where each kernel's scratch starts in the buffer, by kernel name.
     scratch_offsets: HashMap<String, u64>,
     kernels: HashMap<String, LoadedKernel>,
+    /// A copy-engine kernel's start and end barriers, by the kernel's name.
+    barriers: HashMap<String, [LoadedKernel; 2]>,
     _modules: Vec<Module>,
 }
 
@@ -110,6 +123,10 @@ impl Run<'_> {
 
     fn local(&self) -> bool {
         input_access(self.spec) == Some(InputAccess::Local)
+    }
+
+    fn copy_engine(&self) -> bool {
+        self.spec.copy_engine_barriers().is_some()
     }
 
     fn describe(&self) -> String {
@@ -173,12 +190,18 @@ impl<'a> RowWorld<'a> {
             .unwrap_or_else(|error| panic!("the row kernels do not compile: {error}"));
         let mut modules = Vec::new();
         let mut kernels = HashMap::new();
+        let mut barriers = HashMap::new();
         for kernel in &compiled {
             let module = device
                 .load_module(ModuleImage::Cubin(&kernel.cubin))
                 .unwrap();
             let loaded = module.load(&kernel.name, false, PARAMS_BYTES).unwrap();
             kernels.insert(kernel.name.clone(), loaded);
+            let spec = specs.iter().find(|spec| spec.name == kernel.name);
+            if let Some(names) = spec.and_then(KernelSpec::copy_engine_barriers) {
+                let load = |name: &String| module.load(name, false, PARAMS_BYTES).unwrap();
+                barriers.insert(kernel.name.clone(), names.each_ref().map(load));
+            }
             modules.push(module);
         }
         let ranks = (0..world)
@@ -186,6 +209,9 @@ impl<'a> RowWorld<'a> {
                 whole: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
                 own: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
                 source: device.allocate(largest.max(16)).unwrap(),
+                copies: device.new_stream().unwrap(),
+                fork: device.new_event(false).unwrap(),
+                join: device.new_event(false).unwrap(),
             })
             .collect();
         RowWorld {
@@ -196,6 +222,7 @@ impl<'a> RowWorld<'a> {
             region_bytes,
             scratch_offsets,
             kernels,
+            barriers,
             _modules: modules,
         }
     }
@@ -217,8 +244,11 @@ impl<'a> RowWorld<'a> {
             } else {
                 (&me.own, GUARD_BYTES)
             };
+            // The copy engine's own-rows copy reads them where they are in place, as the
+            // serving handle gives it; its peers read them from the input region.
+            let own_rows = run.local() || (run.copy_engine() && run.in_place);
             Places {
-                input: if run.local() { values } else { (buffer, 0) },
+                input: if own_rows { values } else { (buffer, 0) },
                 input_elements: own,
                 output: (&me.whole, GUARD_BYTES),
                 output_elements: whole,
@@ -303,10 +333,55 @@ impl<'a> RowWorld<'a> {
                 ..LaunchParams::all_reduce(0)
             };
             let geometry = Geometry::new(run.blocks, run.threads).unwrap();
-            stream
-                .launch_loaded(kernel, geometry, &params.to_bytes())
+            if let Some([start, end]) = self.barriers.get(&run.spec.name) {
+                self.enqueue_copy_engine(run, rank, &params, (kernel, geometry), [start, end]);
+            } else {
+                stream
+                    .launch_loaded(kernel, geometry, &params.to_bytes())
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Rank `rank`'s copy-engine all-gather as the serving handle enqueues it
+    /// (src/collective/copy_engine.rs): the start barrier; on the rank's copy stream, forked
+    /// after it, `gather_copies` from each owner's registered buffer to the output; the own-rows
+    /// copy; the join; the end barrier.
+    fn enqueue_copy_engine(
+        &self,
+        run: &Run<'_>,
+        rank: usize,
+        params: &LaunchParams,
+        (own_rows, geometry): (&LoadedKernel, Geometry),
+        [start, end]: [&LoadedKernel; 2],
+    ) {
+        let memory = &self.ranks[rank];
+        let stream = &self.world.members[rank].stream;
+        let (output, at) = self.places(run, rank).output;
+        let message = RowMessage::new(
+            run.collective,
+            run.shape,
+            self.size as u32,
+            rank as u32,
+            self.dtype,
+        )
+        .unwrap();
+        let bytes = params.to_bytes();
+        let one_block = Geometry::new(1, 32).unwrap();
+        stream.launch_loaded(start, one_block, &bytes).unwrap();
+        stream.record(&memory.fork).unwrap();
+        memory.copies.wait_for(&memory.fork).unwrap();
+        for copy in gather_copies(&message) {
+            let from = &self.world.members[copy.owner as usize].buffer;
+            memory
+                .copies
+                .copy_device(output, at + copy.to as usize, from, 0, copy.bytes as usize)
                 .unwrap();
         }
+        stream.launch_loaded(own_rows, geometry, &bytes).unwrap();
+        memory.copies.record(&memory.join).unwrap();
+        stream.wait_for(&memory.join).unwrap();
+        stream.launch_loaded(end, one_block, &bytes).unwrap();
     }
 
     /// Judges a finished run: the abort words, then every rank's output, the bytes around it
