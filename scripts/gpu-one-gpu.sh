@@ -3,7 +3,8 @@
 # every rank of a world as a stream of GPU 0, for every shipped sm_90 ladder at its own world
 # size (2, 4 and 8), the GB202 ladders retargeted to sm_90, the planted mutations at 2, 4 and
 # 8 ranks, batch invariance (tests/gpu/one_gpu/invariance.rs), the reduce-scatter and all-gather
-# kernels at 2, 4 and 8 ranks (and ranks that disagree on the shape, each aborting), the
+# kernels at 2, 4 and 8 ranks (the all-gather of the reduce-scatter the all-reduce, and ranks
+# that disagree on the shape, each aborting), the
 # epilogue's add + RMSNorm kernel, the fused kernels (and the residual added before the sum is
 # rounded, caught in them) at 2, 4 and 8 ranks, and the rank-order sum (of slices, of owned runs
 # of rows, and of per-rank rows given by the caller). Each test prints a table per
@@ -42,6 +43,7 @@ tests=(
     gpu::ranks_on_one_gpu::rows_are_the_same_bytes_in_every_message_and_candidate_on_one_gpu
     gpu::ranks_on_one_gpu::a_sum_order_that_depends_on_the_message_size_is_caught_on_one_gpu
     gpu::ranks_on_one_gpu::row_collectives_are_exact_at_every_world_on_one_gpu
+    gpu::ranks_on_one_gpu::the_all_gather_of_the_reduce_scatter_is_the_all_reduce_on_one_gpu
     gpu::ranks_on_one_gpu::ranks_that_disagree_on_the_shape_abort_on_one_gpu
     gpu::rows_v::the_exact_reduce_scatter_s_passes_over_per_rank_rows_sum_every_rank_s_rows_in_rank_order
     gpu::one_gpu::norm::the_epilogue_kernel_gives_the_reference_on_one_gpu

@@ -588,6 +588,22 @@ fn row_collectives_are_exact_at_every_world_on_one_gpu() {
     }
 }
 
+/// The all-gather of the reduce-scatter is the all-reduce (tests/gpu/one_gpu/identity.rs):
+/// every reduce-scatter kernel then every all-gather kernel on its output, back to back on every
+/// rank, at 2, 4 and 8 ranks, in every type, at the row kernels' shapes, in place and not,
+/// eagerly with a rank late and in a graph of both: every rank's output the reference
+/// all-reduce's bytes.
+#[test]
+#[ignore = "needs GPUs"]
+fn the_all_gather_of_the_reduce_scatter_is_the_all_reduce_on_one_gpu() {
+    let _gpu = gpu_lock();
+    let (_driver, [device]) = require_gpus!(1);
+    match super::one_gpu::identity::check_the_identity(&device) {
+        Ok(table) => eprintln!("\nthe all-gather of the reduce-scatter, on one GPU\n{table}"),
+        Err(report) => panic!("{report}"),
+    }
+}
+
 /// Ranks that disagree on rows or width (tests/gpu/one_gpu/shapes.rs): every kernel that checks
 /// the shape (the reduce-scatter, all-gather, fused and all-reduce kernels but the copy
 /// engine's) at 2, 4 and 8 ranks stops on every rank with the shape-mismatch abort naming a peer

@@ -116,6 +116,9 @@ struct RowLaunch {
     // The reduce-scatter's output is this rank's rows of its input; the all-gather's input is
     // this rank's rows inside its output.
     bool in_place;
+    // An all-gather whose input is the output of the launch before it, a reduce-scatter of the
+    // same shape: its output must be the all-reduce's, row_reference of that launch.
+    bool chained = false;
 };
 
 struct RowOptions {
@@ -170,16 +173,19 @@ void copy_engine_gather(const RowLaunch& launch, const LaunchParams& params, uns
     launch_rank({&end, 1, 32, 1, whole}, params);
 }
 
-// What a row launch checks on one rank once it ended.
+// What a row launch checks on one rank once it ended; `carried` is a chained launch's input
+// (else null; it may hold no bytes, for a rank that owns no rows).
 void check_rows(const RowLaunch& launch, const char* what, unsigned rank, unsigned world,
                 u64 seed, unsigned index, const unsigned char* output, u64 output_elements,
-                const unsigned char* input, u64 input_elements, u64 first) {
+                const unsigned char* input, u64 input_elements, u64 first,
+                const std::vector<unsigned char>* carried) {
     const bool gather = launch.kernel->gather;
     u64 wrong = 0, at = 0;
     for (u64 e = 0; e < output_elements; ++e) {
         const unsigned expected =
-            gather ? row_value(seed, index, owner_of(launch.rows, launch.width, world, e), e)
-                   : row_reference(seed, index, world, first + e);
+            carried != nullptr ? row_reference(seed, index - 1, world, e)
+            : gather ? row_value(seed, index, owner_of(launch.rows, launch.width, world, e), e)
+                     : row_reference(seed, index, world, first + e);
         if (get_element(output, e) != expected && wrong++ == 0)
             at = e;
     }
@@ -192,7 +198,9 @@ void check_rows(const RowLaunch& launch, const char* what, unsigned rank, unsign
         if (e >= written_from && e < written_to)
             continue;
         const unsigned kept = get_element(input, e);
-        const unsigned expected = row_value(seed, index, rank, gather ? first + e : e);
+        const unsigned expected = carried != nullptr
+                                      ? get_element(carried->data(), e)
+                                      : row_value(seed, index, rank, gather ? first + e : e);
         CHECK(kept == expected, "%s rank %u: input element %llu changed", what, rank, e);
         if (kept != expected)
             break;
@@ -204,35 +212,45 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                           const RowOptions& options, u64 seed) {
     const unsigned world = static_cast<unsigned>(ranks.size());
     const u64 size = element_bytes();
-    u64 max_elements = 0, max_scratch = 0, row_guard = 64;
+    u64 max_elements = 0, shared = 0, row_guard = 64;
+    std::vector<u64> own_bytes(std::size(kRowKernels), 0);
     for (const RowLaunch& launch : sequence) {
         const u64 elements = launch.rows * launch.width;
         max_elements = std::max(max_elements, elements);
-        max_scratch = std::max(max_scratch, scratch_bytes(launch.kernel->kernel.scratch, world,
-                                                          elements));
+        const Scratch scratch = launch.kernel->kernel.scratch;
+        u64& needed =
+            double_buffered(scratch) ? own_bytes[launch.kernel - kRowKernels] : shared;
+        needed = std::max(needed, scratch_bytes(scratch, world, elements));
         // Wide enough that a whole row written past a buffer lands in its guard.
         row_guard = std::max(row_guard, round_up(launch.width * size + 64, 16));
     }
-    // The input region holds the message and a row's guard; then the scratch, exactly.
+    // The input region holds the message and a row's guard; then the scratch, exactly, as the
+    // host lays it out: the barrier kernels' shared region, then one region of each
+    // double-buffered kernel, zeroed before its first launch.
     const u64 scratch_offset = round_up(max_elements * size, 16) + row_guard;
-    const u64 buffer_bytes = scratch_offset + max_scratch;
-    // A double-buffered kernel's scratch is zeroed before its first launch, as the host does.
-    const bool zeroed = std::any_of(sequence.begin(), sequence.end(), [](const RowLaunch& launch) {
-        return double_buffered(launch.kernel->kernel.scratch);
-    });
+    std::vector<u64> offsets(std::size(kRowKernels), scratch_offset);
+    u64 buffer_bytes = scratch_offset + shared;
+    for (std::size_t k = 0; k < std::size(kRowKernels); ++k) {
+        if (own_bytes[k] > 0)
+            offsets[k] = buffer_bytes;
+        buffer_bytes += own_bytes[k];
+    }
     std::vector<std::unique_ptr<Aligned>> buffers(world);
     for (auto& buffer : buffers) {
         buffer.reset(new Aligned(buffer_bytes + kBufferGuard));
-        if (zeroed)
-            std::memset(buffer->data + scratch_offset, 0, max_scratch);
+        std::memset(buffer->data + scratch_offset + shared, 0,
+                    buffer_bytes - scratch_offset - shared);
     }
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
             continue;
         streams.emplace_back([&, rank] {
+            // The last launch's output, a chained launch's input.
+            std::vector<unsigned char> carried;
             for (unsigned index = 0; index < sequence.size(); ++index) {
                 const RowLaunch& launch = sequence[index];
+                const bool chained = launch.chained && index > 0;
                 const bool gather = launch.kernel->gather;
                 const bool local = launch.kernel->kernel.local_input;
                 if (rank == world - 1)
@@ -258,8 +276,13 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                 // Every kernel's input region past the message is a row's guard; a kernel that
                 // reads only locally must not read the region at all: it holds poison.
                 std::memset(region, local ? 0x5A : kBufferFill, scratch_offset);
+                CHECK(!chained || carried.size() == input_elements * size,
+                      "launch %u: a chained launch's input is not its predecessor's output",
+                      index);
                 for (u64 e = 0; e < input_elements; ++e)
-                    put_element(values, e, row_value(seed, index, rank, gather ? first + e : e));
+                    put_element(values, e,
+                                chained ? get_element(carried.data(), e)
+                                        : row_value(seed, index, rank, gather ? first + e : e));
                 if (!local && gather)
                     std::memcpy(region, values, own * size);
                 unsigned char* input = local ? values : region;
@@ -276,7 +299,7 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                 params.output_elements = gather ? whole : own;
                 params.rows = launch.rows;
                 params.width = launch.width;
-                params.scratch_offset = scratch_offset;
+                params.scratch_offset = offsets[launch.kernel - kRowKernels];
                 params.timeout_ns = options.timeout_ns;
                 params.rank = rank;
                 params.world = world;
@@ -324,7 +347,8 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                 if (abort != 0)
                     return;
                 check_rows(launch, what, rank, world, seed, index, output, params.output_elements,
-                           input, input_elements, first);
+                           input, input_elements, first, chained ? &carried : nullptr);
+                carried.assign(output, output + params.output_elements * size);
             }
         });
     }
@@ -471,13 +495,45 @@ void row_invalid_launches() {
     tampered_gather = false;
 }
 
+// The identity: the all-gather of a reduce-scatter is the all-reduce. Every all-gather kernel,
+// each in one stream of launches per world, after a reduce-scatter kernel at every shape, its
+// input the reduce-scatter's output (the reduce-scatters taken in turn from shape to shape, so
+// every pair runs), both in place or both not, each rank going on to the all-gather as soon as
+// its reduce-scatter ends; every rank's output must be row_reference of the reduce-scatter's
+// inputs, the all-reduce's sum.
+void row_identity(const std::vector<unsigned>& worlds, u64 cap) {
+    std::vector<const RowKernel*> scatters, gathers;
+    for (const RowKernel& kernel : kRowKernels)
+        (kernel.gather ? gathers : scatters).push_back(&kernel);
+    for (unsigned world : worlds) {
+        for (std::size_t g = 0; g < gathers.size(); ++g) {
+            std::vector<RowLaunch> sequence;
+            unsigned variant = 0;
+            for (const auto& [rows, width] : row_shapes(world, cap)) {
+                ++variant;
+                const RowKernel* scatter = scatters[(variant + g) % scatters.size()];
+                const bool in_place = (variant / scatters.size() + g) % 2 == 1;
+                const unsigned blocks = 1 + variant % 3;
+                const unsigned threads = variant % 4 == 0 ? 64u : 32u;
+                sequence.push_back({scatter, rows, width, blocks, threads, in_place});
+                sequence.push_back({gathers[g], rows, width, blocks, threads, in_place, true});
+            }
+            std::vector<Rank> ranks(world);
+            RowOptions options;
+            options.present.assign(world, true);
+            run_rows(ranks, sequence, options, random_source());
+        }
+    }
+}
+
 // The quick mode's row checks (worlds 2, 3 and 8), or the full mode's (every world 2..8).
 void rows_mode(bool full) {
     for (int type = 0; type < kDtypes; ++type) {
         dtype = static_cast<Dtype>(type);
-        row_collectives(full ? std::vector<unsigned>{2, 3, 4, 5, 6, 7, 8}
-                             : std::vector<unsigned>{2, 3, 8},
-                        40'000);
+        const std::vector<unsigned> worlds =
+            full ? std::vector<unsigned>{2, 3, 4, 5, 6, 7, 8} : std::vector<unsigned>{2, 3, 8};
+        row_collectives(worlds, 40'000);
+        row_identity(worlds, 40'000);
     }
     dtype = kBf16;
     row_timeouts();

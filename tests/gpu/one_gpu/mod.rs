@@ -13,6 +13,7 @@
 
 mod checks;
 pub mod fused;
+pub mod identity;
 pub mod invariance;
 mod norm;
 mod ranks;

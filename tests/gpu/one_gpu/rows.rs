@@ -37,11 +37,11 @@ use crate::support::one_gpu::{plan_launch, LaunchPlan};
 
 /// Blocks and threads of every launch of the kernel table's check: eight ranks' blocks fit one
 /// to a multiprocessor.
-const BLOCKS: u32 = 8;
-const THREADS: u32 = 256;
+pub(super) const BLOCKS: u32 = 8;
+pub(super) const THREADS: u32 = 256;
 
 /// The shapes every row kernel is checked at.
-fn shapes(world: usize) -> Vec<Shape> {
+pub(super) fn shapes(world: usize) -> Vec<Shape> {
     let world = world as u64;
     [0, 1, world - 1, world + 1, 2047, 2048]
         .into_iter()
@@ -51,7 +51,7 @@ fn shapes(world: usize) -> Vec<Shape> {
 
 /// The row kernels of the table: (collective, kernel), both transfers of each collective with
 /// barriers, the push with `ll`, and the all-gather's copy engine.
-fn row_kernels(dtype: Dtype, world: usize) -> Vec<(Collective, KernelSpec)> {
+pub(super) fn row_kernels(dtype: Dtype, world: usize) -> Vec<(Collective, KernelSpec)> {
     let mut kernels = Vec::new();
     for collective in [Collective::ReduceScatter, Collective::AllGather] {
         let copy_engine =
@@ -82,6 +82,9 @@ struct Rank {
     own: DeviceBuffer,
     /// This shape's input of this rank, the whole message.
     source: DeviceBuffer,
+    /// A chained run's input: what the run before it wrote, at this rank's rows
+    /// (identity.rs).
+    chained: DeviceBuffer,
     /// The copy engine's second stream, and the events that fork it from the rank's stream and
     /// join it back.
     copies: Stream,
@@ -90,10 +93,10 @@ struct Rank {
 }
 
 /// Every rank of one world on one GPU, with the row kernels of one type loaded.
-struct RowWorld<'a> {
-    world: Ranks<'a>,
-    dtype: Dtype,
-    size: usize,
+pub(super) struct RowWorld<'a> {
+    pub(super) world: Ranks<'a>,
+    pub(super) dtype: Dtype,
+    pub(super) size: usize,
     ranks: Vec<Rank>,
     /// The input region of every rank's buffer; the barrier kernels' shared scratch follows it,
     /// then each double-buffered kernel's own region.
@@ -107,13 +110,15 @@ struct RowWorld<'a> {
 }
 
 /// One launch of a kernel on every rank: what each rank's parameters and memory are.
-struct Run<'s> {
-    collective: Collective,
-    spec: &'s KernelSpec,
-    shape: Shape,
-    in_place: bool,
-    blocks: u32,
-    threads: u32,
+pub(super) struct Run<'s> {
+    pub(super) collective: Collective,
+    pub(super) spec: &'s KernelSpec,
+    pub(super) shape: Shape,
+    pub(super) in_place: bool,
+    pub(super) blocks: u32,
+    pub(super) threads: u32,
+    /// The input comes from the rank's chained buffer, not its source (identity.rs).
+    pub(super) chained: bool,
 }
 
 impl Run<'_> {
@@ -129,7 +134,7 @@ impl Run<'_> {
         self.spec.copy_engine_barriers().is_some()
     }
 
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         format!(
             "{} {} x {}{} on {} x {}",
             self.spec.name,
@@ -143,21 +148,21 @@ impl Run<'_> {
 }
 
 /// Where a rank's input and output are, as (memory, byte offset) and element counts.
-struct Places<'r> {
+pub(super) struct Places<'r> {
     input: (&'r DeviceBuffer, usize),
     input_elements: u64,
-    output: (&'r DeviceBuffer, usize),
-    output_elements: u64,
+    pub(super) output: (&'r DeviceBuffer, usize),
+    pub(super) output_elements: u64,
     /// Where the test writes the caller's input (the input itself, but for a pulled all-gather,
     /// whose input region gets a copy of it).
     values: (&'r DeviceBuffer, usize),
     /// This rank's first element of the message.
-    first: u64,
+    pub(super) first: u64,
 }
 
 impl<'a> RowWorld<'a> {
     /// Every rank of `world` with `specs` loaded, for messages up to `largest` bytes.
-    fn new(
+    pub(super) fn new(
         device: &'a Device,
         dtype: Dtype,
         world: usize,
@@ -209,6 +214,7 @@ impl<'a> RowWorld<'a> {
                 whole: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
                 own: device.allocate(largest + 2 * GUARD_BYTES).unwrap(),
                 source: device.allocate(largest.max(16)).unwrap(),
+                chained: device.allocate(largest.max(16)).unwrap(),
                 copies: device.new_stream().unwrap(),
                 fork: device.new_event(false).unwrap(),
                 join: device.new_event(false).unwrap(),
@@ -227,7 +233,12 @@ impl<'a> RowWorld<'a> {
         }
     }
 
-    fn places<'r>(&'r self, run: &Run<'_>, rank: usize) -> Places<'r> {
+    /// Rank `rank`'s chained buffer: a chained run's input, at the rank's rows.
+    pub(super) fn chained(&self, rank: usize) -> &DeviceBuffer {
+        &self.ranks[rank].chained
+    }
+
+    pub(super) fn places<'r>(&'r self, run: &Run<'_>, rank: usize) -> Places<'r> {
         let me = &self.ranks[rank];
         let buffer = &self.world.members[rank].buffer;
         let element = self.dtype.size_bytes();
@@ -277,8 +288,9 @@ impl<'a> RowWorld<'a> {
     }
 
     /// Queues `run` on every rank, `late` starting late: the output poisoned (and the bytes
-    /// before and after it), the input copied from the rank's source, then the kernel.
-    fn enqueue(&self, run: &Run<'_>, late: Option<usize>) {
+    /// before and after it), the input copied from the rank's source (or its chained buffer),
+    /// then the kernel.
+    pub(super) fn enqueue(&self, run: &Run<'_>, late: Option<usize>) {
         let element = self.dtype.size_bytes() as usize;
         let kernel = &self.kernels[&run.spec.name];
         let (buffers, signals) = self.world.peers();
@@ -305,14 +317,19 @@ impl<'a> RowWorld<'a> {
                 (0, places.input_elements as usize * element)
             };
             let (values, offset) = places.values;
+            let source = if run.chained {
+                &memory.chained
+            } else {
+                &memory.source
+            };
             if bytes > 0 {
                 stream
-                    .copy_device(values, offset, &memory.source, from, bytes)
+                    .copy_device(values, offset, source, from, bytes)
                     .unwrap();
                 // A pulled all-gather's peers read this rank's rows from its input region.
                 if run.gather() && !run.local() {
                     stream
-                        .copy_device(&registered.buffer, 0, &memory.source, from, bytes)
+                        .copy_device(&registered.buffer, 0, source, from, bytes)
                         .unwrap();
                 }
             }
@@ -386,7 +403,7 @@ impl<'a> RowWorld<'a> {
 
     /// Judges a finished run: the abort words, then every rank's output, the bytes around it
     /// and its input, against `expected` (each rank's output) and `inputs` (each rank's).
-    fn judge(
+    pub(super) fn judge(
         &self,
         run: &Run<'_>,
         before: &[Vec<u64>],
@@ -449,14 +466,19 @@ impl<'a> RowWorld<'a> {
 }
 
 /// One shape's data: every rank's whole message (in its source buffer too) and its own rows.
-struct ShapeData {
+pub(super) struct ShapeData {
     inputs: Vec<Vec<u8>>,
     own_rows: Vec<Vec<u8>>,
 }
 
 impl ShapeData {
     /// Every rank's input of `collective` and the reference outputs.
-    fn of(&self, collective: Collective, dtype: Dtype, shape: Shape) -> (&[Vec<u8>], Vec<Vec<u8>>) {
+    pub(super) fn of(
+        &self,
+        collective: Collective,
+        dtype: Dtype,
+        shape: Shape,
+    ) -> (&[Vec<u8>], Vec<Vec<u8>>) {
         let inputs = match collective {
             Collective::AllGather => &self.own_rows,
             _ => &self.inputs,
@@ -469,7 +491,7 @@ impl ShapeData {
 
 impl RowWorld<'_> {
     /// Draws `shape`'s inputs from `seed` and writes each rank's to its source buffer.
-    fn load(&self, shape: Shape, seed: u64) -> ShapeData {
+    pub(super) fn load(&self, shape: Shape, seed: u64) -> ShapeData {
         let (world, element) = (self.size, self.dtype.size_bytes() as usize);
         let elements = shape.elements() as usize;
         let inputs = random_rank_inputs(self.dtype, seed, world, elements);
@@ -522,6 +544,7 @@ pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
                             in_place,
                             blocks: BLOCKS,
                             threads: THREADS,
+                            chained: false,
                         };
                         let started = Instant::now();
                         let outcome = row_world.check(&run, index % world, &expected, rank_inputs);
@@ -696,6 +719,7 @@ pub fn check_row_ladder(device: &Device, ladder: &Ladder, seed: u64) -> LadderRe
                 in_place: turn % 2 == 1,
                 blocks,
                 threads,
+                chained: false,
             };
             let late = (index + turn) % world as usize;
             if let Err(why) = row_world.check(&run, late, &expected, rank_inputs) {
