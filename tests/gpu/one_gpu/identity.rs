@@ -17,7 +17,7 @@ use prepare::kernels::KernelSpec;
 use prepare::ladder::{Collective, Dtype};
 
 use super::dtype_name;
-use super::rows::{row_kernels, shapes, RowWorld, Run, BLOCKS, THREADS};
+use super::rows::{row_kernels, shapes, verdict, RowWorld, Run, BLOCKS, THREADS};
 use crate::gpu::support::WORLDS;
 
 impl RowWorld<'_> {
@@ -149,13 +149,5 @@ pub fn check_the_identity(device: &Device) -> Result<String, String> {
             table.push_str(&rows);
         }
     }
-    if failures.is_empty() {
-        Ok(table)
-    } else {
-        Err(format!(
-            "{table}\n{} failure(s):\n{}",
-            failures.len(),
-            failures.join("\n")
-        ))
-    }
+    verdict(table, &failures)
 }

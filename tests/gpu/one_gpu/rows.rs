@@ -579,6 +579,11 @@ pub fn check_every_row_kernel(device: &Device) -> Result<String, String> {
             table.push_str(&rows);
         }
     }
+    verdict(table, &failures)
+}
+
+/// A check's table when nothing failed; else the table and every failure.
+pub(super) fn verdict(table: String, failures: &[String]) -> Result<String, String> {
     if failures.is_empty() {
         Ok(table)
     } else {
