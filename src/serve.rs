@@ -12,6 +12,7 @@
 //! The C ABI and the Python package are thin layers over this module; a Rust server started
 //! like torchrun starts it through [`Server`].
 
+mod agreement;
 mod epilogue;
 mod error;
 mod rows;
@@ -29,7 +30,9 @@ use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Runtime, RuntimeError};
 use crate::select::{select, SelectError, SelectOptions, Selection};
 use crate::tune::choice::Choice;
+use agreement::Call;
 
+pub use agreement::CHECK_CALLS_VARIABLE;
 use error::abort_error;
 pub use error::ServeError;
 pub use server::{gpu_for_rank, rendezvous_address, Options, Server, SetupError, MAX_TIMEOUT};
@@ -114,6 +117,8 @@ pub struct Handle {
     served: Vec<Served>,
     // Per served package, the abort word as last copied from the device.
     abort_words: HostWords,
+    // Whether every call first agrees with every rank on what it is (agreement.rs).
+    checks_calls: bool,
     runtime: Runtime,
 }
 
@@ -250,6 +255,9 @@ impl Handle {
         Ok(Handle {
             served,
             abort_words,
+            checks_calls: agreement::checks_calls(
+                std::env::var(CHECK_CALLS_VARIABLE).ok().as_deref(),
+            ),
             runtime,
         })
     }
@@ -413,21 +421,31 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let served = self.served(Collective::AllReduce, dtype)?;
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
+        let call = Call::AllReduce {
+            dtype,
+            elements: elements as u64,
+        };
         if elements == 0 {
+            if self.checks_calls {
+                // SAFETY: the caller promises the stream is live (or 0) while it is used here.
+                let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
+                self.agree_call(&stream, &call)?;
+            }
             return Ok(());
         }
         let bytes = (elements as u64)
             .checked_mul(dtype.size_bytes())
             .and_then(|bytes| usize::try_from(bytes).ok())
             .ok_or(ServeError::MessageTooLarge { rank, elements })?;
-        let device = self.runtime.device();
-        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
         let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
         // SAFETY: the caller promises both stay allocated until the queued work has run.
         let input = unsafe { device.caller_memory(input, bytes) }.map_err(bad("the input"))?;
         // SAFETY: as above.
         let output = unsafe { device.caller_memory(output, bytes) }.map_err(bad("the output"))?;
+        self.agree_call(&stream, &call)?;
         self.enqueue(served, &stream, Operands { input, output }, elements)
     }
 
@@ -440,6 +458,11 @@ impl Handle {
         dtype: Dtype,
     ) -> Result<(), ServeError> {
         let served = self.served(Collective::AllReduce, dtype)?;
+        let call = Call::AllReduce {
+            dtype,
+            elements: elements as u64,
+        };
+        self.agree_call(stream, &call)?;
         if elements == 0 {
             return Ok(());
         }

@@ -8,6 +8,7 @@
 //! a hidden size no kernel takes, an operand of the wrong length, a negative or NaN eps,
 //! `normed` overlapping the residual, each a clear error.
 
+use super::agreement::Call;
 use super::{Handle, ServeError, Served};
 use crate::collective::{EpilogueMessage, HIDDEN_MULTIPLE, MAX_HIDDEN};
 use crate::gpu::driver::Stream;
@@ -43,7 +44,21 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let (served, shape) = self.epilogue_shape(rows, hidden, dtype)?;
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
+        let call = Call::Epilogue {
+            dtype,
+            rows,
+            hidden,
+            eps,
+            residual: residual != 0,
+        };
         if rows == 0 {
+            if self.checks_calls {
+                // SAFETY: the caller promises the stream is live (or 0) while it is used here.
+                let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
+                self.agree_call(&stream, &call)?;
+            }
             return Ok(());
         }
         let size = dtype.size_bytes();
@@ -51,8 +66,6 @@ impl Handle {
             rank,
             elements: usize::try_from(shape.elements()).unwrap_or(usize::MAX),
         };
-        let device = self.runtime.device();
-        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
         let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
         let operand = |address: u64, elements: u64, what: &'static str| {
@@ -74,6 +87,7 @@ impl Handle {
             shape,
             eps,
         };
+        self.agree_call(&stream, &call)?;
         self.enqueue_epilogue(served, &stream, &message)
     }
 
@@ -93,6 +107,14 @@ impl Handle {
                 source,
             }
         })?;
+        let call = Call::Epilogue {
+            dtype,
+            rows: message.shape.rows(),
+            hidden: message.shape.width(),
+            eps: message.eps,
+            residual: message.residual.is_some(),
+        };
+        self.agree_call(stream, &call)?;
         self.enqueue_epilogue(served, stream, message)
     }
 

@@ -92,6 +92,23 @@ pub enum ServeError {
         /// Why not.
         reason: String,
     },
+    /// With the call check on ([`Handle::set_call_checks`](super::Handle::set_call_checks)):
+    /// another rank made another call (collective, dtype or shape). Every rank refuses its
+    /// call; nothing of it was enqueued on any rank, and the handle stays usable.
+    #[error(
+        "rank {rank}: rank {other} made another call: this rank {ours}; rank {other} {theirs}; \
+         nothing was enqueued on any rank"
+    )]
+    CallsDisagree {
+        /// This rank.
+        rank: u32,
+        /// The first rank whose call differs from this rank's.
+        other: u32,
+        /// This rank's call, in words.
+        ours: String,
+        /// That rank's call, in words.
+        theirs: String,
+    },
     /// A kernel gave up waiting for a peer: the peer is gone or stuck. The handle cannot be
     /// used again; every rank must start a new one.
     #[error(

@@ -1,21 +1,22 @@
 //! The handle's reduce-scatter and all-gather: rows x width messages by the shape rule
 //! ([`crate::shape`]), routed by the full message's bytes like the all-reduce.
 //!
-//! A rank's call is checked against its own operands only: the shape gives each operand's
-//! length on this rank, so an operand that does not fit it (through the `_on` forms, which
-//! know their lengths) is refused by name. Ranks that pass different rows or widths cannot be
-//! told apart on the host without an exchange per call, which would cost more than the
-//! collective; such calls are the caller's mistake, as ranks enqueueing different
-//! all-reduces are.
+//! A rank's call is checked against its own operands: the shape gives each operand's length
+//! on this rank, so an operand that does not fit it (through the `_on` forms, which know their
+//! lengths) is refused by name. Ranks that pass different rows or widths cannot be told apart
+//! on the host without an exchange per call, which costs more than the collective; such calls
+//! are the caller's mistake, as ranks enqueueing different all-reduces are, caught on the host
+//! only by the call check ([`super::agreement`], off by default).
 //!
 //! The v-forms take the per-rank rows from the caller ([`RankRows`]): a list equal to the
 //! shape rule's is the ordinary call; any other goes to NCCL's grouped transfers, whose sizes
-//! come from the list. Ranks passing different lists are the same mistake, not caught either:
-//! an exchange of the list per call would cost a host round trip, and one at the first call
-//! alone would miss the lists of every later step. Where the lists differ only in whether
+//! come from the list. Ranks passing different lists are the same mistake, caught only by the
+//! call check: an exchange of the list per call costs a host round trip, and one at the first
+//! call alone would miss the lists of every later step. Where the lists differ only in whether
 //! they follow the rule, some ranks wait in a custom kernel (which gives up at the deadline,
 //! leaving the abort word) while others wait in NCCL.
 
+use super::agreement::Call;
 use super::{Handle, ServeError, Served};
 use crate::collective::{EntryId, Operands, RowMessage};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Stream};
@@ -295,15 +296,26 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let (served, message) = self.row_message(collective, rows, width, dtype)?;
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
+        let call = Call::Rows {
+            collective,
+            dtype,
+            rows,
+            width,
+        };
         if message.shape().rows() == 0 {
+            if self.checks_calls {
+                // SAFETY: the caller promises the stream is live (or 0) while it is used here.
+                let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
+                self.agree_call(&stream, &call)?;
+            }
             return Ok(());
         }
         let too_large = || ServeError::MessageTooLarge {
             rank,
             elements: usize::try_from(message.shape().elements()).unwrap_or(usize::MAX),
         };
-        let device = self.runtime.device();
-        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
         let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
         let operand = |address: u64, bytes: u64, what: &'static str| {
@@ -318,6 +330,7 @@ impl Handle {
             input: operand(input, message.input_bytes(), "the input")?,
             output: operand(output, message.output_bytes(), "the output")?,
         };
+        self.agree_call(&stream, &call)?;
         self.enqueue_rows(served, &stream, &message, operands)
     }
 
@@ -340,6 +353,13 @@ impl Handle {
                 rank: self.rank(),
                 source,
             })?;
+        let call = Call::Rows {
+            collective,
+            dtype,
+            rows,
+            width,
+        };
+        self.agree_call(stream, &call)?;
         if message.shape().rows() == 0 {
             return Ok(());
         }
@@ -397,7 +417,7 @@ impl Handle {
 
 /// How the ranks own a call's rows.
 #[derive(Debug, Clone, Copy)]
-enum Rows<'a> {
+pub(super) enum Rows<'a> {
     /// The shape rule's runs of this many rows.
     Rule(u64),
     /// Rank r owns the r-th count (a v-form).

@@ -189,13 +189,14 @@ const ROWS_PACKAGES: &str = "PREPARE_TEST_ROWS_PACKAGES";
 
 /// One rank: serves the reduce-scatter and the all-gather packages, forces every candidate of
 /// every bucket, and runs each shape in place and out of place in a graph of its own, each
-/// output against the reference and each out-of-place input kept; then the refusals.
+/// output against the reference and each out-of-place input kept; then the refusals, and the
+/// call check refusing ranks that pass other rows.
 fn serve_rows(packages: &str) {
     use prepare::collective::Operands;
     use prepare::gpu::driver::CallerMemory;
     use prepare::ladder::Collective;
     use prepare::reference::reference_outputs;
-    use prepare::serve::{Options, Server};
+    use prepare::serve::{Options, ServeError, Server};
     use prepare::shape::Shape;
 
     let packages: Vec<_> = packages
@@ -355,6 +356,41 @@ fn serve_rows(packages: &str) {
         }
         .unwrap_err();
         assert!(refused.to_string().contains("holds"), "{refused}");
+
+        // The call check: rank r passes 8 + r rows, so every rank's call is refused, naming
+        // the first rank whose call differs, with nothing enqueued; then one call of 8 rows on
+        // every rank goes through.
+        handle.set_call_checks(true);
+        let width = 4;
+        let row_operands = |rows: u64| {
+            let shape = Shape::new(rows, width).unwrap();
+            let own = shape.owned_elements(world, rank).unwrap();
+            let (whole, part) = (shape.elements() * size, (own.end - own.start) * size);
+            let (input, output) = match collective {
+                Collective::ReduceScatter => (whole, part),
+                _ => (part, whole),
+            };
+            Operands {
+                input: CallerMemory::prefix(&first, input),
+                output: CallerMemory::prefix(&second, output),
+            }
+        };
+        let call = |rows: u64| match collective {
+            Collective::ReduceScatter => {
+                handle.reduce_scatter_on(&stream, row_operands(rows), rows, width, dtype)
+            }
+            _ => handle.all_gather_on(&stream, row_operands(rows), rows, width, dtype),
+        };
+        let refused = call(8 + u64::from(rank)).unwrap_err();
+        let first_other = u32::from(rank == 0);
+        assert!(
+            matches!(&refused, ServeError::CallsDisagree { other, .. } if *other == first_other),
+            "rank {rank}: {refused}"
+        );
+        call(8).unwrap();
+        stream.synchronize_within(Duration::from_secs(60)).unwrap();
+        handle.check().unwrap();
+        handle.set_call_checks(false);
     }
     eprintln!("rank {rank}: {checked} served reduce-scatters and all-gathers exact");
 }

@@ -47,7 +47,8 @@ fn status(error: &ServeError) -> PrepareStatus {
         | ServeError::NotServed { .. }
         | ServeError::BadArgument { .. }
         | ServeError::CannotForce { .. }
-        | ServeError::MessageTooLarge { .. } => PrepareStatus::InvalidArgument,
+        | ServeError::MessageTooLarge { .. }
+        | ServeError::CallsDisagree { .. } => PrepareStatus::InvalidArgument,
         ServeError::DuplicatePackage { .. } | ServeError::WorldSize { .. } => {
             PrepareStatus::PackageRefused
         }
@@ -418,6 +419,21 @@ mod tests {
         assert_eq!(
             failure.message,
             "rank 1: the input holds 16 bytes, the message 32"
+        );
+        let disagree = ServeError::CallsDisagree {
+            rank: 0,
+            other: 1,
+            ours: "all_reduce bf16 of 8 elements".to_owned(),
+            theirs: "all_reduce bf16 of 9 elements".to_owned(),
+        };
+        let failure = Failure::from(disagree);
+        assert_eq!(failure.status, PrepareStatus::InvalidArgument);
+        assert!(
+            failure
+                .message
+                .contains("rank 1 all_reduce bf16 of 9 elements"),
+            "{}",
+            failure.message
         );
         let fault = RuntimeError::Setup {
             rank: 0,

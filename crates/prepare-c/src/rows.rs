@@ -135,7 +135,9 @@ unsafe fn enqueue(
 /// NULL; such a rank still calls. It only enqueues, so it can be captured in the caller's CUDA
 /// graph; the message goes to the agreed kernel for its whole bytes, or NCCL above the
 /// package's largest bucket. Every rank must make the same calls (the same rows and width) in
-/// the same order: ranks that pass different shapes are not caught on the host. A kernel that
+/// the same order: ranks that pass different shapes are caught on the host only with the call
+/// check on (`PREPARE_CHECK_CALLS=1` when the handle starts: every rank's call then fails with
+/// [`PrepareStatus::InvalidArgument`], nothing enqueued; docs/serving.md). A kernel that
 /// gave up waiting for a peer makes the next call fail with [`PrepareStatus::PeerTimeout`].
 /// The dtype and the shape are checked before the handle.
 ///
@@ -204,7 +206,7 @@ pub unsafe extern "C" fn prepare_all_gather(
 /// rank r owns `rows_per_rank[r]` rows of `width` (an array of `ranks` counts, one per rank of
 /// the world: contiguous runs in rank order, the message's rows their sum) instead of the
 /// shape rule's. Every rank must pass the same counts, in the same calls and order; ranks
-/// that pass different counts are not caught. Counts equal to the shape rule's go exactly as
+/// that pass different counts are caught only by the call check. Counts equal to the shape rule's go exactly as
 /// [`prepare_reduce_scatter`] of their sum (the same kernel, the same bits); any others go
 /// through the exact NCCL reduce-scatter (grouped sends of each rank's rows to its owner, then
 /// the rank-order sum), exact at every world size. Invalid arguments, nothing enqueued:
