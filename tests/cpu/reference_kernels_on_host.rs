@@ -393,6 +393,14 @@ fn kernels_give_the_reference_sum_on_every_rank() {
     assert!(verdicts.values().all(|exact| *exact), "{text}");
 }
 
+/// The reduce-scatter's and all-gather's kernels and the identity (rows.h `rows_large_mode`)
+/// at 2047 and 2048 rows of 4096, which the quick mode's cap leaves out, at two ranks in every
+/// type; the full mode takes them at every world.
+#[test]
+fn row_kernels_are_exact_at_2047_and_2048_rows_of_4096() {
+    run(shared(Build::Checked), &["rows_large", "2"]);
+}
+
 /// The exact NCCL all-reduce's local sum (kernels/nccl_rank_order_sum.cu) at every world size
 /// 2 to 8 and in every type, on data with signed zeros, subnormals, infinities and NaNs, the
 /// NCCL exchange and all-gather emulated by copies: every element equals the reference sum.

@@ -366,12 +366,14 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
 }
 
 // The shapes every row kernel is checked at: rows 0, 1, world - 1, world + 1, 2047 and 2048 of
-// widths 1, 7 and 4096, those of more than `cap` elements left out.
-std::vector<std::pair<u64, u64>> row_shapes(unsigned world, u64 cap) {
+// widths 1, 7 and 4096, those of more than `cap` elements or of `floor` or fewer (but for rows
+// 0, when `floor` is 0) left out.
+std::vector<std::pair<u64, u64>> row_shapes(unsigned world, u64 cap, u64 floor = 0) {
     std::vector<std::pair<u64, u64>> shapes;
     for (u64 rows : {u64(0), u64(1), u64(world) - 1, u64(world) + 1, u64(2047), u64(2048)}) {
         for (u64 width : {1, 7, 4096}) {
-            if (rows * width <= cap)
+            const u64 elements = rows * width;
+            if (elements <= cap && (elements > floor || (floor == 0 && elements == 0)))
                 shapes.push_back({rows, width});
         }
     }
@@ -380,12 +382,12 @@ std::vector<std::pair<u64, u64>> row_shapes(unsigned world, u64 cap) {
 
 // Every row kernel at every world of `worlds` and every shape, out of place and in place, in
 // one stream of launches per kernel and world (the epochs run on from shape to shape).
-void row_collectives(const std::vector<unsigned>& worlds, u64 cap) {
+void row_collectives(const std::vector<unsigned>& worlds, u64 cap, u64 floor = 0) {
     for (unsigned world : worlds) {
         for (const RowKernel& kernel : kRowKernels) {
             std::vector<RowLaunch> sequence;
             unsigned variant = 0;
-            for (const auto& [rows, width] : row_shapes(world, cap)) {
+            for (const auto& [rows, width] : row_shapes(world, cap, floor)) {
                 for (bool in_place : {false, true}) {
                     ++variant;
                     sequence.push_back({&kernel, rows, width, 1 + variant % 3,
@@ -501,7 +503,7 @@ void row_invalid_launches() {
 // every pair runs), both in place or both not, each rank going on to the all-gather as soon as
 // its reduce-scatter ends; every rank's output must be row_reference of the reduce-scatter's
 // inputs, the all-reduce's sum.
-void row_identity(const std::vector<unsigned>& worlds, u64 cap) {
+void row_identity(const std::vector<unsigned>& worlds, u64 cap, u64 floor = 0) {
     std::vector<const RowKernel*> scatters, gathers;
     for (const RowKernel& kernel : kRowKernels)
         (kernel.gather ? gathers : scatters).push_back(&kernel);
@@ -509,7 +511,7 @@ void row_identity(const std::vector<unsigned>& worlds, u64 cap) {
         for (std::size_t g = 0; g < gathers.size(); ++g) {
             std::vector<RowLaunch> sequence;
             unsigned variant = 0;
-            for (const auto& [rows, width] : row_shapes(world, cap)) {
+            for (const auto& [rows, width] : row_shapes(world, cap, floor)) {
                 ++variant;
                 const RowKernel* scatter = scatters[(variant + g) % scatters.size()];
                 const bool in_place = (variant / scatters.size() + g) % 2 == 1;
@@ -526,7 +528,18 @@ void row_identity(const std::vector<unsigned>& worlds, u64 cap) {
     }
 }
 
-// The quick mode's row checks (worlds 2, 3 and 8), or the full mode's (every world 2..8).
+// The shapes above the quick and full modes' cap, 2047 and 2048 rows of 4096: every row kernel
+// and the identity at every world of `worlds`, in every type.
+void rows_large_mode(const std::vector<unsigned>& worlds) {
+    for (int type = 0; type < kDtypes; ++type) {
+        dtype = static_cast<Dtype>(type);
+        row_collectives(worlds, 2048 * 4096, 40'000);
+        row_identity(worlds, 2048 * 4096, 40'000);
+    }
+}
+
+// The quick mode's row checks (worlds 2, 3 and 8), or the full mode's (every world 2..8, the
+// shapes above the cap too).
 void rows_mode(bool full) {
     for (int type = 0; type < kDtypes; ++type) {
         dtype = static_cast<Dtype>(type);
@@ -535,6 +548,8 @@ void rows_mode(bool full) {
         row_collectives(worlds, 40'000);
         row_identity(worlds, 40'000);
     }
+    if (full)
+        rows_large_mode({2, 3, 4, 5, 6, 7, 8});
     dtype = kBf16;
     row_timeouts();
     row_invalid_launches();
