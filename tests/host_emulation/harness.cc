@@ -36,8 +36,7 @@
 //   invariance W:B...  rows in messages of several sizes, around a bucket boundary of B bytes
 //                at W ranks, alone and in pieces, every kernel: each row the same bytes
 //                everywhere (invariance.h); one line per kernel entry, as exactness
-//   rows_large [W..]  the reduce-scatter's and all-gather's kernels and identity at 2047 and
-//                2048 rows of 4096 (above the other modes' cap), at worlds W.. (2 and 3)
+//   rows_large [W..]  the row kernels and identity at 2047, 2048 rows of 4096, worlds W.. (2 3)
 //   fused        the fused one-shot all-reduce + add + RMSNorm kernels, as quick runs them (fused.h)
 //   two_shot [full]  the fused two-shot's checks of the quick mode (or of the full mode) alone
 //   shapes [--stop-at-first-wrong] [--deadline-ms MS] [W..]  every kernel that checks the
