@@ -13,6 +13,7 @@
 //! like torchrun starts it through [`Server`].
 
 mod agreement;
+mod call;
 mod epilogue;
 mod error;
 mod rows;
@@ -30,9 +31,9 @@ use crate::progress::Reporter;
 use crate::runtime::{RankSetup, Runtime, RuntimeError};
 use crate::select::{select, SelectError, SelectOptions, Selection};
 use crate::tune::choice::Choice;
-use agreement::Call;
+use call::Call;
 
-pub use agreement::CHECK_CALLS_VARIABLE;
+pub use call::CHECK_CALLS_VARIABLE;
 use error::abort_error;
 pub use error::ServeError;
 pub use server::{gpu_for_rank, rendezvous_address, Options, Server, SetupError, MAX_TIMEOUT};
@@ -255,9 +256,7 @@ impl Handle {
         Ok(Handle {
             served,
             abort_words,
-            checks_calls: agreement::checks_calls(
-                std::env::var(CHECK_CALLS_VARIABLE).ok().as_deref(),
-            ),
+            checks_calls: call::checks_calls(std::env::var(CHECK_CALLS_VARIABLE).ok().as_deref()),
             runtime,
         })
     }

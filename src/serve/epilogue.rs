@@ -8,7 +8,7 @@
 //! a hidden size no kernel takes, an operand of the wrong length, a negative or NaN eps,
 //! `normed` overlapping the residual, each a clear error.
 
-use super::agreement::Call;
+use super::call::Call;
 use super::{Handle, ServeError, Served};
 use crate::collective::{EpilogueMessage, HIDDEN_MULTIPLE, MAX_HIDDEN};
 use crate::gpu::driver::Stream;

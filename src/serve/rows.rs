@@ -16,7 +16,7 @@
 //! they follow the rule, some ranks wait in a custom kernel (which gives up at the deadline,
 //! leaving the abort word) while others wait in NCCL.
 
-use super::agreement::Call;
+use super::call::{Call, Rows};
 use super::{Handle, ServeError, Served};
 use crate::collective::{EntryId, Operands, RowMessage};
 use crate::gpu::driver::{CallerMemory, DeviceMemory, Stream};
@@ -413,15 +413,6 @@ impl Handle {
             Ok(())
         })
     }
-}
-
-/// How the ranks own a call's rows.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Rows<'a> {
-    /// The shape rule's runs of this many rows.
-    Rule(u64),
-    /// Rank r owns the r-th count (a v-form).
-    PerRank(&'a [u64]),
 }
 
 /// Where a reduce-scatter or all-gather goes.
