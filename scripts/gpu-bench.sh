@@ -3,9 +3,13 @@
 # ladder, `prepare export` for the local GPUs (which qualifies every candidate in CUDA graphs), then
 # `prepare bench` (every candidate, NCCL and the tuned choice, plus the decode emulation); then
 # benches/pytorch_allreduce.py (PyTorch's NCCL and symmetric-memory all-reduces, and NCCL's
-# symmetric kernels). Run from the repository root after scripts/build-gpu-tests.sh:
+# symmetric kernels), its reduce-scatter and all-gather (`--collective`) and its
+# sequence-parallel step (`--sequence-parallel`). Run from the repository root after
+# scripts/build-gpu-tests.sh:
 #   bash .device-carry/scripts/gpu-bench.sh OUT LADDER.json... [-- BENCH-OPTIONS...]
-# OUT/<ladder name>/ gets the package, bench.json and the plots; OUT/torch.json PyTorch's rows.
+# OUT/<ladder name>/ gets the package, bench.json and the plots; OUT/torch.json PyTorch's
+# all-reduce rows, OUT/torch_reduce_scatter.json, OUT/torch_all_gather.json and
+# OUT/torch_sequence_parallel.json the others.
 set -euo pipefail
 
 carry=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,3 +43,13 @@ start=$(date +%s)
 python3 -m torch.distributed.run --nproc-per-node "$count" benches/pytorch_allreduce.py \
     --json "$out/torch.json"
 echo "== PyTorch bench in $(($(date +%s) - start)) s"
+for collective in reduce_scatter all_gather; do
+    start=$(date +%s)
+    python3 -m torch.distributed.run --nproc-per-node "$count" benches/pytorch_allreduce.py \
+        --collective "$collective" --json "$out/torch_$collective.json"
+    echo "== PyTorch $collective bench in $(($(date +%s) - start)) s"
+done
+start=$(date +%s)
+python3 -m torch.distributed.run --nproc-per-node "$count" benches/pytorch_allreduce.py \
+    --sequence-parallel --json "$out/torch_sequence_parallel.json"
+echo "== PyTorch sequence-parallel bench in $(($(date +%s) - start)) s"

@@ -6,8 +6,10 @@
 #
 #   cargo build --release --bin prepare
 #   python3 -m pip wheel --no-deps -w CARRY/dist ./python
-#   prepare export --collective-ladder ladders/h200_nvlink_tp2.json --arch sm_90 \
-#       --out CARRY/packages/h200_nvlink_tp2
+#   for name in h200_nvlink_tp2 h200_nvlink_tp2_{reduce_scatter,all_gather}{,_fp32}; do
+#       prepare export --collective-ladder ladders/$name.json --arch sm_90 \
+#           --out CARRY/packages/$name
+#   done
 #
 # then, on the GPU machine, from the repository root:
 #
@@ -15,15 +17,20 @@
 #
 # It installs the wheel into the Python that has torch (no index), then runs, on LADDER's
 # package (default h200_nvlink_tp2): the exactness of every candidate through the Python path,
-# a peer killed while serving, the TP MLP decode example, and in one lease `prepare bench`
-# (its serving-path table included) and benches/pytorch_allreduce.py with prepare's Python
-# path beside PyTorch's all-reduces. Logs and JSON go to OUT. Exits non-zero when a check fails.
+# a peer killed while serving, the TP MLP decode example; on the packages of LADDER's
+# reduce-scatter and all-gather (LADDER_reduce_scatter, LADDER_all_gather and their _fp32):
+# the row collectives through the Python path (tests/python/gpu_rows.py) and the decode
+# example's sequence-parallel end (bf16); then in one lease `prepare bench` (its serving-path
+# table included) and benches/pytorch_allreduce.py with prepare's Python path beside PyTorch's
+# all-reduces. Logs and JSON go to OUT. Exits non-zero when a check fails.
 set -uo pipefail
 
 carry=$(cd "$1" && pwd)
 out=$2
 ladder=${3:-h200_nvlink_tp2}
 package=$carry/packages/$ladder
+reduce_scatter=$carry/packages/${ladder}_reduce_scatter
+all_gather=$carry/packages/${ladder}_all_gather
 gpus=$(nvidia-smi -L | wc -l)
 mkdir -p "$out"
 # shellcheck source=gpu-env.sh
@@ -55,6 +62,10 @@ step exactness "${torchrun[@]}" tests/python/gpu_exactness.py "$package" --cache
     --json "$out/exactness.json"
 step peer_death python3 tests/python/gpu_peer_death.py "$package" --cache-dir "$cache"
 step torch_tp_mlp "${torchrun[@]}" examples/torch_tp_mlp.py "$package" --cache-dir "$cache"
+step rows "${torchrun[@]}" tests/python/gpu_rows.py "$reduce_scatter" "${reduce_scatter}_fp32" \
+    "$all_gather" "${all_gather}_fp32" --cache-dir "$cache"
+step torch_tp_mlp_sequence_parallel "${torchrun[@]}" examples/torch_tp_mlp.py "$package" \
+    "$reduce_scatter" "$all_gather" --sequence-parallel --cache-dir "$cache"
 sizes=1K,8K,64K,256K,1M,4M,16M,64M
 TAIL_LINES=70 step prepare_bench "$carry/bin/prepare" bench --package "$package" \
     --gpus "$(seq -s, 0 $((gpus - 1)))" --sizes "$sizes" --batches 1 --cache-dir "$cache" \

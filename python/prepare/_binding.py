@@ -166,7 +166,8 @@ def _package_paths(packages: Any) -> List[bytes]:
             f"packages is {_kind(packages)}: give a package directory or a sequence "
             "of them") from None
     if not listed:
-        raise InvalidArgument("no package was given: give one package directory per dtype")
+        raise InvalidArgument("no package was given: give one package directory per collective "
+                              "and dtype")
     return [_c_string(f"packages[{index}]", package, path=True)
             for index, package in enumerate(listed)]
 

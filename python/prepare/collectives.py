@@ -187,16 +187,18 @@ class Collectives:
     Collective to create: every rank of `group` (default: the default group) calls it with
     the same packages and options, after `torch.distributed.init_process_group` and
     `torch.cuda.set_device`. One NCCL bootstrap: rank 0 of the group makes an NCCL unique id
-    and it travels over `group`. `packages` is one package directory or one per dtype.
-    `cache_dir` None uses the default cache (`$XDG_CACHE_HOME/prepare` or
-    `~/.cache/prepare`), "" keeps none. `timeout` (seconds) bounds the bootstrap and every
+    and it travels over `group`. `packages` is one package directory or several, at most one
+    per (collective, dtype). `cache_dir` None uses the default cache (`$XDG_CACHE_HOME/prepare`
+    or `~/.cache/prepare`), "" keeps none. `timeout` (seconds) bounds the bootstrap and every
     wait for a peer. `tuning` is "runtime" (cache, or check and time on this machine) or
     "static" (each bucket's default). `allow_inexact` False (the default) keeps every candidate
     whose output differs from the reference sum (plain NCCL beyond two ranks) out of the
     choice and of `force`; True keeps them, so the winner may change the output.
 
     Collectives must be made in the same order on every rank (a reduce-scatter or all-gather
-    of the same rows and width), one stream at a time.
+    of the same rows and width), one stream at a time. `PREPARE_CHECK_CALLS=1` in every
+    rank's environment before the handle starts checks that at every eager call, at the cost
+    of a host round trip each (docs/serving.md, "The call check").
     """
 
     def __init__(self, packages: Union[PathLike, Sequence[PathLike]], group: Any = None,
@@ -347,9 +349,10 @@ class Collectives:
 
         `rows_per_rank` (vLLM's `reduce_scatterv`): rank r owns `rows_per_rank[r]` rows
         instead, contiguous runs in rank order summing to the input's rows; every rank passes
-        the same list (not checked across the ranks: the caller's contract). The rule's list
-        goes exactly as the call without it; any other through the exact NCCL reduce-scatter
-        (traced as `torch.ops.prepare.reduce_scatter_v`)."""
+        the same list (checked across the ranks only with `PREPARE_CHECK_CALLS=1`: the
+        caller's contract, docs/serving.md). The rule's list goes exactly as the call without
+        it; any other through the exact NCCL reduce-scatter (traced as
+        `torch.ops.prepare.reduce_scatter_v`)."""
         self._live()
         self._check_tensor(input, "the input")
         self._pair("reduce_scatter", input.dtype)
@@ -515,10 +518,11 @@ class Collectives:
 
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = None, *,
               collective: str = "all_reduce") -> Any:
-        """A tensor in this rank's zero-copy region (peer-visible memory, like
-        `symm_mem.empty`): all-reducing it copies nothing, for every kernel. Every tensor from
-        `empty` starts at the region's first byte: the region holds one message at a time.
-        Where only NCCL runs it is an ordinary `torch.empty`."""
+        """A tensor in this rank's zero-copy region of (`collective`, `dtype`) (peer-visible
+        memory, like `symm_mem.empty`): given to that collective as its input, it is read
+        where it lies, copied by no candidate. Every tensor from `empty` starts at the region's
+        first byte: the region holds one message at a time. Where only NCCL runs it is an
+        ordinary `torch.empty`."""
         torch = _torch()
         dtype = torch.bfloat16 if dtype is None else dtype
         native = self._live()
@@ -533,8 +537,8 @@ class Collectives:
             return torch.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
         if nbytes > capacity:
             raise InvalidArgument(
-                f"{nbytes} bytes do not fit the {dtype} zero-copy region of {capacity} bytes; "
-                "all-reduce a larger message from any tensor")
+                f"{nbytes} bytes do not fit the {collective} {dtype} zero-copy region of "
+                f"{capacity} bytes; a larger {collective} input goes in an ordinary tensor")
         with torch.cuda.device(self.device):
             raw = torch.as_tensor(_Region(native, address, nbytes), device=f"cuda:{self.device}")
         return raw.view(dtype).view(shape)

@@ -53,7 +53,7 @@ pub fn row_piece_steps(
     let (world, rank) = (message.world(), message.rank());
     let shape = message.shape();
     let PiecePlan::Rows(pieces) = piece_plan(collective, shape, world, piece_elements)? else {
-        return Err(ShapeError::NotBuilt { collective });
+        return Err(ShapeError::NotRowCollective { collective });
     };
     let row_bytes = shape.width() * message.element_bytes();
     let mut steps = Vec::new();

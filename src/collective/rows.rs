@@ -55,7 +55,7 @@ impl RowMessage {
             collective,
             Collective::ReduceScatter | Collective::AllGather
         ) {
-            return Err(ShapeError::NotBuilt { collective });
+            return Err(ShapeError::NotRowCollective { collective });
         }
         shape.owned_rows(world, rank)?;
         let element_bytes = dtype.size_bytes();
@@ -406,12 +406,16 @@ mod tests {
     #[test]
     fn only_the_all_reduce_s_relatives_with_rows_and_ranks_of_the_world_are_messages() {
         let shape = Shape::new(4, 4).unwrap();
-        assert_eq!(
-            RowMessage::new(Collective::AllReduce, shape, 2, 0, Dtype::Fp32),
-            Err(ShapeError::NotBuilt {
-                collective: Collective::AllReduce
-            })
-        );
+        for collective in [Collective::AllReduce, Collective::AllReduceAddRmsNorm] {
+            let refused = RowMessage::new(collective, shape, 2, 0, Dtype::Fp32).unwrap_err();
+            assert_eq!(refused, ShapeError::NotRowCollective { collective });
+            assert_eq!(
+                refused.to_string(),
+                format!(
+                    "{collective} is not a rows x width collective (reduce_scatter or all_gather)"
+                )
+            );
+        }
         assert_eq!(
             RowMessage::new(Collective::AllGather, shape, 2, 2, Dtype::Fp32),
             Err(ShapeError::RankOutsideWorld { rank: 2, world: 2 })

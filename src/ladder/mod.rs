@@ -77,7 +77,8 @@ pub enum Collective {
     /// or `"order": "rank"`.
     ReduceScatter,
     /// Every rank ends with every rank's rows, in rank order. Takes one-shot pull and push
-    /// profiles (barrier protocol), one-shot push with `ll`, and plain NCCL ones.
+    /// profiles (barrier protocol), one-shot push with `ll`, the one-shot copy engine
+    /// (`"transfer": "copy_engine"`), and plain NCCL ones.
     AllGather,
     /// The all-reduce, then a residual added and an RMSNorm of every row (rows x hidden). Takes
     /// the all-reduce's profiles with `"epilogue": "separate"`, the fused ones
@@ -406,8 +407,9 @@ pub enum Transfer {
     Pull,
     /// Write into peers' buffers.
     Push,
-    /// The copy engines read peers' buffers into local scratch and a kernel sums locally
-    /// (one-shot all-reduce only).
+    /// The copy engines read peers' buffers: into local scratch, where a kernel sums locally
+    /// (the one-shot all-reduce), or straight to their rows of the output (the one-shot
+    /// all-gather).
     CopyEngine,
 }
 

@@ -225,8 +225,8 @@ impl Server {
         &self.setup
     }
 
-    /// Starts serving `packages` (one per dtype): the runtime, then selection for each.
-    /// Collective: every rank calls it with the same packages and options.
+    /// Starts serving `packages` (one per collective and dtype): the runtime, then selection for
+    /// each. Collective: every rank calls it with the same packages and options.
     pub fn start(&self, packages: &[Package]) -> Result<Handle, ServeError> {
         self.start_reporting(packages, &crate::progress::Silent)
     }

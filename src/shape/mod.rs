@@ -101,9 +101,10 @@ pub enum ShapeError {
         /// The world size.
         world: u32,
     },
-    /// A collective whose cut is not built yet.
-    #[error("pieces of {collective} are not built")]
-    NotBuilt {
+    /// A collective asked for as a reduce-scatter or all-gather that is neither: the
+    /// all-reduce and the fused all-reduce + residual add + RMSNorm have no owned rows.
+    #[error("{collective} is not a rows x width collective (reduce_scatter or all_gather)")]
+    NotRowCollective {
         /// The collective.
         collective: Collective,
     },
@@ -281,6 +282,20 @@ mod tests {
         assert_eq!(
             owned_rows(4, 0, 0),
             Err(ShapeError::RankOutsideWorld { rank: 0, world: 0 })
+        );
+    }
+
+    #[test]
+    fn a_collective_without_rows_is_named_as_not_a_row_collective() {
+        let refused = |collective| ShapeError::NotRowCollective { collective }.to_string();
+        assert_eq!(
+            refused(Collective::AllReduce),
+            "all_reduce is not a rows x width collective (reduce_scatter or all_gather)"
+        );
+        assert_eq!(
+            refused(Collective::AllReduceAddRmsNorm),
+            "all_reduce_add_rms_norm is not a rows x width collective (reduce_scatter or \
+             all_gather)"
         );
     }
 }

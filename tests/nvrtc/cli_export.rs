@@ -449,3 +449,54 @@ fn an_nccl_only_reduce_scatter_ladder_exports_and_shows_its_collective() {
     );
     assert_eq!(shown["manifest"]["ladder"]["name"], name);
 }
+
+/// An all-gather ladder exports its one-shot kernels, one per transfer and protocol whatever
+/// the blocks, and `show`, in text and in `--json`, says the collective.
+#[test]
+fn an_all_gather_ladder_exports_and_shows_its_collective() {
+    require_nvrtc!();
+    let scratch = tempfile::tempdir().unwrap();
+    let name = "h200_nvlink_tp2_all_gather";
+    let stdout = exported(scratch.path(), name, "ag", false);
+    assert!(
+        stdout.starts_with(&format!("Exported `{name}` for sm_90 to ag\n")),
+        "{stdout}"
+    );
+    let package = open_package(&scratch.path().join("ag")).unwrap();
+    let kernels: Vec<&str> = package
+        .kernels()
+        .map(|(record, _)| record.name.as_str())
+        .collect();
+    assert_eq!(
+        kernels,
+        [
+            "all_gather_one_shot_pull_bf16",
+            "all_gather_one_shot_push_bf16",
+            "all_gather_one_shot_push_ll_bf16"
+        ]
+    );
+
+    let (code, text, stderr) = run_in(scratch.path(), &["show", "ag"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let header = format!("{name}: all_gather, bf16, 2 ranks");
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("Ladder") && line.ends_with(&header)),
+        "{text}"
+    );
+    let (code, json, stderr) = run_in(scratch.path(), &["show", "--json", "ag"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let ladder = &shown["manifest"]["ladder"];
+    assert_eq!(ladder["collective"], "all_gather", "{json}");
+    assert_eq!(ladder["name"], name);
+    assert_eq!(ladder["dtype"], "bf16");
+    assert_eq!(ladder["world_size"], 2);
+    let shown_kernels: Vec<&str> = shown["manifest"]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|record| record["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown_kernels, kernels, "{json}");
+}

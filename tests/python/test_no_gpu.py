@@ -79,7 +79,8 @@ def test_open_env_without_torchrun_variables_names_the_variable(monkeypatch, tmp
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (dict(packages=[]), "no package was given"),
+        (dict(packages=[]),
+         "no package was given: give one package directory per collective and dtype"),
         (dict(tuning="fast"), "tuning='fast'"),
         (dict(timeout=0), "timeout=0"),
         (dict(timeout=float("nan")), "timeout=nan"),

@@ -2,13 +2,15 @@
 the library's (`prepare_owned_rows`, the Rust `prepare::shape::owned_rows`), the shapes and
 layouts `Collectives` checks before any call (each error naming the argument), the binding's
 integer checks, the library's own checks before the handle, and what `Collectives` hands the
-library, through a stand-in for torch and for the native handle."""
+library or, under torch.compile, the custom ops and their fake implementations, through a
+stand-in for torch and for the native handle."""
 
 import importlib.util
 import json
 import py_compile
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -278,11 +280,155 @@ def test_bad_row_calls_are_refused_before_the_library(served, call, shown):
     assert served._native.calls == []
 
 
+class Regions(Recorder):
+    """A native handle whose every zero-copy region is 64 bytes at 0x40000."""
+
+    def zero_copy_region(self, collective, dtype):
+        self.calls.append(("zero_copy_region", collective, dtype))
+        return 0x40000, 64
+
+
+def test_empty_is_in_the_zero_copy_region_of_the_collective_it_names(monkeypatch):
+    served = stand_in_collectives(monkeypatch, Regions(), [("reduce_scatter", "bf16 dtype")])
+    monkeypatch.setattr(collectives._TORCH, "empty",
+                        lambda shape, dtype, device=None: FakeTensor(shape, 0, dtype))
+    refused(lambda: served.empty((8, 5), "bf16 dtype", collective="reduce_scatter"),
+            "80 bytes do not fit the reduce_scatter bf16 dtype zero-copy region of 64 bytes; a "
+            "larger reduce_scatter input goes in an ordinary tensor")
+    assert served._native.calls == [("zero_copy_region", 1, 0)]
+    refused(lambda: served.empty((8, 4), "bf16 dtype"), "no package holds all_reduce bf16 dtype")
+
+
 def test_a_row_call_on_a_closed_collectives_is_refused():
     handle = object.__new__(collectives.Collectives)
     handle._native, handle._id = None, None
     for call in (lambda: handle.reduce_scatter(None), lambda: handle.all_gather(None, rows=2)):
         refused(call, "closed")
+
+
+# Under torch.compile: the custom ops' fake implementations, and the calls traced to them.
+
+class StandInOp:
+    """What the stand-in `torch.library.custom_op` makes of a function: the op, and the fake
+    implementation registered on it."""
+
+    def __init__(self, function):
+        self.function, self.fake = function, None
+
+    def register_fake(self, fake):
+        self.fake = fake
+        return fake
+
+
+@pytest.fixture
+def fakes(monkeypatch, served):
+    """The fake implementations `_registered_op` registers, by op name (`reduce_scatter`, ...),
+    registered afresh through a stand-in `torch.library`, `served` live as handle 7."""
+    ops = {}
+
+    def custom_op(name, mutates_args, device_types):
+        def register(function):
+            ops[name] = StandInOp(function)
+            return ops[name]
+        return register
+
+    monkeypatch.setattr(collectives._TORCH, "library", types.SimpleNamespace(custom_op=custom_op),
+                        raising=False)
+    monkeypatch.setattr(collectives, "_OP", None)
+    monkeypatch.setitem(collectives._REGISTRY, 7, served)
+    served._id = 7
+    collectives._registered_op()
+    return {name[len("prepare::"):]: op.fake for name, op in ops.items()}
+
+
+# Rows of the message, and the rows each of the 4 ranks owns by the shape rule.
+OWNED = pytest.mark.parametrize(
+    "rows, owned",
+    [(10, [3, 3, 2, 2]), (9, [3, 2, 2, 2]), (8, [2, 2, 2, 2]), (2, [1, 1, 0, 0]),
+     (0, [0, 0, 0, 0])],
+    ids=["two-longer", "one-longer", "even", "ranks-owning-none", "no-rows"],
+)
+
+
+@OWNED
+def test_the_fake_reduce_scatter_writes_this_ranks_rows_of_the_inputs_first_dimension(
+        served, fakes, rows, owned):
+    message = FakeTensor((rows, 4, 3), 0x1000)
+    for rank, count in enumerate(owned):
+        served.rank = rank
+        assert fakes["reduce_scatter"](7, FakeTensor((count, 4, 3), 0x5000), message) is None
+        for wrong in (count - 1, count + 1):
+            if wrong >= 0:
+                refused(lambda: fakes["reduce_scatter"](7, FakeTensor((wrong, 4, 3), 0x5000),
+                                                        message),
+                        f"out is ({wrong}, 4, 3); this rank's reduce_scatter of the input "
+                        f"({rows}, 4, 3) writes ({count}, 4, 3)")
+    assert served._native.calls == []
+
+
+@OWNED
+def test_the_fake_all_gather_takes_the_total_rows_from_outs_first_dimension(served, fakes, rows,
+                                                                            owned):
+    whole = FakeTensor((rows, 4), 0x8000)
+    for rank, count in enumerate(owned):
+        served.rank = rank
+        assert fakes["all_gather"](7, whole, FakeTensor((count, 4), 0x1000)) is None
+        refused(lambda: fakes["all_gather"](7, whole, FakeTensor((count + 1, 4), 0x1000)),
+                f"the input has {count + 1} rows, but rank {rank} of 4 owns {count} of {rows}")
+    refused(lambda: fakes["all_gather"](7, FakeTensor((rows, 5), 0x8000),
+                                        FakeTensor((owned[-1], 4), 0x1000)),
+            f"out is ({rows}, 5) and the input ({owned[-1]}, 4): their rows must have the same "
+            "shape")
+    assert served._native.calls == []
+
+
+class Tracer:
+    """`torch.ops.prepare` while torch.compile traces: records every op called and runs its
+    fake implementation, as tracing does."""
+
+    def __init__(self, fakes):
+        self.calls = []
+        self._fakes = fakes
+
+    def __getattr__(self, name):
+        def call(*arguments):
+            self.calls.append((name, *arguments))
+            return self._fakes[name](*arguments)
+        return call
+
+
+def test_under_torch_compile_a_row_call_traces_its_op_on_the_output(monkeypatch, served, fakes):
+    tracer = Tracer(fakes)
+    monkeypatch.setattr(collectives._TORCH, "compiler",
+                        types.SimpleNamespace(is_compiling=lambda: True))
+    monkeypatch.setattr(collectives._TORCH, "ops", types.SimpleNamespace(prepare=tracer),
+                        raising=False)
+    # Rank 1 of 4 owns rows 3:5 of 9.
+    message = FakeTensor((9, 4), 0x1000)
+    mine = served.reduce_scatter(message)
+    assert mine is served.allocated[0] and mine.shape == (2, 4)
+    own = FakeTensor((2, 4), 0x2000)
+    whole = served.all_gather(own, rows=9)
+    assert whole is served.allocated[1] and whole.shape == (9, 4)
+    given = FakeTensor((9, 4), 0x8000)
+    assert served.all_gather(own, out=given) is given
+    counts = served.reduce_scatter(message, rows_per_rank=[2, 5, 0, 2])
+    assert counts is served.allocated[2] and counts.shape == (5, 4)
+    # Rank 3 of 4 owns none of 2 rows.
+    served.rank = 3
+    pair = FakeTensor((2, 4), 0x3000)
+    none = served.reduce_scatter(pair)
+    assert none is served.allocated[3] and none.shape == (0, 4)
+    assert tracer.calls == [("reduce_scatter", 7, mine, message), ("all_gather", 7, whole, own),
+                            ("all_gather", 7, given, own),
+                            ("reduce_scatter_v", 7, counts, message, [2, 5, 0, 2]),
+                            ("reduce_scatter", 7, none, pair)]
+    # Neither out nor rows: refused before anything is allocated or traced.
+    refused(lambda: served.all_gather(FakeTensor((0, 4), 0x2000)),
+            "all_gather needs the total rows, which this rank's own rows do not give: pass out= "
+            "(the whole message) or rows=")
+    assert len(tracer.calls) == 5 and len(served.allocated) == 4
+    assert served._native.calls == []
 
 
 

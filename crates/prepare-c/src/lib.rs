@@ -72,7 +72,7 @@ pub enum PrepareStatus {
 }
 
 /// Collectives; a handle serves those its packages hold (one package per collective and
-/// dtype). Only all-reduce packages can be exported so far.
+/// dtype). Every collective's packages can be exported.
 #[repr(C)]
 #[derive(Debug)]
 pub enum PrepareCollective {
