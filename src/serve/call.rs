@@ -58,18 +58,21 @@ impl Call<'_> {
                 rows,
                 width,
             } => match rows {
+                // A list equal to the rule's is the ordinary call (the same route, the same
+                // bits), so it is described as that call.
+                Rows::PerRank(counts) if rule_rows(counts).is_some() => {
+                    let rows = Rows::Rule(rule_rows(counts).unwrap_or_default());
+                    Call::Rows {
+                        collective,
+                        dtype,
+                        rows,
+                        width,
+                    }
+                    .describe()
+                }
                 Rows::Rule(rows) => format!(
                     "{collective} {dtype} of {rows} rows x {width} (rows owned by the shape rule)"
                 ),
-                // A list equal to the rule's is the ordinary call (the same route, the same
-                // bits), so it is described as that call.
-                Rows::PerRank(counts) if rule_rows(counts).is_some() => Call::Rows {
-                    collective,
-                    dtype,
-                    rows: Rows::Rule(rule_rows(counts).unwrap_or_default()),
-                    width,
-                }
-                .describe(),
                 Rows::PerRank(counts) => {
                     let list = format!("{counts:?}");
                     let total = counts
