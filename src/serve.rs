@@ -420,24 +420,20 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let served = self.served(Collective::AllReduce, dtype)?;
-        let device = self.runtime.device();
-        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         let call = Call::AllReduce {
             dtype,
             elements: elements as u64,
         };
         if elements == 0 {
-            if self.checks_calls {
-                // SAFETY: the caller promises the stream is live (or 0) while it is used here.
-                let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
-                self.agree_call(&stream, &call)?;
-            }
-            return Ok(());
+            // SAFETY: the caller promises the stream is live (or 0).
+            return unsafe { self.agree_empty_call(stream, &call) };
         }
         let bytes = (elements as u64)
             .checked_mul(dtype.size_bytes())
             .and_then(|bytes| usize::try_from(bytes).ok())
             .ok_or(ServeError::MessageTooLarge { rank, elements })?;
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
         let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
         // SAFETY: the caller promises both stay allocated until the queued work has run.

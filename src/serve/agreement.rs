@@ -34,6 +34,33 @@ impl Handle {
         self.checks_calls
     }
 
+    /// [`Handle::agree_call`] for a call that enqueues nothing (no elements or rows), on the
+    /// caller's raw `stream`, borrowed only with the check on.
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be a live stream of this rank's GPU (or 0) while this call runs.
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn agree_empty_call(
+        &self,
+        stream: u64,
+        call: &Call<'_>,
+    ) -> Result<(), ServeError> {
+        if !self.checks_calls {
+            return Ok(());
+        }
+        let rank = self.rank();
+        // SAFETY: the caller promises the stream is live (or 0) while this call runs.
+        let stream = unsafe { self.runtime.device().borrow_stream(stream) }.map_err(|source| {
+            ServeError::BadArgument {
+                rank,
+                what: "the stream",
+                source,
+            }
+        })?;
+        self.agree_call(&stream, call)
+    }
+
     /// With the check on and `stream` not being captured: every rank's call is `call`, or the
     /// refusal. Collective, made before anything of the call is enqueued.
     pub(super) fn agree_call(&self, stream: &Stream, call: &Call<'_>) -> Result<(), ServeError> {

@@ -44,8 +44,6 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let (served, shape) = self.epilogue_shape(rows, hidden, dtype)?;
-        let device = self.runtime.device();
-        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         let call = Call::Epilogue {
             dtype,
             rows,
@@ -54,18 +52,16 @@ impl Handle {
             residual: residual != 0,
         };
         if rows == 0 {
-            if self.checks_calls {
-                // SAFETY: the caller promises the stream is live (or 0) while it is used here.
-                let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
-                self.agree_call(&stream, &call)?;
-            }
-            return Ok(());
+            // SAFETY: the caller promises the stream is live (or 0).
+            return unsafe { self.agree_empty_call(stream, &call) };
         }
         let size = dtype.size_bytes();
         let too_large = || ServeError::MessageTooLarge {
             rank,
             elements: usize::try_from(shape.elements()).unwrap_or(usize::MAX),
         };
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
         let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
         let operand = |address: u64, elements: u64, what: &'static str| {

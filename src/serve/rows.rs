@@ -296,8 +296,6 @@ impl Handle {
     ) -> Result<(), ServeError> {
         let rank = self.rank();
         let (served, message) = self.row_message(collective, rows, width, dtype)?;
-        let device = self.runtime.device();
-        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         let call = Call::Rows {
             collective,
             dtype,
@@ -305,17 +303,15 @@ impl Handle {
             width,
         };
         if message.shape().rows() == 0 {
-            if self.checks_calls {
-                // SAFETY: the caller promises the stream is live (or 0) while it is used here.
-                let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
-                self.agree_call(&stream, &call)?;
-            }
-            return Ok(());
+            // SAFETY: the caller promises the stream is live (or 0).
+            return unsafe { self.agree_empty_call(stream, &call) };
         }
         let too_large = || ServeError::MessageTooLarge {
             rank,
             elements: usize::try_from(message.shape().elements()).unwrap_or(usize::MAX),
         };
+        let device = self.runtime.device();
+        let bad = |what: &'static str| move |source| ServeError::BadArgument { rank, what, source };
         // SAFETY: the caller promises the stream is live (or 0) for as long as it is used here.
         let stream = unsafe { device.borrow_stream(stream) }.map_err(bad("the stream"))?;
         let operand = |address: u64, bytes: u64, what: &'static str| {
