@@ -425,29 +425,37 @@ fn an_nccl_only_reduce_scatter_ladder_exports_and_shows_its_collective() {
         stdout.starts_with(&format!("Exported `{name}` for sm_121 to rs\n")),
         "{stdout}"
     );
-    let package = open_package(&scratch.path().join("rs")).unwrap();
-    let kernels: Vec<&str> = package
-        .kernels()
-        .map(|(record, _)| record.name.as_str())
-        .collect();
-    assert_eq!(kernels, ["nccl_rank_order_sum_fp32"]);
-
-    let (code, text, stderr) = run_in(scratch.path(), &["show", "rs"]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
-    let header = format!("{name}: reduce_scatter, fp32, 3 ranks");
-    assert!(
-        text.lines()
-            .any(|line| line.starts_with("Ladder") && line.ends_with(&header)),
-        "{text}"
+    let (kernels, shown) = shown_package(
+        scratch.path(),
+        "rs",
+        &format!("{name}: reduce_scatter, fp32, 3 ranks"),
     );
-    let (code, json, stderr) = run_in(scratch.path(), &["show", "--json", "rs"]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
-    let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(kernels, ["nccl_rank_order_sum_fp32"]);
     assert_eq!(
         shown["manifest"]["ladder"]["collective"], "reduce_scatter",
-        "{json}"
+        "{shown}"
     );
     assert_eq!(shown["manifest"]["ladder"]["name"], name);
+}
+
+/// The kernels of the package exported to `out` in `dir`, and its `show --json`, once its
+/// `show` text has a Ladder line ending in `header`.
+fn shown_package(dir: &Path, out: &str, header: &str) -> (Vec<String>, serde_json::Value) {
+    let package = open_package(&dir.join(out)).unwrap();
+    let kernels = package
+        .kernels()
+        .map(|(record, _)| record.name.clone())
+        .collect();
+    let (code, text, stderr) = run_in(dir, &["show", out]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("Ladder") && line.ends_with(header)),
+        "{text}"
+    );
+    let (code, json, stderr) = run_in(dir, &["show", "--json", out]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    (kernels, serde_json::from_str(&json).unwrap())
 }
 
 /// An all-gather ladder exports its one-shot kernels, one per transfer and protocol whatever
@@ -462,11 +470,11 @@ fn an_all_gather_ladder_exports_and_shows_its_collective() {
         stdout.starts_with(&format!("Exported `{name}` for sm_90 to ag\n")),
         "{stdout}"
     );
-    let package = open_package(&scratch.path().join("ag")).unwrap();
-    let kernels: Vec<&str> = package
-        .kernels()
-        .map(|(record, _)| record.name.as_str())
-        .collect();
+    let (kernels, shown) = shown_package(
+        scratch.path(),
+        "ag",
+        &format!("{name}: all_gather, bf16, 2 ranks"),
+    );
     assert_eq!(
         kernels,
         [
@@ -475,20 +483,8 @@ fn an_all_gather_ladder_exports_and_shows_its_collective() {
             "all_gather_one_shot_push_ll_bf16"
         ]
     );
-
-    let (code, text, stderr) = run_in(scratch.path(), &["show", "ag"]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
-    let header = format!("{name}: all_gather, bf16, 2 ranks");
-    assert!(
-        text.lines()
-            .any(|line| line.starts_with("Ladder") && line.ends_with(&header)),
-        "{text}"
-    );
-    let (code, json, stderr) = run_in(scratch.path(), &["show", "--json", "ag"]);
-    assert_eq!((code, stderr.as_str()), (0, ""));
-    let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
     let ladder = &shown["manifest"]["ladder"];
-    assert_eq!(ladder["collective"], "all_gather", "{json}");
+    assert_eq!(ladder["collective"], "all_gather", "{shown}");
     assert_eq!(ladder["name"], name);
     assert_eq!(ladder["dtype"], "bf16");
     assert_eq!(ladder["world_size"], 2);
@@ -498,5 +494,5 @@ fn an_all_gather_ladder_exports_and_shows_its_collective() {
         .iter()
         .map(|record| record["name"].as_str().unwrap())
         .collect();
-    assert_eq!(shown_kernels, kernels, "{json}");
+    assert_eq!(shown_kernels, kernels, "{shown}");
 }
