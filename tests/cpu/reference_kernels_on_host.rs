@@ -143,18 +143,27 @@ fn write_emulated_sources(directory: &Path, mutation: Option<Mutation>) {
                 "__shared__ NormShared norm_shared;",
                 "NormShared& norm_shared = emu_shared<NormShared>(1);",
             );
-        if name == "prepare_element.cuh" {
-            // The harness's slow rank pauses before its first plain store (prelude.h).
-            for store in [
+        // The harness's late rank waits before its first store of data (stalls.h): a plain
+        // store of a vector or an element, or a line that carries data (the `ll` protocol's;
+        // its shape lines and the zeroing of consumed lines are not data).
+        let data_stores: &[&str] = match name.as_str() {
+            "prepare_element.cuh" => &[
                 "reinterpret_cast<Vec16*>(base)[vector] = value;",
                 "reinterpret_cast<typename T::Bits*>(base)[element] = value;",
-            ] {
-                assert!(
-                    text.contains(store),
-                    "{name} no longer stores with `{store}`"
-                );
-                text = text.replace(store, &format!("emu_store_pause();\n    {store}"));
-            }
+            ],
+            "prepare_double_buffer.cuh" => &[
+                "store_line_volatile(line_address<N>(region, 2 * v, parity, slot), low);",
+                "store_line_volatile(line_address<N>(region, line, parity, slot), words);",
+            ],
+            _ => &[],
+        };
+        for store in data_stores {
+            assert_eq!(
+                text.matches(store).count(),
+                1,
+                "{name} no longer stores data once with `{store}`"
+            );
+            text = text.replace(store, &format!("emu_store_pause();\n    {store}"));
         }
         assert!(!text.contains("asm"), "{name} still has inline PTX");
         assert!(
@@ -458,10 +467,12 @@ fn the_host_slices_are_the_headers() {
 /// cubins are byte for byte the unmutated ones
 /// (`nvrtc::mutations::every_mutation_builds_and_changes_exactly_the_kernels_it_touches`), and
 /// the unmutated exactness run shows those exact
-/// (`kernels_give_the_reference_sum_on_every_rank`). The emulation catches the missing start
-/// barrier reliably, but only because the `exactness` mode starts one rank 200 ms late: a
-/// kernel that does not wait for it then always reads its input before it is written. With
-/// every rank on time the race would show only sometimes.
+/// (`kernels_give_the_reference_sum_on_every_rank`). The emulation catches the missing waits
+/// (start barrier, line, step, copy-engine start) in every run, however loaded the machine,
+/// only because the `exactness` mode has a late rank that goes on only once every other rank
+/// has stalled (`tests/host_emulation/stalls.h`): a kernel that does not wait for it has then
+/// already read what it did not wait for. With every rank on time the races would show only
+/// sometimes.
 #[test]
 fn every_planted_mutation_gives_a_wrong_sum() {
     let started = Instant::now();

@@ -40,12 +40,13 @@ std::string entry_name(const char* kernel) {
 }
 
 // A kernel that reads a peer's input without waiting for the peer to start reads stale bytes
-// when that peer is late. The race is caught reliably: the late rank starts 200 ms after the
-// others, far longer than an on-time rank takes to reach the peer's input, which holds the
-// buffer's fill bytes until then. The late rank's threads also sleep 50 ms before their first
-// plain store: a double-buffered kernel's shape check lets the on-time rank go on as soon as
-// the late rank's shape lines arrive, so one that then reads a step's data without waiting for
-// the step's flags reads it 50 ms before the late rank writes it, not in a race it may win.
+// when that peer is late. The race is caught in every run: the late rank begins its launch only
+// when the on-time rank has stalled (stalls.h), after it has read whatever it did not wait for,
+// while the peer's input still holds the buffer's fill bytes. The late rank's threads also
+// store their first data only when the on-time rank has stalled again: a double-buffered
+// kernel's shape check lets the on-time rank go on as soon as the late rank's shape lines
+// arrive, so one that then reads a step's data without waiting for the step's flags reads it
+// before the late rank writes it, not in a race it may win.
 void exactness() {
     stop_after_printed_failures = false;
     for (const Kernel& kernel : kKernels) {
@@ -63,8 +64,7 @@ void exactness() {
         std::vector<Rank> ranks(2);
         Options late;
         late.present.assign(2, true);
-        late.last_rank_late = std::chrono::milliseconds(200);
-        late.last_rank_first_store_delay = std::chrono::milliseconds(50);
+        late.last_rank_late = true;
         const u64 seed = random_source();
         if (entry.runs())
             run(ranks, {geometry(kernel, 0, 203)}, late, seed);

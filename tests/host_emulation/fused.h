@@ -116,7 +116,7 @@ struct FusedOptions {
     u64 timeout_ns = kHealthyTimeoutNs;
     bool expect_success = true;     // check outputs (else only report abort words)
     bool expect_untouched = false;  // normed and the residual as they were (an invalid launch)
-    std::chrono::milliseconds last_rank_late{0};
+    bool last_rank_late = false;  // as harness.cc's Options::last_rank_late
     void (*tamper)(LaunchParams&) = nullptr;  // applied to every rank's fused launch
 };
 
@@ -191,6 +191,7 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
     };
     std::vector<std::vector<std::pair<double, double>>> spans(
         sequence.size(), std::vector<std::pair<double, double>>(world, {-1.0, -1.0}));
+    const emu_stall::Run counts(options.present, options.last_rank_late);
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
@@ -199,8 +200,7 @@ FusedRun run_fused(std::vector<Rank>& ranks, const std::vector<FusedLaunch>& seq
             for (unsigned index = 0; index < sequence.size(); ++index) {
                 const FusedLaunch& launch = sequence[index];
                 spans[index][rank].first = seconds();
-                if (rank == world - 1)
-                    std::this_thread::sleep_for(options.last_rank_late);
+                const emu_stall::StreamLaunch begun(counts, rank, rank == world - 1);
                 const u64 elements = launch.rows.size() * launch.hidden;
                 const u64 bytes = elements * size;
                 Guarded x(bytes, 64), residual(bytes, 64), separate(bytes, 64),
@@ -557,7 +557,7 @@ void fused_exactness() {
         late.present.assign(2, true);
         if (entry.runs())
             run_fused(ranks, {{&kernel, spread, 16384, true, false, false, 3, 32, 1e-6f}}, late, 5);
-        late.last_rank_late = std::chrono::milliseconds(200);
+        late.last_rank_late = true;
         const u64 seed = random_source();
         if (entry.runs())
             run_fused(ranks, {{&kernel, fused_rows(3, 3), 24, true, false, false, 2, 32, 1e-5f}},

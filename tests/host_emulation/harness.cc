@@ -279,13 +279,10 @@ struct Options {
     // as the host sizes them for a bucket's largest message (every launch must be smaller).
     u64 region_elements = 0;
     bool expect_success = true;  // check outputs (else only report abort words)
-    // The last rank writes each input and launches this long after its previous launch ended.
-    std::chrono::milliseconds last_rank_late{0};
-    // Each thread of the last rank's launches sleeps this long before its first plain store
-    // (prelude.h's emu_store_pause): its data lands that long after whatever it stores first
-    // through the synchronization primitives (a flag, a shape line), so a peer that reads the
-    // data without waiting for the data's own flag reads it before it is there.
-    std::chrono::milliseconds last_rank_first_store_delay{0};
+    // The last rank writes each input and launches only when the others have begun the launch
+    // and stalled, and each thread of its launches stores its first data only when they have
+    // stalled again (stalls.h): a peer reads whatever it did not wait for before it is there.
+    bool last_rank_late = false;
 };
 
 constexpr int kGuard = 64;
@@ -298,9 +295,12 @@ constexpr unsigned char kBufferFill = 0xEE;
 // every thread calls `gate` with its block's index before it runs the kernel (`true`: the gate
 // may hold the block back, as the GPU may schedule a block late) and after (`false`).
 void launch_rank(const Launch& launch, const LaunchParams& params,
-                 const std::function<void(unsigned, bool)>& gate = {},
-                 std::chrono::milliseconds first_store_delay = {}) {
+                 const std::function<void(unsigned, bool)>& gate = {}) {
     const unsigned cluster_size = launch.kernel->cluster ? launch.cluster_size : 1;
+    const int counted_rank = emu_stall::rank;
+    const bool late = emu_stall::late;
+    unsigned running = launch.blocks / cluster_size * cluster_size * launch.threads;
+    emu_stall::threads_start(running);
     std::vector<std::unique_ptr<EmuBarrier>> barriers;
     std::vector<std::unique_ptr<EmuBlock>> blocks;
     std::vector<std::unique_ptr<EmuBlock*[]>> clusters;
@@ -326,11 +326,11 @@ void launch_rank(const Launch& launch, const LaunchParams& params,
                         blockDim = {launch.threads, 1, 1};
                         gridDim = {launch.blocks, 1, 1};
                         emu_block = block;
-                        emu_first_store_delay = first_store_delay;
+                        emu_stall::thread_begins(counted_rank, late);
                         if (gate)
                             gate(index, true);
                         launch.kernel->entry.of[dtype](params);
-                        emu_first_store_delay = std::chrono::milliseconds(0);
+                        emu_stall::thread_ends(running);
                         if (gate)
                             gate(index, false);
                     }));
@@ -421,6 +421,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
         scratch.reset(new (std::align_val_t(16)) unsigned char[slot_bytes * (world - 1) + 16]);
         std::memset(scratch.get(), kBufferFill, slot_bytes * (world - 1) + 16);
     }
+    const emu_stall::Run counts(options.present, options.last_rank_late);
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
@@ -428,8 +429,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
         streams.emplace_back([&, rank] {
             for (unsigned index = 0; index < sequence.size(); ++index) {
                 const Launch& launch = sequence[index];
-                if (rank == world - 1)
-                    std::this_thread::sleep_for(options.last_rank_late);
+                const emu_stall::StreamLaunch begun(counts, rank, rank == world - 1);
                 const u64 output_bytes = launch.elements * element_bytes();
                 std::unique_ptr<unsigned char[]> output(
                     new (std::align_val_t(16)) unsigned char[output_bytes + kGuard]);
@@ -466,9 +466,7 @@ std::vector<u64> run(std::vector<Rank>& ranks, const std::vector<Launch>& sequen
                 if (launch.kernel->copy_engine) {
                     copy_engine_launch(launch, params, copy_scratch[rank].get(), slot_bytes);
                 } else {
-                    launch_rank(launch, params, {},
-                                rank == world - 1 ? options.last_rank_first_store_delay
-                                                  : std::chrono::milliseconds(0));
+                    launch_rank(launch, params);
                 }
                 for (int g = 0; g < kGuard; ++g) {
                     CHECK(output[output_bytes + g] == 0xCC,

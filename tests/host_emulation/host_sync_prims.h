@@ -9,7 +9,8 @@ __device__ __forceinline__ u64 global_timer_ns() {
 __device__ __forceinline__ void wait_for_previous_grid() {}
 __device__ __forceinline__ void allow_next_grid() {}
 __device__ __forceinline__ void store_release_system(u64* address, u64 value) {
-    std::atomic_ref<u64>(*address).store(value, std::memory_order_release);
+    emu_stall::synchronizing_store(
+        [&] { std::atomic_ref<u64>(*address).store(value, std::memory_order_release); });
 }
 __device__ __forceinline__ u64 load_acquire_system(const u64* address) {
     return std::atomic_ref<u64>(*const_cast<u64*>(address)).load(std::memory_order_acquire);
@@ -20,7 +21,10 @@ __device__ __forceinline__ u64 load_relaxed_device(const u64* address) {
 __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int rank) {
     const u64 code = PREPARE_ABORT_FLAG | (reason << 32) | rank;
     u64 previous = 0;
-    std::atomic_ref<u64>(*state).compare_exchange_strong(previous, code, std::memory_order_relaxed);
+    emu_stall::synchronizing_store([&] {
+        std::atomic_ref<u64>(*state).compare_exchange_strong(previous, code,
+                                                             std::memory_order_relaxed);
+    });
     return previous;
 }
 // Each 8-byte half of a line is one atomic, as on the GPU; nothing orders the two halves.
@@ -31,11 +35,13 @@ __device__ __forceinline__ u64 record_abort(u64* state, u64 reason, unsigned int
 // ThreadSanitizer would report a slot written two launches after its last read.
 __device__ __forceinline__ void store_line_volatile(unsigned int* address,
                                                     const unsigned int (&words)[4]) {
-    for (int half = 0; half < 2; ++half) {
-        const u64 value = u64(words[2 * half]) | (u64(words[2 * half + 1]) << 32);
-        std::atomic_ref<u64>(*reinterpret_cast<u64*>(address + 2 * half))
-            .store(value, std::memory_order_release);
-    }
+    emu_stall::synchronizing_store([&] {
+        for (int half = 0; half < 2; ++half) {
+            const u64 value = u64(words[2 * half]) | (u64(words[2 * half + 1]) << 32);
+            std::atomic_ref<u64>(*reinterpret_cast<u64*>(address + 2 * half))
+                .store(value, std::memory_order_release);
+        }
+    });
 }
 __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
                                                    unsigned int (&words)[4]) {
@@ -50,7 +56,8 @@ __device__ __forceinline__ void load_line_volatile(const unsigned int* address,
 // prepare_sync.cuh's end of a block's deadline: a release store, which deadline_ended's
 // acquiring load pairs with, so the abort recorded before it is seen by the waits it ends.
 __device__ __forceinline__ void end_deadline(u64& deadline) {
-    std::atomic_ref<u64>(deadline).store(0, std::memory_order_release);
+    emu_stall::synchronizing_store(
+        [&] { std::atomic_ref<u64>(deadline).store(0, std::memory_order_release); });
 }
 __device__ __forceinline__ bool deadline_ended(const u64& deadline) {
     return std::atomic_ref<u64>(const_cast<u64&>(deadline)).load(std::memory_order_acquire) == 0;
@@ -64,6 +71,7 @@ __device__ __forceinline__ bool deadline_ended(const u64& deadline) {
 // together wake at most about once per kSpinSleepPerSleeper: hundreds of waiters at a fixed cap
 // would take every core with their wake-ups and starve the threads they wait for. No wait ends
 // before what it waits for arrives; a waiter only notices it later, by one sleep at most.
+// A poll that found nothing is reported to the late rank's count of stalls (stalls.h).
 constexpr int kSpinYields = 16;
 constexpr auto kMaxSpinSleep = std::chrono::microseconds(256);
 constexpr auto kSpinSleepPerSleeper = std::chrono::microseconds(20);
@@ -77,9 +85,14 @@ __device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
         ~Sleeper() {
             if (counted)
                 spin_sleepers.fetch_sub(1, std::memory_order_relaxed);
+            emu_stall::spin_ends();
         }
     } sleeper{sleeping};
-    for (int polls = 0; !arrived(); ++polls) {
+    for (int polls = 0;; ++polls) {
+        // Read before the poll: a poll that finds nothing with no store since has stalled.
+        const unsigned long long stores = emu_stall::stores_before_poll();
+        if (arrived())
+            break;
         if (global_timer_ns() > deadline) {
             return arrived();
         }
@@ -87,6 +100,7 @@ __device__ __forceinline__ bool spin_until(u64 deadline, Poll arrived) {
             std::this_thread::yield();
             continue;
         }
+        emu_stall::spin_found_nothing(stores);
         if (!sleeping) {
             sleeping = true;
             spin_sleepers.fetch_add(1, std::memory_order_relaxed);

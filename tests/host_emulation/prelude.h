@@ -14,17 +14,13 @@
 #include <unistd.h>
 #endif
 
-// The harness's slow rank (harness.cc, Options::last_rank_first_store_delay): a thread whose
-// delay is set sleeps that long before its first plain store of a vector or element in the
-// launch, as a GPU may run a rank's threads late after its first lines; the kernels' stores
-// (prepare_element.cuh's store_vector and store_element) call it in the emulation only.
-inline thread_local std::chrono::milliseconds emu_first_store_delay{0};
+// The late rank's waits (stalls.h). The kernels' stores of data (prepare_element.cuh's
+// store_vector and store_element, prepare_double_buffer.cuh's data lines) call emu_store_pause
+// in the emulation only: a thread of the late rank's launch stores its first data only when
+// every rank has stalled.
+#include "stalls.h"
 inline void emu_store_pause() {
-    if (emu_first_store_delay.count() != 0) {
-        const auto delay = emu_first_store_delay;
-        emu_first_store_delay = std::chrono::milliseconds(0);
-        std::this_thread::sleep_for(delay);
-    }
+    emu_stall::before_plain_store();
 }
 
 struct EmuDim3 {
@@ -48,9 +44,11 @@ class EmuBarrier {
   public:
     explicit EmuBarrier(unsigned count) : count_(count) {}
     void arrive_and_wait() {
+        emu_stall::barrier_arrives();
         const unsigned phase = phase_.load(std::memory_order_acquire);
         if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
             arrived_.store(0, std::memory_order_relaxed);
+            emu_stall::barrier_releases(count_);
             phase_.store(phase + 1, std::memory_order_release);
             wake_all();
             return;

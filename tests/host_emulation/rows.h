@@ -126,7 +126,7 @@ struct RowOptions {
     u64 timeout_ns = kHealthyTimeoutNs;
     bool expect_success = true;  // check outputs (else only report abort words)
     bool expect_untouched = false;  // check that nothing was written (an invalid launch)
-    std::chrono::milliseconds last_rank_late{0};
+    bool last_rank_late = false;  // as harness.cc's Options::last_rank_late
     // Applied to every rank's parameters before its launch (the invalid launches).
     void (*tamper)(LaunchParams&) = nullptr;
 };
@@ -241,6 +241,7 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
         std::memset(buffer->data + scratch_offset + shared, 0,
                     buffer_bytes - scratch_offset - shared);
     }
+    const emu_stall::Run counts(options.present, options.last_rank_late);
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
@@ -253,8 +254,7 @@ std::vector<u64> run_rows(std::vector<Rank>& ranks, const std::vector<RowLaunch>
                 const bool chained = launch.chained && index > 0;
                 const bool gather = launch.kernel->gather;
                 const bool local = launch.kernel->kernel.local_input;
-                if (rank == world - 1)
-                    std::this_thread::sleep_for(options.last_rank_late);
+                const emu_stall::StreamLaunch begun(counts, rank, rank == world - 1);
                 const u64 whole = launch.rows * launch.width;
                 const u64 first = host_first_row(launch.rows, world, rank) * launch.width;
                 const u64 own = host_owned_rows(launch.rows, world, rank) * launch.width;
@@ -579,7 +579,7 @@ void rows_exactness() {
         std::vector<Rank> ranks(3);
         RowOptions late;
         late.present.assign(3, true);
-        late.last_rank_late = std::chrono::milliseconds(200);
+        late.last_rank_late = true;
         const u64 seed = random_source();
         if (entry.runs())
             run_rows(ranks, {{&kernel, 4, 7, 1, 32, false}}, late, seed);

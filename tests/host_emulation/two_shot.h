@@ -99,7 +99,7 @@ struct TwoShotOptions {
     u64 timeout_ns = kHealthyTimeoutNs;
     bool expect_success = true;    // check outputs (else only report abort words)
     bool expect_untouched = false;  // check that nothing was written (an invalid launch)
-    std::chrono::milliseconds last_rank_late{0};
+    bool last_rank_late = false;  // as harness.cc's Options::last_rank_late
     // Applied to every rank's parameters before its fused launch (the invalid launches).
     void (*tamper)(LaunchParams&) = nullptr;
 };
@@ -219,6 +219,7 @@ std::vector<u64> run_two_shot(std::vector<Rank>& ranks, const std::vector<TwoSho
     std::vector<std::unique_ptr<Aligned>> buffers(world);
     for (auto& buffer : buffers)
         buffer.reset(new Aligned(buffer_bytes + kBufferGuard));
+    const emu_stall::Run counts(options.present, options.last_rank_late);
     std::vector<std::thread> streams;
     for (unsigned rank = 0; rank < world; ++rank) {
         if (!options.present[rank])
@@ -227,8 +228,7 @@ std::vector<u64> run_two_shot(std::vector<Rank>& ranks, const std::vector<TwoSho
             for (unsigned index = 0; index < sequence.size(); ++index) {
                 const TwoShotLaunch& launch = sequence[index];
                 const TwoShotData& in = data[index];
-                if (rank == world - 1)
-                    std::this_thread::sleep_for(options.last_rank_late);
+                const emu_stall::StreamLaunch begun(counts, rank, rank == world - 1);
                 const u64 elements = launch.ids.size() * launch.hidden;
                 const u64 bytes = elements * size;
                 unsigned char* region = buffers[rank]->data;
@@ -498,7 +498,7 @@ void two_shot_exactness() {
     std::vector<Rank> ranks(3);
     TwoShotOptions late;
     late.present.assign(3, true);
-    late.last_rank_late = std::chrono::milliseconds(200);
+    late.last_rank_late = true;
     if (entry.runs())
         run_two_shot(ranks, {{two_shot_rows(0, 4), 16, true, false, false, 1, 32, 1e-5f, false}},
                      late, 5);
