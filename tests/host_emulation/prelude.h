@@ -20,7 +20,7 @@
 // every rank has stalled.
 #include "stalls.h"
 inline void emu_store_pause() {
-    emu_stall::before_plain_store();
+    emu_stall::before_data_store();
 }
 
 struct EmuDim3 {

@@ -54,7 +54,7 @@ inline State state;
 
 // The rank this thread (a stream, or a thread of one of its launches) counts for, or -1.
 inline thread_local int rank = -1;
-// Whether that rank is the late one.
+// Whether that rank is the late one (a stream's: its launches' threads take it from the stream).
 inline thread_local bool late = false;
 // The late rank's thread waits for every rank to stall before its first store of data.
 inline thread_local bool first_store_waits = false;
@@ -172,8 +172,7 @@ inline void threads_start(unsigned threads) {
 }
 inline void thread_begins(int stream_rank, bool is_late) {
     rank = stream_rank;
-    late = is_late;
-    first_store_waits = stream_rank >= 0 && is_late;
+    first_store_waits = is_late;
 }
 // `running`: the launch's threads that have not ended, `threads` to begin with.
 inline void thread_ends(unsigned& running) {
@@ -186,15 +185,14 @@ inline void thread_ends(unsigned& running) {
             --state.unstalled[rank];
     }
     rank = -1;
-    late = false;
 }
 
-// emu_store_pause: a thread of the late rank's launch waits before its first plain store until
+// emu_store_pause: a thread of the late rank's launch waits before its first store of data until
 // every rank has stalled, its own rank's threads that wait here counted as stalled: the late
 // rank's threads have made every synchronizing store they make before their data (a shape
 // line, a flag), and the others have read whatever they read without waiting for it. Then
 // every thread of the launch stores on; the first to see it opens the launch for all.
-inline void before_plain_store() {
+inline void before_data_store() {
     if (!first_store_waits)
         return;
     first_store_waits = false;
